@@ -1,0 +1,3 @@
+from pretrainer.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""pretrainer's command line: one verb per job. Each verb parses arguments, builds a config and
+calls one function; user errors print one line (`error: ...`) and exit with code 2.
+
+    pretrainer prepare --corpus stdlib --tokenizer bpe:4096 --out data/stdlib-bpe4k
+    pretrainer train configs/tiny-cpu.toml --data.dir=data/stdlib-bpe4k --run.dir=runs/tiny
+    pretrainer sample runs/tiny --prompt "def main(" --max-new-tokens 200 --temperature 0.8 --top-k 50
+    pretrainer fetch-gpt2
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from pretrainer import __version__
+from pretrainer.errors import EXIT_USER_ERROR, UserError
+
+
+def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
+    from pretrainer.data.prepare import prepare
+    from pretrainer.data.sources import Corpus
+
+    corpus = Corpus(args.corpus, txt_docs=args.txt_docs, utf8_errors=args.utf8_errors)
+    prepare(corpus, args.tokenizer, Path(args.out), val_fraction=args.val_fraction, seed=args.seed, workers=args.workers,
+            max_docs=args.max_docs, force=args.force, command="pretrainer " + shlex.join(argv))
+
+
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
+    from pretrainer.config import load_config
+    from pretrainer.train.loop import train
+
+    train(load_config(args.config, overrides))
+
+
+def cmd_sample(args: argparse.Namespace) -> None:
+    import torch
+
+    from pretrainer.config import from_dict
+    from pretrainer.data.tokenizer import Tokenizer
+    from pretrainer.model import Transformer
+    from pretrainer.model.generate import generate
+    from pretrainer.train.checkpoint import load_checkpoint, load_model_weights, resolve_run_or_checkpoint
+    from pretrainer.train.loop import resolve_device
+
+    checkpoint = resolve_run_or_checkpoint(Path(args.run))
+    weights, _, state = load_checkpoint(checkpoint)
+    cfg = from_dict(state["config"], f"{checkpoint}/state.json")
+    tokenizer = Tokenizer.load(checkpoint.parent.parent / "tokenizer")
+    device = resolve_device(args.device)
+    model = Transformer(cfg.model)
+    load_model_weights(model, weights, str(checkpoint))
+    model.to(device).eval()
+
+    prompt_ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eot_id]
+    prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator)
+    print(f"# {checkpoint} (step {state['step']}), temperature {args.temperature}, top-k {args.top_k}, seed {args.seed}")
+    for i, row in enumerate(out.tolist()):
+        start = 1 if not args.prompt else 0
+        text = tokenizer.decode(row[start:]).replace("<|endoftext|>", "\n<|endoftext|>\n")
+        print(f"--- sample {i + 1} ---\n{text}")
+
+
+def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
+    from pretrainer.data.tokenizer import fetch_gpt2_ranks
+
+    path = fetch_gpt2_ranks(Path(args.dest) if args.dest else None)
+    print(f"GPT-2 ranks ready at {path} (sha256 verified)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pretrainer", description="Pretrain decoder-only language models from scratch.")
+    parser.add_argument("--version", action="version", version=f"pretrainer {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    p = verbs.add_parser("prepare", help="corpus -> tokenizer -> token files + manifest")
+    p.add_argument("--corpus", action="append", required=True,
+                   help="stdlib | PATH (.txt/.jsonl/.parquet file, dir or glob) | hf:ORG/NAME[:GLOB]; repeatable")
+    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (tiktoken GPT-2 BPE) or bpe:N (train a BPE of vocab N)")
+    p.add_argument("--out", required=True, help="output data directory (must not exist unless --force)")
+    p.add_argument("--val-fraction", type=float, default=0.005, help="fraction of documents held out for validation")
+    p.add_argument("--seed", type=int, default=0, help="seed of the document-level validation split")
+    p.add_argument("--workers", type=int, default=0, help="tokenizer processes (default: CPU count, at most 8)")
+    p.add_argument("--txt-docs", default="file", choices=["file", "blank-lines"], help=".txt documents: one per file, or split on blank lines")
+    p.add_argument("--utf8-errors", default="replace", choices=["replace", "strict"],
+                   help="invalid UTF-8: replace with U+FFFD and count (default), or reject with an error")
+    p.add_argument("--max-docs", type=int, default=0, help="use only the first N documents (0 = all)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists (only once the new data is complete)")
+
+    p = verbs.add_parser("train", help="train a model; extra --section.key=value arguments override the config",
+                         epilog="example: pretrainer train configs/tiny-cpu.toml --optim.lr=3e-4 --train.max_steps=200")
+    p.add_argument("config", nargs="?", help="TOML config file (defaults for anything it leaves out)")
+
+    p = verbs.add_parser("sample", help="generate text from a run dir or checkpoint")
+    p.add_argument("run", help="run dir (newest checkpoint) or a checkpoint dir")
+    p.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+
+    p = verbs.add_parser("fetch-gpt2", help="download and verify the GPT-2 BPE ranks for offline use")
+    p.add_argument("--dest", help="where to write gpt2.tiktoken (default: $PRETRAINER_CACHE or ~/.cache/pretrainer)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.verb != "train":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.verb == "prepare":
+            cmd_prepare(args, argv)
+        elif args.verb == "train":
+            cmd_train(args, extra)
+        elif args.verb == "sample":
+            cmd_sample(args)
+        elif args.verb == "fetch-gpt2":
+            cmd_fetch_gpt2(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

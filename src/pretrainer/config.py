@@ -1,0 +1,255 @@
+"""Typed configuration: dataclasses loaded from TOML, with dotted CLI overrides.
+
+    cfg = load_config("configs/tiny-cpu.toml", ["--optim.lr=3e-4", "--train.max_steps", "200"])
+
+Every number has one home here. Unknown keys are an error that names the key and suggests the
+closest valid one; values are checked against the field's type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from pretrainer.errors import UserError
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "llama"  # "llama" (RMSNorm, SwiGLU, RoPE, GQA) or "gpt2" (LayerNorm, GELU, learned positions)
+    vocab_size: int = 0  # 0: take it from the data manifest; larger (padded) is allowed, smaller is an error
+    seq_len: int = 256
+    d_model: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int = 0  # 0: same as n_head (no grouped-query attention)
+    d_ff: int = 0  # 0: gpt2 -> 4 * d_model; llama -> 8/3 * d_model rounded up to a multiple of 64
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+
+@dataclass
+class DataConfig:
+    dir: str = ""  # a directory written by `pretrainer prepare`
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/default"
+
+
+@dataclass
+class TrainConfig:
+    micro_batch: int = 16  # sequences per forward/backward on one device
+    grad_accum: int = 1  # micro-batches per optimizer step on one device
+    max_steps: int = 1000  # optimizer steps; defines the LR schedule
+    stop_at_step: int = 0  # stop early (checkpoint and exit) without changing the schedule; 0 = off
+    seed: int = 1337
+    resume: str = "auto"  # "auto" (newest complete checkpoint in run.dir), "never", or a checkpoint path
+    compile: bool = False
+    device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
+    dtype: str = "auto"  # "auto" (bfloat16 autocast on CUDA, float32 on CPU), "float32", "bfloat16"
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4  # peak learning rate
+    schedule: str = "cosine"  # "cosine", "wsd" (warmup-stable-decay) or "constant"
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1  # floor of the decay, as a fraction of lr
+    decay_fraction: float = 0.2  # wsd only: the last fraction of max_steps spent decaying
+    weight_decay: float = 0.1  # applied to matrices only, never to norms, biases or embeddings
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+
+
+@dataclass
+class LogConfig:
+    every: int = 10  # steps between metrics.jsonl lines
+
+
+@dataclass
+class EvalConfig:
+    every: int = 250  # steps between validation passes; 0 = only at the start and the end
+    batches: int = 20  # fixed number of validation micro-batches per pass
+
+
+@dataclass
+class CkptConfig:
+    every: int = 500  # steps between checkpoints (one is always written at the end); 0 = end only
+    keep: int = 2  # newest complete checkpoints kept (>= 2, so a torn write never leaves none)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    ckpt: CkptConfig = field(default_factory=CkptConfig)
+
+
+# Keys that may differ between a run and its resumption without changing what is computed.
+RESUME_FREE_KEYS = ("train.stop_at_step", "train.resume")
+
+
+def all_keys(cfg: Config | None = None) -> dict[str, type]:
+    """Every dotted key with its field type, e.g. {"optim.lr": float, ...}."""
+    cfg = cfg or Config()
+    keys = {}
+    for section in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, section.name)):
+            keys[f"{section.name}.{f.name}"] = type(getattr(getattr(cfg, section.name), f.name))
+    return keys
+
+
+def _unknown_key(key: str, where: str) -> UserError:
+    close = difflib.get_close_matches(key, list(all_keys()), n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid sections: {', '.join(f.name for f in dataclasses.fields(Config))}"
+    return UserError(f"{where}: unknown config key '{key}'{hint}")
+
+
+def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
+    """Convert a TOML value or a CLI string to the field's type, or raise a clear error."""
+    try:
+        if isinstance(value, str) and typ is not str:
+            if typ is bool:
+                low = value.strip().lower()
+                if low in ("true", "1", "yes", "on"):
+                    return True
+                if low in ("false", "0", "no", "off"):
+                    return False
+                raise ValueError(value)
+            if typ is int:
+                as_float = float(value)  # accepts "1e6" for integer fields when it is whole
+                if as_float != int(as_float):
+                    raise ValueError(value)
+                return int(as_float)
+            return typ(value)
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if typ is int and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
+            return value
+        raise ValueError(value)
+    except ValueError:
+        raise UserError(f"{where}: '{key}' must be {typ.__name__}, got {value!r}") from None
+
+
+def set_key(cfg: Config, key: str, value: Any, where: str) -> None:
+    types = all_keys(cfg)
+    if key not in types:
+        raise _unknown_key(key, where)
+    section, name = key.split(".", 1)
+    setattr(getattr(cfg, section), name, _coerce(key, value, types[key], where))
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
+    """['--optim.lr=3e-4', '--train.max_steps', '200'] -> [('optim.lr', '3e-4'), ('train.max_steps', '200')]."""
+    pairs, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise UserError(f"command line: expected a dotted override like --optim.lr=3e-4, got '{arg}'")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise UserError(f"command line: '{arg}' needs a value, e.g. {arg}=VALUE")
+            key, value = arg[2:], args[i + 1]
+            i += 2
+        pairs.append((key, value))
+    return pairs
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"{path}: config file not found")
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise UserError(f"{path}: not valid TOML ({e})") from None
+        for section, values in raw.items():
+            if not isinstance(values, dict):
+                raise _unknown_key(section, str(path))
+            for name, value in values.items():
+                set_key(cfg, f"{section}.{name}", value, str(path))
+    for key, value in parse_overrides(list(overrides)):
+        set_key(cfg, key, value, "command line")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    m, t, o = cfg.model, cfg.train, cfg.optim
+    checks = [
+        (m.arch in ("llama", "gpt2"), f"model.arch must be 'llama' or 'gpt2', got '{m.arch}'"),
+        (m.d_model % m.n_head == 0, f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})"),
+        (m.n_kv_head == 0 or m.n_head % m.n_kv_head == 0, f"model.n_head ({m.n_head}) must be divisible by model.n_kv_head ({m.n_kv_head})"),
+        (m.arch == "llama" or m.n_kv_head in (0, m.n_head), "model.n_kv_head (grouped-query attention) needs model.arch = 'llama'"),
+        (m.seq_len > 0 and m.n_layer > 0, "model.seq_len and model.n_layer must be positive"),
+        (t.micro_batch > 0 and t.grad_accum > 0, "train.micro_batch and train.grad_accum must be positive"),
+        (t.max_steps > 0, "train.max_steps must be positive"),
+        (t.dtype in ("auto", "float32", "bfloat16"), f"train.dtype must be auto, float32 or bfloat16, got '{t.dtype}'"),
+        (o.schedule in ("cosine", "wsd", "constant"), f"optim.schedule must be cosine, wsd or constant, got '{o.schedule}'"),
+        (0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1]"),
+        (0.0 < o.decay_fraction <= 1.0, "optim.decay_fraction must be in (0, 1]"),
+        (cfg.ckpt.keep >= 2, f"ckpt.keep must be >= 2 so a torn write never leaves no checkpoint, got {cfg.ckpt.keep}"),
+        (cfg.log.every > 0, "log.every must be positive"),
+        (cfg.eval.batches > 0, "eval.batches must be positive"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UserError(f"config: {message}")
+
+
+def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(raw: dict[str, dict[str, Any]], where: str) -> Config:
+    cfg = Config()
+    for section, values in raw.items():
+        for name, value in values.items():
+            set_key(cfg, f"{section}.{name}", value, where)
+    return cfg
+
+
+def config_hash(cfg: Config) -> str:
+    """sha256 of the resolved config, leaving out the keys that only say when to stop or resume."""
+    flat = {f"{s}.{k}": v for s, values in to_dict(cfg).items() for k, v in values.items()}
+    for key in RESUME_FREE_KEYS:
+        flat.pop(key)
+    return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()
+
+
+def diff_keys(a: Config, b: Config) -> list[str]:
+    fa = {f"{s}.{k}": v for s, values in to_dict(a).items() for k, v in values.items()}
+    fb = {f"{s}.{k}": v for s, values in to_dict(b).items() for k, v in values.items()}
+    return [k for k in fa if fa[k] != fb[k] and k not in RESUME_FREE_KEYS]
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    from pretrainer.io import atomic_write_bytes
+
+    atomic_write_bytes(path, tomli_w.dumps(to_dict(cfg)).encode())

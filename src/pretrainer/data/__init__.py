@@ -1,0 +1,1 @@
+"""Corpus sources, tokenizers, token-file preparation and the training data loader."""

@@ -1,0 +1,213 @@
+"""Documents -> token files + manifest.
+
+    OUT/
+      train.bin, val.bin    flat token ids (uint16 when vocab <= 65536, else uint32); every document
+                            is followed by the end-of-text token, so boundaries are real documents
+      tokenizer.json, tokenizer.tiktoken
+      manifest.json         tokenizer id/hash, dtype, per-split document and token counts, sha256 of
+                            each file, sources, the command and the pretrainer version
+
+The validation split is by document: document i goes to val when a hash of (seed, i) falls below
+val_fraction, so the split is deterministic, independent of worker count, and needs no shuffle
+buffer. Everything is written to a temp directory beside OUT and renamed only when complete.
+Memory stays flat: documents stream from the sources, at most 2 x workers batches are in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import multiprocessing
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from pretrainer import __version__
+from pretrainer.data.sources import Corpus
+from pretrainer.data.tokenizer import Tokenizer, tokenizer_from_spec
+from pretrainer.errors import UserError
+from pretrainer.io import atomic_write_json, fsync_dir
+
+BATCH_CHARS = 1 << 20  # documents are sent to workers in batches of about 1M characters
+BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def is_val_document(seed: int, index: int, val_fraction: float) -> bool:
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < val_fraction
+
+
+def _batches(docs: Iterator[str]) -> Iterator[list[str]]:
+    batch, chars = [], 0
+    for doc in docs:
+        batch.append(doc)
+        chars += len(doc)
+        if chars >= BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _first_chars(docs: Iterator[str], limit: int) -> Iterator[str]:
+    seen = 0
+    for doc in docs:
+        if seen >= limit:
+            return
+        seen += len(doc)
+        yield doc
+
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer_dir: str) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = Tokenizer.load(Path(tokenizer_dir))
+
+
+def _encode_batch(texts: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """-> (all tokens with an end-of-text after each document, per-document lengths, utf-8 bytes)."""
+    tok = tokenizer or _worker_tokenizer
+    ids = tok.encode_batch(texts)
+    lengths = np.array([len(x) + 1 for x in ids], dtype=np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(x + [tok.eot_id] for x in ids), dtype=np.int64, count=int(lengths.sum()))
+    return flat, lengths, sum(len(t.encode("utf-8")) for t in texts)
+
+
+def _encode_stream(batches: Iterator[list[str]], tokenizer: Tokenizer, tokenizer_dir: Path, workers: int):
+    if workers <= 1:
+        for batch in batches:
+            yield _encode_batch(batch, tokenizer)
+        return
+    # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy mid-state
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
+        pending = deque()
+        for batch in batches:
+            pending.append(pool.submit(_encode_batch, batch))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+class _SplitWriter:
+    def __init__(self, path: Path, dtype: np.dtype):
+        self.path, self.dtype = path, dtype
+        self.file = open(path, "wb")
+        self.sha = hashlib.sha256()
+        self.documents = self.tokens = 0
+
+    def write(self, tokens: np.ndarray) -> None:
+        data = tokens.astype(self.dtype).tobytes()
+        self.file.write(data)
+        self.sha.update(data)
+        self.documents += 1
+        self.tokens += len(tokens)
+
+    def close(self) -> dict:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return {"file": self.path.name, "documents": self.documents, "tokens": self.tokens, "sha256": self.sha.hexdigest()}
+
+
+def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: float = 0.005, seed: int = 0,
+            workers: int = 0, max_docs: int = 0, force: bool = False, command: str = "") -> dict:
+    out = Path(out)
+    if not 0.0 < val_fraction < 1.0:
+        raise UserError(f"--val-fraction {val_fraction}: must be between 0 and 1 (exclusive)")
+    if out.exists() and not force:
+        raise UserError(f"{out}: output directory already exists; choose another --out or pass --force to replace it")
+    workers = workers or min(os.cpu_count() or 1, 8)
+
+    def documents() -> Iterator[str]:
+        docs = corpus.documents()
+        return itertools.islice(docs, max_docs) if max_docs > 0 else docs
+
+    first = next(documents(), None)
+    if first is None:
+        raise UserError(f"{', '.join(corpus.specs)}: empty corpus (no non-blank documents)")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        started = time.time()
+        if tokenizer_spec.startswith("bpe:"):
+            print(f"training {tokenizer_spec} on the corpus ...", flush=True)
+            tokenizer = tokenizer_from_spec(tokenizer_spec, _first_chars(documents(), BPE_TRAIN_CHARS))
+        else:
+            tokenizer = tokenizer_from_spec(tokenizer_spec)
+        tokenizer.save(tmp)
+        dtype = token_dtype(tokenizer.vocab_size)
+
+        corpus.replaced_documents = 0  # count once, on the encoding pass
+        writers = {"train": _SplitWriter(tmp / "train.bin", dtype), "val": _SplitWriter(tmp / "val.bin", dtype)}
+        known_size = all(f.kind != "parquet" for f in corpus.files)
+        progress = tqdm(total=corpus.total_bytes if known_size and not max_docs else None, unit="B", unit_scale=True,
+                        desc="tokenizing", mininterval=1.0, dynamic_ncols=True)
+        doc_index, max_token = 0, 0
+        for flat, lengths, n_bytes in _encode_stream(_batches(documents()), tokenizer, tmp, workers):
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            for start, end in zip(offsets[:-1], offsets[1:]):
+                split = "val" if is_val_document(seed, doc_index, val_fraction) else "train"
+                writers[split].write(flat[start:end])
+                doc_index += 1
+            max_token = max(max_token, int(flat.max()))
+            progress.update(n_bytes)
+            n_tokens = writers["train"].tokens + writers["val"].tokens
+            progress.set_postfix_str(f"{n_tokens / max(time.time() - started, 1e-9):,.0f} tok/s, {doc_index:,} docs", refresh=False)
+        progress.close()
+        splits = {name: writer.close() for name, writer in writers.items()}
+        for name, split in splits.items():
+            if split["documents"] == 0:
+                raise UserError(f"{out}: the {name} split is empty ({doc_index} documents, --val-fraction {val_fraction}); "
+                                f"use a larger corpus or a {'larger' if name == 'val' else 'smaller'} --val-fraction")
+        if corpus.replaced_documents:
+            print(f"warning: {corpus.replaced_documents} documents had invalid UTF-8, replaced with U+FFFD "
+                  f"(pass --utf8-errors=strict to reject them)", flush=True)
+
+        manifest = {
+            "format": "pretrainer-tokens-v1",
+            "pretrainer_version": __version__,
+            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": command,
+            "sources": corpus.describe(),
+            "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size,
+                          "eot_id": tokenizer.eot_id, "files": ["tokenizer.json", "tokenizer.tiktoken"]},
+            "dtype": dtype.name,
+            "max_token_id": max_token,
+            "seed": seed,
+            "val_fraction": val_fraction,
+            "utf8": {"errors": corpus.utf8_errors, "replaced_documents": corpus.replaced_documents},
+            "splits": splits,
+        }
+        atomic_write_json(tmp / "manifest.json", manifest)
+        if out.exists():  # --force: move the old one aside only now that the new one is complete
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            shutil.rmtree(old)
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    total = splits["train"]["tokens"] + splits["val"]["tokens"]
+    print(f"wrote {out}: {doc_index:,} documents, {total:,} tokens ({splits['train']['tokens']:,} train, "
+          f"{splits['val']['tokens']:,} val) in {time.time() - started:.1f}s")
+    return manifest

@@ -1,0 +1,192 @@
+"""Corpus readers: every source becomes a stream of documents, read lazily (memory stays flat).
+
+Sources (repeatable `--corpus`):
+  stdlib                  the .py files of the running Python's standard library (offline, built in)
+  PATH                    a .txt, .jsonl (a "text" field per line) or .parquet (a "text" column) file,
+                          a directory (searched recursively for those) or a glob
+  hf:ORG/NAME[:GLOB]      parquet files of a Hugging Face dataset repo, downloaded with huggingface_hub
+                          (e.g. hf:HuggingFaceFW/fineweb-edu:sample/10BT/*.parquet); with HF_HUB_OFFLINE=1
+                          it reads the local hub cache only
+
+Invalid UTF-8 (the documented rule): with utf8_errors="replace" (default) each invalid byte sequence
+becomes U+FFFD and the number of affected documents is reported and written to the manifest; with
+"strict" the first one is an error naming the file and byte offset.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import json
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pretrainer.errors import UserError
+
+SUFFIXES = (".txt", ".jsonl", ".parquet")
+TXT_DOC_MODES = ("file", "blank-lines")
+
+
+@dataclass
+class CorpusFile:
+    path: Path
+    kind: str  # "py" (stdlib), "txt", "jsonl" or "parquet"
+    source: str  # the --corpus spec it came from
+
+
+def stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)]
+    return sorted(files)
+
+
+def _kind(path: Path) -> str | None:
+    return {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower())
+
+
+def _hf_files(spec: str) -> list[Path]:
+    repo_id, _, pattern = spec[len("hf:"):].partition(":")
+    pattern = pattern or "*.parquet"
+    if repo_id.count("/") != 1:
+        raise UserError(f"--corpus {spec}: expected hf:ORG/NAME[:GLOB], e.g. hf:HuggingFaceFW/fineweb-edu:sample/10BT/*.parquet")
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = Path(snapshot_download(repo_id=repo_id, repo_type="dataset", allow_patterns=[pattern]))
+    except Exception as e:  # network, auth, or not in the offline cache: all are the user's to fix
+        raise UserError(f"--corpus {spec}: could not fetch from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    files = sorted(p for p in local.rglob("*.parquet") if fnmatch.fnmatch(p.relative_to(local).as_posix(), pattern))
+    if not files:
+        raise UserError(f"--corpus {spec}: no parquet files match '{pattern}' in {repo_id}")
+    return files
+
+
+def resolve_files(spec: str) -> list[CorpusFile]:
+    if spec == "stdlib":
+        return [CorpusFile(p, "py", spec) for p in stdlib_files()]
+    if spec.startswith("hf:"):
+        return [CorpusFile(p, "parquet", spec) for p in _hf_files(spec)]
+    path = Path(spec)
+    if any(ch in spec for ch in "*?["):
+        candidates = [Path(p) for p in sorted(glob.glob(spec, recursive=True))]
+    elif path.is_dir():
+        candidates = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p))
+    elif path.is_file():
+        if not _kind(path):
+            raise UserError(f"{path}: unsupported file type; use .txt, .jsonl or .parquet")
+        candidates = [path]
+    else:
+        raise UserError(f"{path}: corpus not found; give a file, directory, glob, 'stdlib' or hf:ORG/NAME")
+    files = [CorpusFile(p, _kind(p), spec) for p in candidates if p.is_file() and _kind(p)]
+    if not files:
+        raise UserError(f"{spec}: no .txt, .jsonl or .parquet files found")
+    return files
+
+
+@dataclass
+class Corpus:
+    """The documents of one or more sources, in a fixed order, read lazily."""
+
+    specs: list[str]
+    txt_docs: str = "file"  # "file": one document per .txt file; "blank-lines": split on blank lines
+    utf8_errors: str = "replace"  # or "strict"
+    files: list[CorpusFile] = field(init=False)
+    replaced_documents: int = field(init=False, default=0)
+
+    def __post_init__(self):
+        if self.txt_docs not in TXT_DOC_MODES:
+            raise UserError(f"--txt-docs {self.txt_docs}: use one of {', '.join(TXT_DOC_MODES)}")
+        if self.utf8_errors not in ("replace", "strict"):
+            raise UserError(f"--utf8-errors {self.utf8_errors}: use replace or strict")
+        if not self.specs:
+            raise UserError("no --corpus given; e.g. --corpus stdlib")
+        self.files = [f for spec in self.specs for f in resolve_files(spec)]
+        for f in self.files:
+            if f.kind == "parquet":
+                self._check_parquet(f.path)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.path.stat().st_size for f in self.files)
+
+    def _decode(self, data: bytes, where: str) -> str:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if self.utf8_errors == "strict":
+                raise UserError(f"{where}: invalid UTF-8 at byte {e.start}; fix the file or pass --utf8-errors=replace") from None
+            self.replaced_documents += 1
+            return data.decode("utf-8", errors="replace")
+
+    @staticmethod
+    def _check_parquet(path: Path) -> None:
+        import pyarrow.parquet as pq
+
+        try:
+            names = pq.ParquetFile(path).schema_arrow.names
+        except Exception as e:  # pyarrow raises ArrowInvalid / OSError for non-parquet bytes
+            raise UserError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:160]})") from None
+        if "text" not in names:
+            raise UserError(f"{path}: parquet file has no 'text' column (columns: {', '.join(names[:10])})")
+
+    def documents(self) -> Iterator[str]:
+        for f in self.files:
+            if f.kind in ("py", "txt"):
+                yield from self._read_text(f)
+            elif f.kind == "jsonl":
+                yield from self._read_jsonl(f.path)
+            else:
+                yield from self._read_parquet(f.path)
+
+    def _read_text(self, f: CorpusFile) -> Iterator[str]:
+        if f.kind == "py" or self.txt_docs == "file":
+            text = self._decode(f.path.read_bytes(), str(f.path))
+            if text.strip():
+                yield text
+            return
+        # blank-lines: stream line by line (a UTF-8 sequence never spans a newline byte)
+        lines: list[str] = []
+        with open(f.path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                line = self._decode(raw, f"{f.path}:{lineno}")
+                if line.strip():
+                    lines.append(line)
+                elif lines:
+                    yield "".join(lines).rstrip("\n")
+                    lines = []
+        if lines:
+            yield "".join(lines).rstrip("\n")
+
+    def _read_jsonl(self, path: Path) -> Iterator[str]:
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                if not raw.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    record = json.loads(self._decode(raw, where))
+                except json.JSONDecodeError as e:
+                    raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
+                if not isinstance(record, dict) or "text" not in record:
+                    raise UserError(f"{where}: no 'text' field; each line must be an object like {{\"text\": \"...\"}}")
+                if not isinstance(record["text"], str):
+                    raise UserError(f"{where}: 'text' must be a string, got {type(record['text']).__name__}")
+                if record["text"].strip():
+                    yield record["text"]
+
+    def _read_parquet(self, path: Path) -> Iterator[str]:
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=["text"]):
+            for text in batch.column(0).to_pylist():
+                if isinstance(text, str) and text.strip():
+                    yield text
+
+    def describe(self) -> list[dict]:
+        out = []
+        for spec in self.specs:
+            files = [f for f in self.files if f.source == spec]
+            out.append({"spec": spec, "files": len(files), "bytes": sum(f.path.stat().st_size for f in files)})
+        return out

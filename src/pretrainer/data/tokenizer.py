@@ -1,0 +1,189 @@
+"""Tokenizers: GPT-2 BPE through tiktoken, or a byte-level BPE trained on the corpus with rustbpe.
+
+Both are tiktoken `Encoding`s in the end, so encoding is fast and identical everywhere. A tokenizer
+is saved next to the data it produced (and copied into each run dir) as two files:
+
+    tokenizer.json      {"name", "pattern", "special_tokens", "vocab_size", "sha256"}
+    tokenizer.tiktoken  the merge ranks, one "base64(token) rank" line each (tiktoken's format)
+
+`sha256` covers the ranks, the split pattern and the special tokens, so any change is caught.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import tiktoken
+
+from pretrainer.errors import UserError
+from pretrainer.io import atomic_write_bytes, sha256_file
+
+EOT = "<|endoftext|>"
+
+# GPT-2's pre-tokenisation regex (tiktoken's r50k pattern).
+try:
+    from tiktoken_ext.openai_public import r50k_pat_str as GPT2_PATTERN
+except ImportError:  # pragma: no cover - older tiktoken layouts
+    GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# The GPT-4 style split pattern (digits in groups of up to 3, whitespace runs kept together),
+# better than GPT-2's for code, where indentation is most of the bytes.
+BPE_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+
+# Offline GPT-2 ranks: `make setup` (`pretrainer fetch-gpt2`) takes them from the openai-whisper
+# sdist on PyPI, which ships tiktoken's gpt2 ranks file, and checks this hash.
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_RANKS_SOURCE = ("openai-whisper==20250625", "whisper/assets/gpt2.tiktoken")
+GPT2_VOCAB_SIZE = 50257
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PRETRAINER_CACHE", Path.home() / ".cache" / "pretrainer"))
+
+
+def gpt2_ranks_path() -> Path:
+    return Path(os.environ.get("PRETRAINER_GPT2_RANKS", cache_dir() / "gpt2.tiktoken"))
+
+
+def _serialise_ranks(ranks: dict[bytes, int]) -> bytes:
+    lines = (base64.b64encode(token) + b" " + str(rank).encode() for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+    return b"\n".join(lines) + b"\n"
+
+
+def _parse_ranks(data: bytes, where: str) -> dict[bytes, int]:
+    ranks = {}
+    try:
+        for line in data.splitlines():
+            if line:
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+    except ValueError:
+        raise UserError(f"{where}: not a tiktoken ranks file (expected 'base64 rank' lines)") from None
+    return ranks
+
+
+class Tokenizer:
+    """A tiktoken encoding plus the facts the rest of the package needs (name, EOT id, hash)."""
+
+    def __init__(self, name: str, pattern: str, ranks: dict[bytes, int]):
+        self.name = name
+        self.pattern = pattern
+        self.ranks = ranks
+        self.eot_id = len(ranks)  # the end-of-text token follows the merges, as in GPT-2 (50256)
+        self.special_tokens = {EOT: self.eot_id}
+        self.encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.special_tokens)
+        self.sha256 = hashlib.sha256(
+            _serialise_ranks(ranks) + pattern.encode() + json.dumps(self.special_tokens, sort_keys=True).encode()
+        ).hexdigest()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        # Ordinary encoding: a literal "<|endoftext|>" inside a document is text, not a boundary.
+        return self.encoding.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.encoding.encode_ordinary_batch(texts, num_threads=1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.encoding.decode(list(ids), errors="replace")
+
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(directory / "tokenizer.tiktoken", _serialise_ranks(self.ranks))
+        meta = {"name": self.name, "pattern": self.pattern, "special_tokens": self.special_tokens,
+                "vocab_size": self.vocab_size, "sha256": self.sha256}
+        atomic_write_bytes(directory / "tokenizer.json", (json.dumps(meta, indent=2) + "\n").encode())
+
+    @classmethod
+    def load(cls, directory: Path) -> "Tokenizer":
+        directory = Path(directory)
+        meta_path, ranks_path = directory / "tokenizer.json", directory / "tokenizer.tiktoken"
+        for p in (meta_path, ranks_path):
+            if not p.is_file():
+                raise UserError(f"{p}: tokenizer file missing; re-run `pretrainer prepare` for this data")
+        try:
+            meta = json.loads(meta_path.read_text())
+            tok = cls(meta["name"], meta["pattern"], _parse_ranks(ranks_path.read_bytes(), str(ranks_path)))
+        except (json.JSONDecodeError, KeyError) as e:
+            raise UserError(f"{meta_path}: malformed tokenizer metadata ({e}); re-run `pretrainer prepare`") from None
+        if tok.sha256 != meta["sha256"] or tok.special_tokens != meta["special_tokens"]:
+            raise UserError(f"{ranks_path}: does not match the sha256 in {meta_path.name}; the tokenizer files were changed")
+        return tok
+
+
+def train_bpe(texts: Iterator[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE with rustbpe: 256 byte tokens + merges + one end-of-text token."""
+    import rustbpe
+
+    if vocab_size < 257 or vocab_size > 2**32:
+        raise UserError(f"--tokenizer bpe:{vocab_size}: vocab size must be at least 257 (256 bytes + end-of-text)")
+    trainer = rustbpe.Tokenizer()
+    trainer.train_from_iterator(texts, vocab_size - 1, pattern=BPE_PATTERN)
+    ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
+    if len(ranks) != vocab_size - 1:
+        raise UserError(f"--tokenizer bpe:{vocab_size}: the corpus only supports {len(ranks) + 1} tokens; use a smaller vocab")
+    return Tokenizer(f"bpe:{vocab_size}", BPE_PATTERN, ranks)
+
+
+def load_gpt2() -> Tokenizer:
+    """GPT-2 BPE: from the local ranks file if present (offline), else tiktoken's download."""
+    path = gpt2_ranks_path()
+    if path.is_file():
+        if sha256_file(path) != GPT2_RANKS_SHA256:
+            raise UserError(f"{path}: sha256 does not match the GPT-2 ranks; delete it and run `pretrainer fetch-gpt2`")
+        return Tokenizer("gpt2", GPT2_PATTERN, _parse_ranks(path.read_bytes(), str(path)))
+    try:
+        online = tiktoken.get_encoding("gpt2")
+    except Exception as e:  # offline: requests raises a connection error deep inside tiktoken
+        raise UserError(f"{path}: GPT-2 ranks not found and download failed ({type(e).__name__}); run `make setup` or `pretrainer fetch-gpt2`") from None
+    return Tokenizer("gpt2", GPT2_PATTERN, online._mergeable_ranks)
+
+
+def tokenizer_from_spec(spec: str, training_texts: Iterator[str] | None = None) -> Tokenizer:
+    if spec == "gpt2":
+        return load_gpt2()
+    if spec.startswith("bpe:"):
+        try:
+            vocab_size = int(spec[4:])
+        except ValueError:
+            raise UserError(f"--tokenizer {spec}: expected bpe:N with N an integer, e.g. bpe:4096") from None
+        assert training_texts is not None, "a trained BPE needs the corpus"
+        return train_bpe(training_texts, vocab_size)
+    raise UserError(f"--tokenizer {spec}: unknown tokenizer; use gpt2 or bpe:N (e.g. bpe:4096)")
+
+
+def fetch_gpt2_ranks(dest: Path | None = None) -> Path:
+    """Download the openai-whisper sdist with pip, extract gpt2.tiktoken, verify its sha256."""
+    dest = Path(dest or gpt2_ranks_path())
+    if dest.is_file() and sha256_file(dest) == GPT2_RANKS_SHA256:
+        return dest
+    requirement, member_suffix = GPT2_RANKS_SOURCE
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", tmp, requirement]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        sdists = list(Path(tmp).glob("*.tar.gz"))
+        if result.returncode != 0 or not sdists:
+            raise UserError(f"pip could not download {requirement} for the GPT-2 ranks: {result.stderr.strip().splitlines()[-1:]}")
+        with tarfile.open(sdists[0]) as tar:
+            members = [m for m in tar.getmembers() if m.name.endswith(member_suffix)]
+            if not members:
+                raise UserError(f"{sdists[0].name}: has no {member_suffix}")
+            data = tar.extractfile(members[0]).read()
+    if hashlib.sha256(data).hexdigest() != GPT2_RANKS_SHA256:
+        raise UserError(f"{requirement}: {member_suffix} has an unexpected sha256; refusing to use it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(dest, data)
+    return dest

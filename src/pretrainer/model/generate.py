@@ -1,0 +1,51 @@
+"""Sampling with a KV cache: one prefill over the prompt, then one token per forward pass."""
+
+from __future__ import annotations
+
+import torch
+
+from pretrainer.model.transformer import Transformer
+
+
+@torch.no_grad()
+def sample_next(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
+    """logits (B, vocab) -> next ids (B, 1). temperature 0 is greedy (argmax)."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+@torch.no_grad()
+def generate(model: Transformer, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int = 0, generator: torch.Generator | None = None, stop_id: int | None = None) -> torch.Tensor:
+    """prompt (B, T) -> (B, T + n) with n <= max_new_tokens; stops early once every row has emitted stop_id.
+
+    The context is the model's seq_len: when the cache is full, the last seq_len // 2 tokens are
+    re-encoded into a fresh cache (a sliding window, recomputed in one prefill), so generation can
+    run past seq_len at the cost of one prefill every seq_len // 2 tokens.
+    """
+    model.eval()
+    seq_len = model.cfg.seq_len
+    out = prompt
+    context = prompt[:, -seq_len:]
+    cache = model.new_kv_cache(prompt.size(0))
+    logits, _ = model(context, kv_cache=cache)
+    finished = torch.zeros(prompt.size(0), dtype=torch.bool, device=prompt.device)
+    for _ in range(max_new_tokens):
+        next_id = sample_next(logits[:, -1], temperature, top_k, generator)
+        out = torch.cat([out, next_id], dim=1)
+        if stop_id is not None:
+            finished |= next_id.squeeze(1) == stop_id
+            if finished.all():
+                break
+        if cache.pos >= seq_len:
+            cache = model.new_kv_cache(prompt.size(0))
+            logits, _ = model(out[:, -(seq_len // 2):], kv_cache=cache)
+        else:
+            logits, _ = model(next_id, kv_cache=cache)
+    return out

@@ -1,0 +1,213 @@
+"""Llama-style and GPT-2-style decoder-only transformers in one small module.
+
+arch = "llama": RMSNorm, SwiGLU MLP, rotary position embeddings (RoPE, the rotate-half layout used
+                by Hugging Face Llama), grouped-query attention (n_kv_head < n_head), no biases,
+                tied embeddings optional.
+arch = "gpt2":  LayerNorm, GELU (tanh) MLP, learned absolute positions, biases everywhere,
+                tied embeddings.
+
+Both are pre-norm residual stacks using torch's scaled_dot_product_attention (flash/efficient
+kernels on GPU). Parameter names follow Hugging Face Llama (q_proj, k_proj, ...) so that weights
+map one-to-one onto reference implementations.
+
+Initialisation (documented scheme, GPT-2 / nanoGPT): every Linear and Embedding weight ~ N(0, init_std)
+with init_std = 0.02; the two projections that write into the residual stream (attention o_proj and
+the MLP's down projection) use init_std / sqrt(2 * n_layer) so the residual variance does not grow
+with depth; biases are zero; norm weights are one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pretrainer.config import ModelConfig
+
+IGNORE_INDEX = -1  # targets with this id do not count in the loss (padding, masked prompts)
+
+
+def resolve_d_ff(cfg: ModelConfig) -> int:
+    if cfg.d_ff:
+        return cfg.d_ff
+    if cfg.arch == "gpt2":
+        return 4 * cfg.d_model
+    return 64 * math.ceil(8 * cfg.d_model / 3 / 64)  # SwiGLU keeps ~4*d^2*2 MLP params with three matrices
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)  # (seq_len, head_dim), rotate-half layout
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding; `pos` tokens are filled."""
+
+    def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
+                 device: torch.device | str, dtype: torch.dtype):
+        shape = (n_layer, batch, n_kv_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.pos = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.pos + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {end} positions > max_len {self.max_len}")
+        self.k[layer, :, :, self.pos:end] = k
+        self.v[layer, :, :, self.pos:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_head = cfg.n_head
+        self.n_kv_head = cfg.n_kv_head or cfg.n_head
+        self.head_dim = cfg.d_model // cfg.n_head
+        bias = cfg.arch == "gpt2"
+        self.q_proj = nn.Linear(cfg.d_model, self.n_head * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, cfg.d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, cache: KVCache | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        start = cache.pos if cache is not None else 0
+        if rope is not None:
+            cos, sin = rope[0][start:start + T], rope[1][start:start + T]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)
+        if self.n_kv_head != self.n_head:  # grouped-query attention: each kv head serves n_head/n_kv_head query heads
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        if start == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # decoding after a prefix: query i (absolute start + i) sees keys 0..start + i
+            visible = torch.arange(k.size(2), device=x.device)[None, :] <= (start + torch.arange(T, device=x.device))[:, None]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d_ff = resolve_d_ff(cfg)
+        self.arch = cfg.arch
+        if cfg.arch == "llama":
+            self.gate_proj = nn.Linear(cfg.d_model, d_ff, bias=False)
+            self.up_proj = nn.Linear(cfg.d_model, d_ff, bias=False)
+            self.down_proj = nn.Linear(d_ff, cfg.d_model, bias=False)
+        else:
+            self.up_proj = nn.Linear(cfg.d_model, d_ff, bias=True)
+            self.down_proj = nn.Linear(d_ff, cfg.d_model, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.arch == "llama":
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+def _norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.arch == "llama":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = _norm(cfg)
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = _norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, rope, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size <= 0:
+            raise ValueError("model.vocab_size must be resolved (from the data manifest) before building the model")
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.arch == "gpt2" else None
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.norm = _norm(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        if cfg.arch == "llama":
+            cos, sin = rope_tables(cfg.seq_len, cfg.d_model // cfg.n_head, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std, residual_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layer)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0.0, residual_std if name.endswith(("o_proj", "down_proj")) else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, std)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                module.reset_parameters()
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None):
+        """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy over targets != IGNORE_INDEX or None)."""
+        T = idx.size(1)
+        start = kv_cache.pos if kv_cache is not None else 0
+        if start + T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {start + T} tokens exceeds model.seq_len {self.cfg.seq_len}")
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
+        rope = (self.rope_cos, self.rope_sin) if self.cfg.arch == "llama" else None
+        for block in self.layers:
+            x = block(x, rope, kv_cache)
+        if kv_cache is not None:
+            kv_cache.pos += T
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return logits, loss
+
+    def new_kv_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        attn = self.layers[0].attn
+        return KVCache(self.cfg.n_layer, batch, attn.n_kv_head, max_len or self.cfg.seq_len, attn.head_dim,
+                       self.wte.weight.device, self.wte.weight.dtype)
+
+    def tied_aliases(self) -> list[str]:
+        """State-dict keys that are the same tensor as another key (left out when saving)."""
+        return ["lm_head.weight"] if self.cfg.tie_embeddings else []
+
+
+def count_parameters(model: Transformer) -> dict[str, int]:
+    """Unique parameters (tied weights once). Non-embedding leaves out the token and position
+    embeddings but keeps an untied lm_head, the convention of Kaplan et al. and nanoGPT."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.wte.weight.numel() + (model.wpe.weight.numel() if model.wpe is not None else 0)
+    return {"total": total, "non_embedding": total - embedding}

@@ -1,0 +1,1 @@
+"""The training loop and what it needs: optimizer, schedules, checkpoints."""

@@ -1,0 +1,141 @@
+"""Atomic checkpoints: RUN_DIR/checkpoints/step-NNNNNNN/{model.safetensors, optimizer.pt, state.json, COMPLETE}.
+
+Written into a temp directory, every file fsynced, the COMPLETE marker written last, then renamed
+into place: a directory without COMPLETE (a crash mid-write) is never resumed from. The newest
+`keep` complete checkpoints are kept.
+
+Weights are safetensors (no pickle). The optimizer state holds only tensors and plain values and
+is loaded with torch.load(weights_only=True). state.json carries the step, tokens, data position,
+RNG states and the config.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from pretrainer.errors import UserError
+from pretrainer.io import atomic_write_json, fsync_dir
+
+CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
+MARKER = "COMPLETE"
+
+
+def checkpoints_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = checkpoints_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_NAME.match(p.name)) and (p / MARKER).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict on CPU, without tied aliases (safetensors stores each tensor once)."""
+    aliases = set(model.tied_aliases())
+    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if k not in aliases}
+
+
+def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
+    expected = {k: v.shape for k, v in model.state_dict().items() if k not in set(model.tied_aliases())}
+    problems = [f"missing {k}" for k in expected if k not in weights]
+    problems += [f"unexpected {k}" for k in weights if k not in expected]
+    problems += [f"{k} {tuple(weights[k].shape)} != {tuple(s)}" for k, s in expected.items() if k in weights and weights[k].shape != s]
+    if problems:
+        raise UserError(f"{where}: weights do not fit this model ({'; '.join(problems[:5])}); check the model.* config")
+    model.load_state_dict(weights, strict=False)
+
+
+def rng_state() -> dict:
+    py_version, py_state, py_gauss = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, py_state, gauss = state["python"]
+    random.setstate((version, tuple(py_state), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]])
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], optimizer_state: dict,
+                    trainer_state: dict, keep: int) -> Path:
+    root = checkpoints_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:07d}"
+    tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt", "step": str(step)})
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    atomic_write_json(tmp / "state.json", trainer_state)
+    for name in ("model.safetensors", "optimizer.pt"):
+        _fsync_file(tmp / name)
+    atomic_write_json(tmp / MARKER, {"step": step})
+    if final.exists():  # the same step saved again (e.g. a resumed run that stops where it started)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old)
+    for stale in root.glob(".tmp-step-*"):  # left by a crash mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """-> (model weights, optimizer state, trainer state) from a complete checkpoint directory."""
+    path = Path(path)
+    if not (path / MARKER).is_file():
+        raise UserError(f"{path}: not a complete checkpoint (no {MARKER} marker); pick another or resume=auto")
+    weights = load_file(path / "model.safetensors")
+    optimizer_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    state = json.loads((path / "state.json").read_text())
+    return weights, optimizer_state, state
+
+
+def resolve_run_or_checkpoint(path: Path) -> Path:
+    """A run dir (-> its newest complete checkpoint) or a checkpoint dir (-> itself)."""
+    path = Path(path)
+    if (path / MARKER).is_file():
+        return path
+    if not path.exists():
+        raise UserError(f"{path}: no such run or checkpoint directory")
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise UserError(f"{path}: no complete checkpoint found under {checkpoints_root(path)}; train first")
+    return latest

@@ -1,0 +1,53 @@
+"""AdamW with weight decay on matrices only, and the learning-rate schedules.
+
+Weight decay applies to the weight matrices of Linear layers. Norm weights, biases and embeddings
+(token and position) are not decayed: decaying them pulls gains toward zero and rare tokens'
+embeddings toward the origin, with no regularising benefit (GPT-3, nanoGPT, OLMo).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from pretrainer.config import OptimConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    embedding_params = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():  # tied weights appear once
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and id(p) not in embedding_params else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             eps=cfg.eps, fused=device_type == "cuda")
+
+
+def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
+    """Learning rate for the update that turns `step` completed steps into step + 1.
+
+    Linear warmup to cfg.lr over warmup_steps, then:
+      cosine:   cosine decay from lr to lr * min_lr_ratio at max_steps
+      wsd:      constant, then linear decay to lr * min_lr_ratio over the last decay_fraction of max_steps
+      constant: lr
+    """
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    floor = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "cosine":
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps))
+        return floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress))
+    if cfg.schedule == "wsd":
+        decay_start = max(cfg.warmup_steps, max_steps - round(cfg.decay_fraction * max_steps))
+        if step < decay_start:
+            return cfg.lr
+        progress = min(1.0, (step - decay_start) / max(1, max_steps - decay_start))
+        return cfg.lr + (floor - cfg.lr) * progress
+    return cfg.lr
