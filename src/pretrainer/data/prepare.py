@@ -11,6 +11,8 @@ The validation split is by document: document i goes to val when a hash of (seed
 val_fraction, so the split is deterministic, independent of worker count, and needs no shuffle
 buffer. Everything is written to a temp directory beside OUT and renamed only when complete.
 Memory stays flat: documents stream from the sources, at most 2 x workers batches are in flight.
+Workers are spawned processes: a script that calls prepare() with workers > 1 needs the usual
+`if __name__ == "__main__":` guard (the CLI has it).
 """
 
 from __future__ import annotations

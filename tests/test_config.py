@@ -1,0 +1,55 @@
+from pathlib import Path
+
+import pytest
+
+from pretrainer.config import config_hash, load_config, save_config
+from pretrainer.errors import UserError
+
+
+def test_toml_and_dotted_overrides(tmp_path: Path):
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\narch = "gpt2"\nd_model = 96\n[optim]\nlr = 1\n')
+    cfg = load_config(path, ["--optim.lr=3e-4", "--train.max_steps", "1e3", "--train.compile=true"])
+    assert cfg.model.arch == "gpt2" and cfg.model.d_model == 96
+    assert cfg.optim.lr == 3e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.train.max_steps == 1000 and isinstance(cfg.train.max_steps, int)
+    assert cfg.train.compile is True
+
+
+def test_unknown_key_in_file_names_key_and_suggests(tmp_path: Path):
+    path = tmp_path / "c.toml"
+    path.write_text("[optim]\nlrr = 0.1\n")
+    with pytest.raises(UserError, match=r"c\.toml: unknown config key 'optim\.lrr'; did you mean 'optim\.lr'\?"):
+        load_config(path)
+
+
+def test_unknown_override_suggests_closest():
+    with pytest.raises(UserError, match=r"unknown config key 'train\.max_step'; did you mean 'train\.max_steps'"):
+        load_config(None, ["--train.max_step=5"])
+
+
+def test_wrong_type_is_an_error():
+    with pytest.raises(UserError, match=r"'train\.micro_batch' must be int, got '2\.5'"):
+        load_config(None, ["--train.micro_batch=2.5"])
+    with pytest.raises(UserError, match="must be bool"):
+        load_config(None, ["--train.compile=maybe"])
+
+
+def test_invalid_values_are_errors():
+    with pytest.raises(UserError, match="ckpt.keep must be >= 2"):
+        load_config(None, ["--ckpt.keep=1"])
+    with pytest.raises(UserError, match="divisible by model.n_kv_head"):
+        load_config(None, ["--model.n_head=4", "--model.n_kv_head=3"])
+
+
+def test_resolved_config_round_trips_through_toml(tmp_path: Path):
+    cfg = load_config(None, ["--optim.lr=1e-3", "--model.arch=gpt2", "--data.dir=some/dir"])
+    save_config(cfg, tmp_path / "config.toml")
+    again = load_config(tmp_path / "config.toml")
+    assert again == cfg and config_hash(again) == config_hash(cfg)
+
+
+def test_hash_ignores_only_stop_and_resume_keys():
+    base = load_config(None, [])
+    assert config_hash(base) == config_hash(load_config(None, ["--train.stop_at_step=20", "--train.resume=never"]))
+    assert config_hash(base) != config_hash(load_config(None, ["--optim.lr=1e-2"]))

@@ -1,0 +1,56 @@
+import json
+
+import pytest
+
+from pretrainer.data.sources import Corpus
+from pretrainer.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, load_gpt2, train_bpe
+from pretrainer.errors import UserError
+
+SAMPLES = ["Hello world", "def main(argv):\n\treturn 0\n", "naïve café — 日本語 🙂", "   leading spaces\n\n\n", "<|endoftext|> is text here"]
+
+
+def test_gpt2_matches_published_ids():
+    tok = load_gpt2()  # offline: the ranks file fetched by `make setup`
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.vocab_size == GPT2_VOCAB_SIZE and tok.eot_id == 50256
+    for text in SAMPLES:
+        assert tok.decode(tok.encode(text)) == text
+
+
+def test_gpt2_rejects_a_tampered_ranks_file(tmp_path, monkeypatch):
+    bad = tmp_path / "gpt2.tiktoken"
+    bad.write_bytes(b"SGVsbG8= 0\n")
+    monkeypatch.setenv("PRETRAINER_GPT2_RANKS", str(bad))
+    with pytest.raises(UserError, match="sha256 does not match"):
+        load_gpt2()
+
+
+@pytest.fixture(scope="module")
+def trained():
+    docs = Corpus(["stdlib"]).documents()
+    return train_bpe((next(docs) for _ in range(150)), 700)
+
+
+def test_trained_bpe_round_trips_and_compresses(trained):
+    assert trained.vocab_size == 700 and trained.eot_id == 699
+    for text in SAMPLES:
+        assert trained.decode(trained.encode(text)) == text
+    code = "import os\n\ndef main():\n    return os.path.join('a', 'b')\n"
+    assert len(trained.encode(code)) < len(code.encode()) / 2  # merges learned from Python source
+
+
+def test_trained_bpe_saves_and_reloads_identically(trained, tmp_path):
+    trained.save(tmp_path)
+    again = Tokenizer.load(tmp_path)
+    assert again.sha256 == trained.sha256 and again.ranks == trained.ranks and again.pattern == trained.pattern
+    for text in SAMPLES:
+        assert again.encode(text) == trained.encode(text)
+
+
+def test_tampered_tokenizer_files_are_rejected(trained, tmp_path):
+    trained.save(tmp_path)
+    meta = json.loads((tmp_path / "tokenizer.json").read_text())
+    meta["pattern"] = r"\w+"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="does not match the sha256"):
+        Tokenizer.load(tmp_path)

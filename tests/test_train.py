@@ -1,0 +1,150 @@
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from conftest import run_subprocess, tiny_config, tiny_overrides
+from pretrainer.config import OptimConfig, from_dict
+from pretrainer.data.tokenizer import Tokenizer
+from pretrainer.metrics import read_metrics
+from pretrainer.model import Transformer
+from pretrainer.model.generate import generate
+from pretrainer.train.checkpoint import latest_checkpoint, list_checkpoints, load_model_weights, model_weights
+from pretrainer.train.loop import train
+from pretrainer.train.optim import lr_at, param_groups
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    steps = [r["step"] for r in records]
+    assert len(steps) == len(set(steps)), "each step is logged exactly once"
+    return {r["step"]: r["loss"] for r in records}
+
+
+def test_loss_falls_on_the_stdlib_corpus(stdlib_data, tmp_path):
+    settings = {"train.max_steps": 60, "train.micro_batch": 16, "optim.lr": 1e-2, "eval.every": 0}
+    result = train(tiny_config(stdlib_data, tmp_path / "run", **settings))
+    vals = [r["val_loss"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r]
+    assert vals[0] == pytest.approx(math.log(1024), abs=0.15)
+    assert vals[-1] < vals[0] - 1.0, vals  # 30K tokens: past unigram statistics
+    assert result["step"] == 60
+
+
+def test_resume_is_bit_exact(stdlib_data, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(tiny_config(stdlib_data, straight))
+    train(tiny_config(stdlib_data, split, **{"train.stop_at_step": 20}))
+    assert max(losses(split)) == 20 and latest_checkpoint(split).name == "step-0000020"
+    train(tiny_config(stdlib_data, split))  # same run dir, resume = auto
+    expected, got = losses(straight), losses(split)
+    assert list(expected) == list(range(1, 41))
+    assert got == expected  # identical floats at every step, not merely close
+    final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()
+    assert final(straight) == final(split)
+
+
+def test_checkpoint_weights_reload_and_resave_byte_identically(stdlib_data, tmp_path):
+    train(tiny_config(stdlib_data, tmp_path / "run", **{"train.max_steps": 10}))
+    path = latest_checkpoint(tmp_path / "run") / "model.safetensors"
+    state = json.loads((path.parent / "state.json").read_text())
+    fresh = Transformer(from_dict(state["config"], "state.json").model)
+    load_model_weights(fresh, load_file(path), str(path))
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    save_file(model_weights(fresh), tmp_path / "again.safetensors", metadata=metadata)
+    assert (tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+
+
+def test_checkpoints_are_complete_kept_to_n_and_torn_ones_ignored(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 30, "ckpt.keep": 2}))
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000020", "step-0000030"]
+    for ckpt in list_checkpoints(run):
+        assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "optimizer.pt", "state.json", "COMPLETE"}
+    torn = run / "checkpoints" / "step-0000040"
+    shutil.copytree(latest_checkpoint(run), torn)
+    (torn / "COMPLETE").unlink()
+    assert latest_checkpoint(run).name == "step-0000030"
+
+
+def test_metrics_have_the_contract_keys_and_exact_tokens(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 12, "train.grad_accum": 2, "log.every": 4}))
+    records = read_metrics(run / "metrics.jsonl")
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [4, 8, 12]
+    for r in steps:
+        assert {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s"} <= set(r)
+        assert r["tokens"] == r["step"] * 8 * 64 * 2  # micro_batch x seq_len x grad_accum x 1 rank
+    assert any("val_loss" in r and r["step"] == 12 for r in records)
+    assert (run / "config.toml").is_file() and Tokenizer.load(run / "tokenizer").vocab_size == 1024
+
+
+def test_grad_accumulation_matches_a_larger_micro_batch(stdlib_data, tmp_path):
+    train(tiny_config(stdlib_data, tmp_path / "a", **{"train.max_steps": 6, "train.micro_batch": 8}))
+    train(tiny_config(stdlib_data, tmp_path / "b", **{"train.max_steps": 6, "train.micro_batch": 4, "train.grad_accum": 2}))
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert a.keys() == b.keys()
+    for step in a:
+        assert a[step] == pytest.approx(b[step], abs=1e-5)
+
+
+def test_lr_schedules():
+    cos = OptimConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1, schedule="cosine")
+    assert lr_at(0, cos, 100) == pytest.approx(0.1) and lr_at(9, cos, 100) == pytest.approx(1.0)
+    assert lr_at(55, cos, 100) == pytest.approx(0.55) and lr_at(100, cos, 100) == pytest.approx(0.1)
+    wsd = OptimConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.0, schedule="wsd", decay_fraction=0.2)
+    assert lr_at(79, wsd, 100) == 1.0 and lr_at(90, wsd, 100) == pytest.approx(0.5) and lr_at(100, wsd, 100) == 0.0
+
+
+def test_no_weight_decay_on_norms_biases_and_embeddings():
+    model = Transformer(tiny_config(Path("unused"), Path("unused"), **{"model.arch": "gpt2", "model.n_kv_head": 0,
+                                                                     "model.vocab_size": 100}).model)
+    decay, no_decay = param_groups(model, 0.1)
+    decayed = {id(p) for p in decay["params"]}
+    names = {name for name, p in model.named_parameters() if id(p) in decayed}
+    assert names and all(n.endswith("proj.weight") for n in names)
+    assert no_decay["weight_decay"] == 0.0 and id(model.wte.weight) not in decayed and id(model.wpe.weight) not in decayed
+
+
+def test_sample_cli_is_deterministic_and_greedy_matches_the_model(stdlib_data, tmp_path, run_cli):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 10}))
+    args = ("sample", run, "--prompt", "def main(", "--max-new-tokens", "30", "--seed", "3", "--device", "cpu")
+    first, second = run_cli(*args), run_cli(*args)
+    assert first[0] == 0 and first[1] == second[1] and "def main(" in first[1]
+    code, out, _ = run_cli(*args, "--temperature", "0")
+    tok = Tokenizer.load(run / "tokenizer")
+    ckpt = latest_checkpoint(run)
+    model = Transformer(from_dict(json.loads((ckpt / "state.json").read_text())["config"], "").model)
+    load_model_weights(model, load_file(ckpt / "model.safetensors"), "")
+    greedy = generate(model, torch.tensor([tok.encode("def main(")]), 30, temperature=0)
+    assert tok.decode(greedy[0].tolist()) in out
+
+
+# --- bad input to train: one line, exit code 2 ---
+
+def test_missing_data_dir_and_unknown_key_are_one_line_errors(tmp_path):
+    result = run_subprocess("train", *tiny_overrides(tmp_path / "nope", tmp_path / "run"))
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+    assert "nope: data dir not found; run `pretrainer prepare" in result.stderr
+    result = run_subprocess("train", "--optim.lrr=1")
+    assert result.returncode == 2 and "unknown config key 'optim.lrr'; did you mean 'optim.lr'?" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_vocab_mismatches_are_caught(stdlib_data, tmp_path, run_cli):
+    code, _, err = run_cli("train", *tiny_overrides(stdlib_data, tmp_path / "run", **{"model.vocab_size": 512}))
+    assert code == 2 and "tokenizer/shard vocab mismatch" in err and "model.vocab_size = 512" in err
+    swapped = tmp_path / "swapped"
+    shutil.copytree(stdlib_data, swapped)
+    other = Tokenizer("bpe:300", Tokenizer.load(stdlib_data).pattern, {bytes([i]): i for i in range(256)})
+    other.save(swapped)
+    code, _, err = run_cli("train", *tiny_overrides(swapped, tmp_path / "run"))
+    assert code == 2 and "tokenizer.json: tokenizer/shard vocab mismatch" in err
+    assert not (tmp_path / "run").exists()
