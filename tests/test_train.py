@@ -1,6 +1,8 @@
 import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,12 @@ def test_checkpoint_weights_reload_and_resave_byte_identically(stdlib_data, tmp_
         metadata = f.metadata()
     save_file(model_weights(fresh), tmp_path / "again.safetensors", metadata=metadata)
     assert (tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+    # and from another process (hash-map ordering differs between processes)
+    script = ("import sys; from safetensors.torch import load_file, save_file; "
+              "save_file(load_file(sys.argv[1]), sys.argv[2], metadata={'format': 'pt'})")
+    for i in range(3):
+        subprocess.run([sys.executable, "-c", script, path, tmp_path / f"other{i}.safetensors"], check=True)
+        assert (tmp_path / f"other{i}.safetensors").read_bytes() == path.read_bytes()
 
 
 def test_checkpoints_are_complete_kept_to_n_and_torn_ones_ignored(stdlib_data, tmp_path):

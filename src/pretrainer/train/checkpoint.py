@@ -100,7 +100,9 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
     tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt", "step": str(step)})
+    # One metadata key only: safetensors writes __metadata__ in hash-map order, so two or more keys
+    # can come out in a different order in another process and break byte-identical re-saves.
+    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
     torch.save(optimizer_state, tmp / "optimizer.pt")
     atomic_write_json(tmp / "state.json", trainer_state)
     for name in ("model.safetensors", "optimizer.pt"):
