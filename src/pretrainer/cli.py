@@ -4,6 +4,9 @@ calls one function; user errors print one line (`error: ...`) and exit with code
     pretrainer prepare --corpus stdlib --tokenizer bpe:4096 --out data/stdlib-bpe4k
     pretrainer train configs/tiny-cpu.toml --data.dir=data/stdlib-bpe4k --run.dir=runs/tiny
     pretrainer sample runs/tiny --prompt "def main(" --max-new-tokens 200 --temperature 0.8 --top-k 50
+    pretrainer eval configs/gpt2-124m.toml --data.dir=data/fineweb-gpt2 --init.from=hf:path/to/gpt2
+    pretrainer export runs/tiny --format hf --out exports/tiny-hf
+    pretrainer plan configs/llama3-1b.toml --tokens 2.5e10 --gpus 8
     pretrainer fetch-gpt2
 """
 
@@ -32,6 +35,52 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.train.loop import train
 
     train(load_config(args.config, overrides))
+
+
+def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
+    from pretrainer.config import load_config
+    from pretrainer.train.loop import evaluate_config
+
+    evaluate_config(load_config(args.config, overrides))
+
+
+def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
+    import json
+
+    from pretrainer.config import load_config
+    from pretrainer.plan import format_plan, make_plan
+
+    plan = make_plan(load_config(args.config, overrides), tokens=args.tokens, tokens_per_param=args.tokens_per_param, gpus=args.gpus)
+    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    from pretrainer import hf
+    from pretrainer.config import from_dict, to_dict
+    from pretrainer.data.tokenizer import Tokenizer
+    from pretrainer.train.checkpoint import load_checkpoint, resolve_run_or_checkpoint
+
+    checkpoint = resolve_run_or_checkpoint(Path(args.run))
+    weights, _, state = load_checkpoint(checkpoint)
+    cfg = from_dict(state["config"], f"{checkpoint}/state.json")
+    tokenizer = Tokenizer.load(checkpoint.parent.parent / "tokenizer")
+    out = Path(args.out)
+    if args.format == "hf":
+        hf.export_hf(cfg.model, weights, tokenizer, out, args.dtype)
+    else:  # weights only: one safetensors file, the model config and tokenizer id in its metadata
+        dtype = hf.DTYPES[args.dtype]
+        metadata = {"format": "pt", "pretrainer_model_config": json.dumps(to_dict(cfg)["model"], sort_keys=True),
+                    "tokenizer": json.dumps({"name": tokenizer.name, "sha256": tokenizer.sha256}, sort_keys=True)}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        save_file({k: v.to(dtype).contiguous() for k, v in weights.items()}, tmp, metadata=metadata)
+        os.replace(tmp, out)
+    print(f"exported {checkpoint} (step {state['step']}) as {args.format} ({args.dtype}) to {out}")
 
 
 def cmd_sample(args: argparse.Namespace) -> None:
@@ -94,6 +143,23 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog="example: pretrainer train configs/tiny-cpu.toml --optim.lr=3e-4 --train.max_steps=200")
     p.add_argument("config", nargs="?", help="TOML config file (defaults for anything it leaves out)")
 
+    p = verbs.add_parser("eval", help="validation loss of a run's newest checkpoint or of --init.from weights")
+    p.add_argument("config", nargs="?", help="TOML config file; --section.key=value overrides follow")
+
+    p = verbs.add_parser("plan", help="parameters, FLOPs per token, tokens per step and steps for a token budget")
+    p.add_argument("config", nargs="?", help="TOML config file; --section.key=value overrides follow")
+    p.add_argument("--tokens", type=float, help="training token budget (default: --tokens-per-param x parameters)")
+    p.add_argument("--tokens-per-param", type=float, default=20.0, help="Chinchilla ratio used without --tokens")
+    p.add_argument("--gpus", type=int, default=1, help="data-parallel world size")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    p = verbs.add_parser("export", help="export a run's newest checkpoint (or a checkpoint dir)")
+    p.add_argument("run", help="run dir or checkpoint dir")
+    p.add_argument("--format", required=True, choices=["hf", "safetensors"],
+                   help="hf: a transformers model directory; safetensors: one weights file with the config in its metadata")
+    p.add_argument("--out", required=True, help="output directory (hf) or file (safetensors)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+
     p = verbs.add_parser("sample", help="generate text from a run dir or checkpoint")
     p.add_argument("run", help="run dir (newest checkpoint) or a checkpoint dir")
     p.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
@@ -113,13 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.verb != "train":
+    if extra and args.verb not in ("train", "eval", "plan"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.verb == "prepare":
             cmd_prepare(args, argv)
         elif args.verb == "train":
             cmd_train(args, extra)
+        elif args.verb == "eval":
+            cmd_eval(args, extra)
+        elif args.verb == "plan":
+            cmd_plan(args, extra)
+        elif args.verb == "export":
+            cmd_export(args)
         elif args.verb == "sample":
             cmd_sample(args)
         elif args.verb == "fetch-gpt2":

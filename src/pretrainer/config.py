@@ -39,6 +39,13 @@ class ModelConfig:
 
 
 @dataclass
+class InitConfig:
+    # Start from existing weights instead of a random init: "hf:DIR" (a local Hugging Face GPT-2 or
+    # Llama directory) or a pretrainer run/checkpoint dir. Ignored when resuming from a checkpoint.
+    from_: str = ""  # the key is `init.from` (a Python keyword, hence the underscore here)
+
+
+@dataclass
 class DataConfig:
     dir: str = ""  # a directory written by `pretrainer prepare`
 
@@ -95,6 +102,7 @@ class CkptConfig:
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    init: InitConfig = field(default_factory=InitConfig)
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -108,13 +116,17 @@ class Config:
 RESUME_FREE_KEYS = ("train.stop_at_step", "train.resume")
 
 
+def _key_name(field_name: str) -> str:
+    return field_name.rstrip("_")  # `from_` is the field for the key `from`
+
+
 def all_keys(cfg: Config | None = None) -> dict[str, type]:
     """Every dotted key with its field type, e.g. {"optim.lr": float, ...}."""
     cfg = cfg or Config()
     keys = {}
     for section in dataclasses.fields(cfg):
         for f in dataclasses.fields(getattr(cfg, section.name)):
-            keys[f"{section.name}.{f.name}"] = type(getattr(getattr(cfg, section.name), f.name))
+            keys[f"{section.name}.{_key_name(f.name)}"] = type(getattr(getattr(cfg, section.name), f.name))
     return keys
 
 
@@ -157,7 +169,8 @@ def set_key(cfg: Config, key: str, value: Any, where: str) -> None:
     if key not in types:
         raise _unknown_key(key, where)
     section, name = key.split(".", 1)
-    setattr(getattr(cfg, section), name, _coerce(key, value, types[key], where))
+    target = getattr(cfg, section)
+    setattr(target, name if hasattr(target, name) else name + "_", _coerce(key, value, types[key], where))
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
@@ -224,7 +237,7 @@ def validate(cfg: Config) -> None:
 
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
-    return dataclasses.asdict(cfg)
+    return {section: {_key_name(k): v for k, v in values.items()} for section, values in dataclasses.asdict(cfg).items()}
 
 
 def from_dict(raw: dict[str, dict[str, Any]], where: str) -> Config:

@@ -119,14 +119,18 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
     return final
 
 
-def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
-    """-> (model weights, optimizer state, trainer state) from a complete checkpoint directory."""
+def read_trainer_state(path: Path) -> dict:
     path = Path(path)
     if not (path / MARKER).is_file():
         raise UserError(f"{path}: not a complete checkpoint (no {MARKER} marker); pick another or resume=auto")
-    weights = load_file(path / "model.safetensors")
-    optimizer_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-    state = json.loads((path / "state.json").read_text())
+    return json.loads((path / "state.json").read_text())
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """-> (model weights, optimizer state, trainer state) from a complete checkpoint directory."""
+    state = read_trainer_state(path)
+    weights = load_file(Path(path) / "model.safetensors")
+    optimizer_state = torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=True)
     return weights, optimizer_state, state
 
 

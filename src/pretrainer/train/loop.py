@@ -13,6 +13,7 @@ import contextlib
 import platform
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +21,15 @@ import torch
 from tqdm import tqdm
 
 from pretrainer import __version__
-from pretrainer.config import Config, config_hash, diff_keys, from_dict, save_config, to_dict
-from pretrainer.data.loader import SequenceLoader, open_data_dir, validation_batches
+from pretrainer.config import Config, ModelConfig, config_hash, diff_keys, from_dict, save_config, to_dict
+from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir, validation_batches
 from pretrainer.errors import UserError
 from pretrainer.metrics import MetricsLog
 from pretrainer.model import Transformer, count_parameters
+from pretrainer.model.transformer import resolve_d_ff
 from pretrainer.train.checkpoint import (latest_checkpoint, list_checkpoints, load_checkpoint, load_model_weights,
-                                         model_weights, rng_state, save_checkpoint, set_rng_state)
+                                         model_weights, read_trainer_state, resolve_run_or_checkpoint, rng_state, save_checkpoint,
+                                         set_rng_state)
 from pretrainer.train.optim import build_optimizer, lr_at
 
 
@@ -56,6 +59,57 @@ def find_resume_checkpoint(cfg: Config, run_dir: Path) -> Path | None:
     return Path(cfg.train.resume)
 
 
+def init_source(spec: str) -> tuple[ModelConfig, Callable[[], dict[str, torch.Tensor]]]:
+    """`init.from` -> (the source's model config, a function that loads its weights under our names)."""
+    from safetensors.torch import load_file
+
+    if spec.startswith("hf:"):
+        from pretrainer import hf
+
+        directory = Path(spec[len("hf:"):])
+        source_cfg = hf.read_hf_config(directory)
+        return source_cfg, lambda: hf.from_hf_weights(source_cfg, hf.read_hf_weights(directory), spec)
+    checkpoint = resolve_run_or_checkpoint(Path(spec))
+    source_cfg = from_dict(read_trainer_state(checkpoint)["config"], str(checkpoint)).model
+    return source_cfg, lambda: load_file(checkpoint / "model.safetensors")
+
+
+def check_fits(model_cfg: ModelConfig, source_cfg: ModelConfig, where: str) -> None:
+    """List every model setting that differs from the weights' source, in one error."""
+    def shape(c: ModelConfig) -> dict:
+        fields = {"arch": c.arch, "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layer": c.n_layer, "n_head": c.n_head,
+                  "n_kv_head": c.n_kv_head or c.n_head, "d_ff": resolve_d_ff(c), "tie_embeddings": c.tie_embeddings,
+                  "norm_eps": c.norm_eps}
+        if c.arch == "llama":
+            fields["rope_theta"] = c.rope_theta
+        else:
+            fields["seq_len"] = c.seq_len  # the learned position table's size
+        return fields
+
+    ours, theirs = shape(model_cfg), shape(source_cfg)
+    problems = [f"model.{k} = {ours[k]} but the source has {theirs.get(k)}" for k in ours if ours[k] != theirs.get(k)]
+    if problems:
+        raise UserError(f"{where}: weights do not fit this model: {'; '.join(problems)}; set those model.* keys to match")
+
+
+def build_model(cfg: Config, data: DataDir, load_init_weights: bool) -> Transformer:
+    """Resolve the vocab (init source, else data), check it against the data, build the model and
+    optionally load `init.from` weights. Mutates cfg.model.vocab_size when it is 0."""
+    source_cfg, load_source = init_source(cfg.init.from_) if cfg.init.from_ else (None, None)
+    if cfg.model.vocab_size == 0:
+        cfg.model.vocab_size = source_cfg.vocab_size if source_cfg else data.vocab_size
+    if source_cfg is not None:
+        check_fits(cfg.model, source_cfg, f"init.from={cfg.init.from_}")
+    if cfg.model.vocab_size < data.vocab_size or data.manifest["max_token_id"] >= cfg.model.vocab_size:
+        raise UserError(f"{data.path}/manifest.json: tokenizer/shard vocab mismatch: the data has vocab {data.vocab_size} "
+                        f"(max id {data.manifest['max_token_id']}) but model.vocab_size = {cfg.model.vocab_size}; "
+                        f"leave model.vocab_size = 0 to take it from the data")
+    model = Transformer(cfg.model)
+    if load_source is not None and load_init_weights:
+        load_model_weights(model, load_source(), f"init.from={cfg.init.from_}")
+    return model
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype: torch.dtype | None) -> float:
     """Mean validation loss per token over a fixed set of batches."""
@@ -75,23 +129,16 @@ def train(cfg: Config) -> dict:
     run_dir = Path(cfg.run.dir)
     world_size, rank = 1, 0  # multi-process training arrives with train/distributed.py
 
-    # --- data, and the vocab it fixes ---
     data = open_data_dir(cfg.data.dir)
-    if cfg.model.vocab_size == 0:
-        cfg.model.vocab_size = data.vocab_size
-    if cfg.model.vocab_size < data.vocab_size or data.manifest["max_token_id"] >= cfg.model.vocab_size:
-        raise UserError(f"{data.path}/manifest.json: tokenizer/shard vocab mismatch: the data has vocab {data.vocab_size} "
-                        f"(max id {data.manifest['max_token_id']}) but model.vocab_size = {cfg.model.vocab_size}; "
-                        f"leave model.vocab_size = 0 to take it from the data")
     device = resolve_device(cfg.train.device)
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
     checkpoint = find_resume_checkpoint(cfg, run_dir)
 
-    # --- model, optimizer, data streams (seeded, so a fresh run is reproducible) ---
+    # --- model (random init, or init.from when starting fresh), optimizer, data streams; all seeded ---
     random.seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
-    model = Transformer(cfg.model).to(device)
+    model = build_model(cfg, data, load_init_weights=checkpoint is None).to(device)
     optimizer = build_optimizer(model, cfg.optim, device.type)
     train_loader = SequenceLoader(data.tokens("train"), cfg.model.seq_len, cfg.train.micro_batch, cfg.train.grad_accum,
                                   world_size, rank, cfg.train.seed, where=f"{data.path}/train.bin")
@@ -124,7 +171,8 @@ def train(cfg: Config) -> dict:
     counts = count_parameters(model)
     max_steps, grad_accum = cfg.train.max_steps, cfg.train.grad_accum
     end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
-    print(f"model: {cfg.model.arch}, {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding)")
+    init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
+    print(f"model: {cfg.model.arch}, {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding){init_note}")
     print(f"data: {data.path} ({train_loader.n_sequences:,} train sequences of {cfg.model.seq_len}, tokenizer {data.tokenizer.name})")
     print(f"tokens per step: {tokens_per_step:,} = {cfg.train.micro_batch} micro-batch x {cfg.model.seq_len} seq_len x "
           f"{grad_accum} grad_accum x {world_size} ranks; device {device}, {'bf16 autocast' if amp_dtype else 'float32'}")
@@ -195,3 +243,20 @@ def train(cfg: Config) -> dict:
     print(f"{stopped} at step {step}: {tokens_seen:,} tokens, {time.time() - t_start:.1f}s; "
           f"checkpoint {run_dir / 'checkpoints' / f'step-{step:07d}'}")
     return {"step": step, "tokens": tokens_seen, "loss": last_loss, "val_loss": last_val}
+
+
+def evaluate_config(cfg: Config) -> dict:
+    """Validation loss of init.from weights, or of run.dir's newest checkpoint, on data.dir's val split."""
+    data = open_data_dir(cfg.data.dir)
+    device = resolve_device(cfg.train.device)
+    if not cfg.init.from_:
+        checkpoint = latest_checkpoint(Path(cfg.run.dir))
+        if checkpoint is None:
+            raise UserError(f"{cfg.run.dir}: no checkpoint to evaluate; pass --init.from=hf:DIR or a trained --run.dir")
+        cfg.init.from_ = str(checkpoint)
+    model = build_model(cfg, data, load_init_weights=True).to(device)
+    batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
+    val_loss = evaluate(model, batches, device, autocast_dtype(cfg.train.dtype, device))
+    tokens = sum(y.numel() for _, y in batches)
+    print(f"{cfg.init.from_}: val loss {val_loss:.4f} nats/token over {tokens:,} tokens of {data.path}/val.bin")
+    return {"val_loss": val_loss, "tokens": tokens}
