@@ -62,6 +62,8 @@ def test_mismatched_state_is_refused_and_small_data_is_an_error():
         other.load_state_dict(loader.state_dict())
     with pytest.raises(UserError, match="fewer than one step needs"):
         SequenceLoader(TOKENS[:100], seq_len=10, micro_batch=8, grad_accum=2)
+    with pytest.raises(UserError, match=r"fewer than one step needs \(2 x 1 x 8 ranks\)"):  # world size larger than the data
+        SequenceLoader(TOKENS[:100], seq_len=10, micro_batch=2, grad_accum=1, world_size=8, rank=3)
 
 
 def test_validation_batches_are_fixed_and_in_order():

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from pretrainer import __version__
-from pretrainer.errors import EXIT_USER_ERROR, UserError
+from pretrainer.errors import EXIT_COLLECTIVE_TIMEOUT, EXIT_USER_ERROR, UserError
 
 
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
@@ -34,7 +34,15 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.config import load_config
     from pretrainer.train.loop import train
 
-    train(load_config(args.config, overrides))
+    cfg = load_config(args.config, overrides)  # check the config before starting N processes
+    if args.nproc > 1:
+        import os
+
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+                "-m", "pretrainer", "train", *([args.config] if args.config else []), *overrides]
+        sys.stdout.flush()
+        os.execv(sys.executable, argv)
+    train(cfg)
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -91,7 +99,7 @@ def cmd_sample(args: argparse.Namespace) -> None:
     from pretrainer.model import Transformer
     from pretrainer.model.generate import generate
     from pretrainer.train.checkpoint import load_checkpoint, load_model_weights, resolve_run_or_checkpoint
-    from pretrainer.train.loop import resolve_device
+    from pretrainer.train.distributed import resolve_device
 
     checkpoint = resolve_run_or_checkpoint(Path(args.run))
     weights, _, state = load_checkpoint(checkpoint)
@@ -142,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("train", help="train a model; extra --section.key=value arguments override the config",
                          epilog="example: pretrainer train configs/tiny-cpu.toml --optim.lr=3e-4 --train.max_steps=200")
     p.add_argument("config", nargs="?", help="TOML config file (defaults for anything it leaves out)")
+    p.add_argument("--nproc", type=int, default=1, help="processes on this machine: runs torchrun --standalone for you")
 
     p = verbs.add_parser("eval", help="validation loss of a run's newest checkpoint or of --init.from weights")
     p.add_argument("config", nargs="?", help="TOML config file; --section.key=value overrides follow")
@@ -202,6 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        from pretrainer.train.distributed import is_collective_timeout
+
+        if not is_collective_timeout(e):
+            raise
+        print(f"error: a collective operation timed out (parallel.timeout_s): a rank is stuck, dead or unreachable. "
+              f"Check every rank's log; on cloud GPUs without NVLink/InfiniBand try NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1, "
+              f"and NCCL_DEBUG=INFO to see the transport. ({type(e).__name__}: {str(e).splitlines()[0][:200]})", file=sys.stderr)
+        return EXIT_COLLECTIVE_TIMEOUT
     return 0
 
 

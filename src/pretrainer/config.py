@@ -59,6 +59,7 @@ class RunConfig:
 class TrainConfig:
     micro_batch: int = 16  # sequences per forward/backward on one device
     grad_accum: int = 1  # micro-batches per optimizer step on one device
+    global_batch: int = 0  # sequences per optimizer step over all ranks; when set, grad_accum is derived from it
     max_steps: int = 1000  # optimizer steps; defines the LR schedule
     stop_at_step: int = 0  # stop early (checkpoint and exit) without changing the schedule; 0 = off
     seed: int = 1337
@@ -67,6 +68,12 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
     dtype: str = "auto"  # "auto" (bfloat16 autocast on CUDA, float32 on CPU), "float32", "bfloat16"
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+
+
+@dataclass
+class ParallelConfig:
+    strategy: str = "ddp"  # "ddp" (replicated) or "fsdp" (FSDP2 fully_shard per block, then the root); used under torchrun
+    timeout_s: float = 1800.0  # a collective that waits longer fails with a clear error instead of hanging
 
 
 @dataclass
@@ -85,6 +92,7 @@ class OptimConfig:
 @dataclass
 class LogConfig:
     every: int = 10  # steps between metrics.jsonl lines
+    sequences: bool = False  # audit: each rank writes the window ids it read per step to sequences-rankR.jsonl
 
 
 @dataclass
@@ -106,6 +114,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -223,6 +232,9 @@ def validate(cfg: Config) -> None:
         (m.seq_len > 0 and m.n_layer > 0, "model.seq_len and model.n_layer must be positive"),
         (t.micro_batch > 0 and t.grad_accum > 0, "train.micro_batch and train.grad_accum must be positive"),
         (t.max_steps > 0, "train.max_steps must be positive"),
+        (cfg.parallel.strategy in ("ddp", "fsdp"), f"parallel.strategy must be ddp or fsdp, got '{cfg.parallel.strategy}'"),
+        (cfg.parallel.timeout_s > 0, "parallel.timeout_s must be positive"),
+        (t.global_batch >= 0, "train.global_batch must be >= 0 (0: micro_batch x grad_accum x world size)"),
         (t.dtype in ("auto", "float32", "bfloat16"), f"train.dtype must be auto, float32 or bfloat16, got '{t.dtype}'"),
         (o.schedule in ("cosine", "wsd", "constant"), f"optim.schedule must be cosine, wsd or constant, got '{o.schedule}'"),
         (0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1]"),

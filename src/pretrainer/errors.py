@@ -6,6 +6,7 @@ Anything a user can fix (a missing file, a malformed corpus, an unknown config k
 """
 
 EXIT_USER_ERROR = 2
+EXIT_COLLECTIVE_TIMEOUT = 3  # a distributed collective waited longer than parallel.timeout_s
 
 
 class UserError(Exception):

@@ -86,6 +86,7 @@ class SequenceLoader:
             raise UserError(f"{where}: {len(tokens):,} tokens make {self.n_sequences} sequences of {seq_len}, fewer than one "
                             f"step needs ({micro_batch} x {grad_accum} x {world_size} ranks); use more data or a smaller batch")
         self.cursor = 0
+        self.last_step_ids: list[list[int]] = []  # what next_step() read last, for audits (log.sequences)
         self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
 
     def _sequence_id(self, position: int) -> int:
@@ -102,7 +103,8 @@ class SequenceLoader:
 
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         batches = []
-        for ids in self.step_sequence_ids():
+        self.last_step_ids = self.step_sequence_ids()
+        for ids in self.last_step_ids:
             windows = torch.from_numpy(np.stack([_window(self.tokens, i, self.seq_len) for i in ids]))
             batches.append((windows[:, :-1], windows[:, 1:]))
         self.cursor += self.sequences_per_step

@@ -9,7 +9,6 @@ tokens_per_step = micro_batch x seq_len x grad_accum x world_size, counted exact
 
 from __future__ import annotations
 
-import contextlib
 import platform
 import random
 import time
@@ -28,18 +27,11 @@ from pretrainer.metrics import MetricsLog
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.transformer import resolve_d_ff
 from pretrainer.train.checkpoint import (latest_checkpoint, list_checkpoints, load_checkpoint, load_model_weights,
-                                         model_weights, read_trainer_state, resolve_run_or_checkpoint, rng_state, save_checkpoint,
+                                         read_trainer_state, resolve_run_or_checkpoint, rng_state, save_checkpoint,
                                          set_rng_state)
+from pretrainer.train.distributed import (barrier, full_state, full_tensor, gradient_sync, init_distributed,
+                                          load_optimizer_state, mean_across_ranks, resolve_device, shutdown, wrap_model)
 from pretrainer.train.optim import build_optimizer, lr_at
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"train.device = '{name}' but CUDA is not available; use --train.device=cpu")
-    return device
 
 
 def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
@@ -127,122 +119,162 @@ def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype: t
 
 def train(cfg: Config) -> dict:
     run_dir = Path(cfg.run.dir)
-    world_size, rank = 1, 0  # multi-process training arrives with train/distributed.py
+    env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)  # rank, world size, device (torchrun or not)
+    device, strategy = env.device, cfg.parallel.strategy
+    say = print if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
+    metrics = sequences = None
+    try:
+        data = open_data_dir(cfg.data.dir)
+        amp_dtype = autocast_dtype(cfg.train.dtype, device)
+        checkpoint = find_resume_checkpoint(cfg, run_dir)
+        if cfg.train.global_batch:
+            per_step = cfg.train.micro_batch * env.world_size
+            if cfg.train.global_batch % per_step:
+                raise UserError(f"train.global_batch = {cfg.train.global_batch} is not divisible by train.micro_batch x world size "
+                                f"= {cfg.train.micro_batch} x {env.world_size}; pick a global batch that is a multiple of {per_step}")
+            cfg.train.grad_accum = cfg.train.global_batch // per_step
+        grad_accum = cfg.train.grad_accum
 
-    data = open_data_dir(cfg.data.dir)
-    device = resolve_device(cfg.train.device)
-    amp_dtype = autocast_dtype(cfg.train.dtype, device)
-    checkpoint = find_resume_checkpoint(cfg, run_dir)
+        # --- model (random init, or init.from when starting fresh), all ranks seeded alike ---
+        random.seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed)
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg, data, load_init_weights=checkpoint is None)
+        state = None
+        if checkpoint is not None:  # full weights into the plain model, before any sharding
+            weights, optimizer_state, state = load_checkpoint(checkpoint)
+            saved_cfg = from_dict(state["config"], f"{checkpoint}/state.json")
+            changed = diff_keys(saved_cfg, cfg)
+            if any(k.startswith("model.") for k in changed):
+                raise UserError(f"{checkpoint}: was trained with different model settings "
+                                f"({', '.join(k for k in changed if k.startswith('model.'))}); use a new run.dir")
+            if changed:
+                say(f"note: resuming with changed config keys: {', '.join(changed)}")
+            load_model_weights(model, weights, str(checkpoint))
+        model.to(device)
+        wrapped = wrap_model(model, strategy, env, amp_dtype)  # DDP or FSDP2 under torchrun; `model` itself otherwise
+        compiled = torch.compile(wrapped) if cfg.train.compile else wrapped  # checkpoints read `model`: no _orig_mod. prefix
+        optimizer = build_optimizer(model, cfg.optim, device.type)
 
-    # --- model (random init, or init.from when starting fresh), optimizer, data streams; all seeded ---
-    random.seed(cfg.train.seed)
-    np.random.seed(cfg.train.seed)
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, data, load_init_weights=checkpoint is None).to(device)
-    optimizer = build_optimizer(model, cfg.optim, device.type)
-    train_loader = SequenceLoader(data.tokens("train"), cfg.model.seq_len, cfg.train.micro_batch, cfg.train.grad_accum,
-                                  world_size, rank, cfg.train.seed, where=f"{data.path}/train.bin")
-    val_batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
-    tokens_per_step = cfg.train.micro_batch * cfg.model.seq_len * cfg.train.grad_accum * world_size
-    step, tokens_seen, elapsed_before = 0, 0, 0.0
+        # --- data: every rank reads its own slice of each global step ---
+        train_loader = SequenceLoader(data.tokens("train"), cfg.model.seq_len, cfg.train.micro_batch, grad_accum,
+                                      env.world_size, env.rank, cfg.train.seed, where=f"{data.path}/train.bin")
+        val_batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
+        tokens_per_step = cfg.train.micro_batch * cfg.model.seq_len * grad_accum * env.world_size
+        step, tokens_seen, elapsed_before = 0, 0, 0.0
 
-    # --- resume: weights, optimizer moments, data position, RNG, clock ---
-    if checkpoint is not None:
-        weights, optimizer_state, state = load_checkpoint(checkpoint)
-        saved_cfg = from_dict(state["config"], f"{checkpoint}/state.json")
-        changed = diff_keys(saved_cfg, cfg)
-        if any(k.startswith("model.") for k in changed):
-            raise UserError(f"{checkpoint}: was trained with different model settings ({', '.join(k for k in changed if k.startswith('model.'))}); "
-                            f"use a new run.dir")
-        if changed:
-            print(f"warning: resuming with changed config keys: {', '.join(changed)}")
-        load_model_weights(model, weights, str(checkpoint))
-        optimizer.load_state_dict(optimizer_state)
-        train_loader.load_state_dict(state["data"])
-        step, tokens_seen, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
-        set_rng_state(state["rng"])
+        # --- resume: optimizer moments, data position, RNG, clock ---
+        if state is not None:
+            load_optimizer_state(wrapped, optimizer, optimizer_state)
+            train_loader.load_state_dict(state["data"])
+            step, tokens_seen, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
+            set_rng_state(state["rng"])
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.toml")
-    data.tokenizer.save(run_dir / "tokenizer")  # the run dir is self-contained for sampling and export
-    metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step=step)
-    compiled_model = torch.compile(model) if cfg.train.compile else model  # checkpoints save `model`: no _orig_mod. prefix
+        if env.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, run_dir / "config.toml")
+            data.tokenizer.save(run_dir / "tokenizer")  # the run dir is self-contained for sampling and export
+            metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step=step)
+        barrier(env)
+        if cfg.log.sequences:
+            sequences = MetricsLog(run_dir / f"sequences-rank{env.rank}.jsonl", keep_through_step=step)
 
-    counts = count_parameters(model)
-    max_steps, grad_accum = cfg.train.max_steps, cfg.train.grad_accum
-    end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
-    init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
-    print(f"model: {cfg.model.arch}, {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding){init_note}")
-    print(f"data: {data.path} ({train_loader.n_sequences:,} train sequences of {cfg.model.seq_len}, tokenizer {data.tokenizer.name})")
-    print(f"tokens per step: {tokens_per_step:,} = {cfg.train.micro_batch} micro-batch x {cfg.model.seq_len} seq_len x "
-          f"{grad_accum} grad_accum x {world_size} ranks; device {device}, {'bf16 autocast' if amp_dtype else 'float32'}")
-    print(f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {step} of {max_steps}; run dir {run_dir}")
-    if step >= end_step:
-        print(f"nothing to do: the run is already at step {step}")
-        metrics.close()
-        return {"step": step, "tokens": tokens_seen}
+        counts = count_parameters(model)
+        max_steps = cfg.train.max_steps
+        end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
+        init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
+        say(f"model: {cfg.model.arch}, {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding){init_note}")
+        say(f"data: {data.path} ({train_loader.n_sequences:,} train sequences of {cfg.model.seq_len}, tokenizer {data.tokenizer.name})")
+        say(f"tokens per step: {tokens_per_step:,} = {cfg.train.micro_batch} micro-batch x {cfg.model.seq_len} seq_len x "
+            f"{grad_accum} grad_accum x {env.world_size} ranks; device {device}, {'bf16 autocast' if amp_dtype else 'float32'}"
+            + (f", {strategy}" if env.world_size > 1 else ""))
+        say(f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {step} of {max_steps}; run dir {run_dir}")
+        if step >= end_step:
+            say(f"nothing to do: the run is already at step {step}")
+            return {"step": step, "tokens": tokens_seen}
 
-    def write_checkpoint() -> None:
-        trainer_state = {"step": step, "tokens": tokens_seen, "tokens_per_step": tokens_per_step, "world_size": world_size,
-                         "elapsed_s": elapsed_before + time.time() - t_start, "data": train_loader.state_dict(),
-                         "rng": rng_state(), "config": to_dict(cfg), "config_sha256": config_hash(cfg),
-                         "pretrainer_version": __version__, "torch_version": torch.__version__, "python_version": platform.python_version()}
-        save_checkpoint(run_dir, step, model_weights(model), optimizer.state_dict(), trainer_state, cfg.ckpt.keep)
+        def write_checkpoint() -> None:  # a collective: every rank gathers, rank 0 writes
+            full_weights, full_optimizer = full_state(wrapped, optimizer)
+            if env.is_main:
+                aliases = set(model.tied_aliases())
+                weights = {k: v.contiguous() for k, v in full_weights.items() if k not in aliases}
+                trainer_state = {"step": step, "tokens": tokens_seen, "tokens_per_step": tokens_per_step, "world_size": env.world_size,
+                                 "strategy": strategy if env.world_size > 1 else "single", "elapsed_s": elapsed_before + time.time() - t_start,
+                                 "data": train_loader.state_dict(), "rng": rng_state(), "config": to_dict(cfg),
+                                 "config_sha256": config_hash(cfg), "pretrainer_version": __version__,
+                                 "torch_version": torch.__version__, "python_version": platform.python_version()}
+                save_checkpoint(run_dir, step, weights, full_optimizer, trainer_state, cfg.ckpt.keep)
+            barrier(env)
 
-    t_start = time.time()
-    if step == 0:
-        val_loss = evaluate(compiled_model, val_batches, device, amp_dtype)
-        metrics.write({"step": 0, "val_loss": val_loss, "tokens": 0, "elapsed_s": 0.0})
-        print(f"step 0: val loss {val_loss:.4f}")
+        t_start = time.time()
+        if step == 0:
+            val_loss = evaluate(compiled, val_batches, device, amp_dtype)
+            if metrics:
+                metrics.write({"step": 0, "val_loss": val_loss, "tokens": 0, "elapsed_s": 0.0})
+            say(f"step 0: val loss {val_loss:.4f}")
 
-    progress = tqdm(total=max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
-    interval_start, interval_tokens = time.time(), tokens_seen
-    last_loss = last_val = None
-    while step < end_step:
-        lr = lr_at(step, cfg.optim, max_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        progress = tqdm(total=max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0,
+                        disable=not env.is_main)
+        interval_start, interval_tokens = time.time(), tokens_seen
+        last_loss = last_val = None
+        while step < end_step:
+            lr = lr_at(step, cfg.optim, max_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
 
-        # forward/backward over grad_accum micro-batches; the loss is their mean (equal token counts)
-        loss_sum = torch.zeros((), device=device)
-        for x, y in train_loader.next_step():
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                _, loss = compiled_model(x, y)
-            (loss / grad_accum).backward()
-            loss_sum += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        tokens_seen += tokens_per_step
-        progress.update(1)
+            # forward/backward over grad_accum micro-batches, gradients reduced across ranks on the last one only
+            micro_batches = train_loader.next_step()
+            loss_sum = torch.zeros((), device=device)
+            for micro_step, (x, y) in enumerate(micro_batches):
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with gradient_sync(wrapped, strategy, env, sync=micro_step == grad_accum - 1):
+                    with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                        _, loss = compiled(x, y)
+                    (loss / grad_accum).backward()
+                loss_sum += loss.detach()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens_seen += tokens_per_step
+            progress.update(1)
+            if sequences:
+                sequences.write({"step": step, "ids": [i for micro in train_loader.last_step_ids for i in micro]})
 
-        if step % cfg.log.every == 0 or step == end_step:
-            now = time.time()  # .item() syncs the device: only on logging steps
-            last_loss = (loss_sum / grad_accum).item()
-            tokens_per_s = (tokens_seen - interval_tokens) / max(now - interval_start, 1e-9)
-            metrics.write({"step": step, "loss": last_loss, "lr": lr, "grad_norm": grad_norm.item(), "tokens": tokens_seen,
-                           "tokens_per_s": tokens_per_s, "elapsed_s": elapsed_before + now - t_start, "epoch": train_loader.epoch})
-            progress.set_postfix_str(f"loss {last_loss:.4f}, {tokens_per_s:,.0f} tok/s", refresh=False)
-            interval_start, interval_tokens = now, tokens_seen
+            if step % cfg.log.every == 0 or step == end_step:  # the same steps on every rank: the mean is a collective
+                now = time.time()
+                last_loss = mean_across_ranks(loss_sum / grad_accum, env).item()  # .item() syncs: only on logging steps
+                tokens_per_s = (tokens_seen - interval_tokens) / max(now - interval_start, 1e-9)
+                if metrics:
+                    metrics.write({"step": step, "loss": last_loss, "lr": lr, "grad_norm": full_tensor(grad_norm).item(),
+                                   "tokens": tokens_seen, "tokens_per_s": tokens_per_s,
+                                   "elapsed_s": elapsed_before + now - t_start, "epoch": train_loader.epoch})
+                progress.set_postfix_str(f"loss {last_loss:.4f}, {tokens_per_s:,.0f} tok/s", refresh=False)
+                interval_start, interval_tokens = now, tokens_seen
 
-        if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
-            last_val = evaluate(compiled_model, val_batches, device, amp_dtype)
-            metrics.write({"step": step, "val_loss": last_val, "tokens": tokens_seen, "elapsed_s": elapsed_before + time.time() - t_start})
-            progress.write(f"step {step}: val loss {last_val:.4f}")
-            interval_start = time.time()  # tokens/s measures training, not evaluation
+            if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
+                last_val = evaluate(compiled, val_batches, device, amp_dtype)  # every rank, the same batches
+                if metrics:
+                    metrics.write({"step": step, "val_loss": last_val, "tokens": tokens_seen,
+                                   "elapsed_s": elapsed_before + time.time() - t_start})
+                if env.is_main:
+                    progress.write(f"step {step}: val loss {last_val:.4f}")
+                interval_start = time.time()  # tokens/s measures training, not evaluation
 
-        if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
-            write_checkpoint()
-            interval_start = time.time()
+            if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
+                write_checkpoint()
+                interval_start = time.time()
 
-    progress.close()
-    metrics.close()
-    stopped = "stopped early (train.stop_at_step)" if step < max_steps else "finished"
-    print(f"{stopped} at step {step}: {tokens_seen:,} tokens, {time.time() - t_start:.1f}s; "
-          f"checkpoint {run_dir / 'checkpoints' / f'step-{step:07d}'}")
-    return {"step": step, "tokens": tokens_seen, "loss": last_loss, "val_loss": last_val}
+        progress.close()
+        stopped = "stopped early (train.stop_at_step)" if step < max_steps else "finished"
+        say(f"{stopped} at step {step}: {tokens_seen:,} tokens, {time.time() - t_start:.1f}s; "
+            f"checkpoint {run_dir / 'checkpoints' / f'step-{step:07d}'}")
+        return {"step": step, "tokens": tokens_seen, "loss": last_loss, "val_loss": last_val}
+    finally:
+        for log in (metrics, sequences):
+            if log:
+                log.close()
+        shutdown()
 
 
 def evaluate_config(cfg: Config) -> dict:

@@ -1,0 +1,135 @@
+"""Multi-process training under torchrun: the process group, DDP / FSDP2 wrapping, and the few
+collectives the loop needs. Only this module initialises or inspects the process group.
+
+    torchrun --standalone --nproc_per_node=8 -m pretrainer train CONFIG ...
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 -m pretrainer train CONFIG ...
+
+Backend from the device: NCCL on CUDA, gloo on CPU (how the test suite runs 2 ranks without GPUs).
+Checkpoints hold *full* (unsharded) weights and optimizer state keyed by parameter name, gathered
+on rank 0 with torch.distributed.checkpoint's state-dict API, so a checkpoint written under any
+strategy and world size loads under any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+
+from pretrainer.errors import UserError
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"train.device = '{name}' but CUDA is not available; use --train.device=cpu")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+    return device
+
+
+def init_distributed(device_name: str, timeout_s: float) -> DistEnv:
+    """Read torchrun's environment; start the process group when there is more than one rank."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_name, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return DistEnv(rank, world_size, local_rank, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(env: DistEnv) -> None:
+    if env.world_size > 1:
+        dist.barrier()
+
+
+def wrap_model(model: nn.Module, strategy: str, env: DistEnv, amp_dtype: torch.dtype | None) -> nn.Module:
+    """DDP: one replica per rank, gradients all-reduced. FSDP2: each block, then the root, sharded
+    with fully_shard (torchtitan's order); bf16 compute with fp32 reduction when autocasting."""
+    if env.world_size == 1:
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else MixedPrecisionPolicy()
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def gradient_sync(wrapped: nn.Module, strategy: str, env: DistEnv, sync: bool):
+    """Context for one micro-step: gradients are reduced across ranks only on the last one."""
+    if env.world_size == 1:
+        return contextlib.nullcontext()
+    if strategy == "ddp":
+        return contextlib.nullcontext() if sync else wrapped.no_sync()
+    wrapped.set_requires_gradient_sync(sync)  # FSDP2: skip the reduce-scatter until the last micro-step
+    return contextlib.nullcontext()
+
+
+def mean_across_ranks(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    if env.world_size == 1:
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)  # SUM then divide: gloo has no AVG
+    return value / env.world_size
+
+
+def full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor (e.g. FSDP2's gradient norm) as a plain tensor; plain tensors pass through."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def full_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Unsharded weights and name-keyed optimizer state on CPU, on rank 0 (empty dicts elsewhere).
+    A collective: every rank must call it."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(wrapped, options=options), get_optimizer_state_dict(wrapped, optimizer, options=options)
+
+
+def load_optimizer_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load name-keyed full optimizer state (from any strategy / world size) into this run's optimizer."""
+    set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    text = f"{type(error).__name__}: {error}".lower()
+    return isinstance(error, (RuntimeError, dist.DistError)) and ("timed out" in text or "timeout" in text)
