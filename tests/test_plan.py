@@ -49,3 +49,42 @@ def test_chinchilla_default_and_overrides(run_cli):
 def test_plan_needs_a_vocab():
     with pytest.raises(UserError, match="model.vocab_size is 0"):
         make_plan(load_config(None))
+
+
+def test_x1_lab_budget_by_hand(run_cli):
+    """The X1 lab: 50M non-embedding params, ~43B tokens, 1 A100 at MFU 0.48, $1.10/h -> ~24 h, $26-29.
+    The lab counts C = 6ND with N = non-embedding parameters (--flops 6n)."""
+    cfg = load_config(CONFIGS / "x1-50m.toml")
+    plan = make_plan(cfg, tokens=43e9, gpu="a100-80gb", mfu=0.48, usd_per_gpu_hour=1.10, flops_convention="6n")
+    steps = math.ceil(43e9 / 524_288)
+    hours = 6 * 50_344_704 * steps * 524_288 / (312e12 * 0.48) / 3600
+    assert plan["wall_hours"] == pytest.approx(hours) and 23.5 < hours < 24.5
+    assert plan["cost_usd"] == pytest.approx(hours * 1.10) and 26 <= plan["cost_usd"] <= 29
+    assert plan["energy_kwh"] == pytest.approx(hours * 0.400)
+    # Full accounting (output projection + attention) doubles the work: the 24 h plan needs ~98% MFU.
+    full = make_plan(cfg, tokens=43e9, gpu="a100-80gb", mfu=0.48, usd_per_gpu_hour=1.10)
+    assert full["wall_hours"] == pytest.approx(609_149_952 * steps * 524_288 / (312e12 * 0.48) / 3600)
+    code, out, _ = run_cli("plan", CONFIGS / "x1-50m.toml", "--gpu", "a100-80gb", "--mfu", "0.48", "--usd-per-gpu-hour", "1.10",
+                           "--tokens", "43e9", "--flops", "6n")
+    assert code == 0 and "$26.50" in out and "24.09 h" in out
+
+
+def test_unknown_gpu_needs_peak_tflops(run_cli):
+    code, _, err = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpu", "mystery-9000")
+    assert code == 2 and "unknown GPU 'mystery-9000'; pass --peak-tflops" in err
+    plan = make_plan(load_config(CONFIGS / "gpt2-124m.toml"), gpu="mystery-9000", peak_tflops=100, gpus=2, tokens=1e9, mfu=0.5)
+    assert plan["wall_hours"] == pytest.approx(plan["training_flops"] / (2 * 100e12 * 0.5) / 3600)
+    assert "energy_kwh" not in plan and "max_micro_batch" not in plan["memory_per_gpu_bytes"]
+
+
+def test_memory_estimate_by_hand():
+    cfg = load_config(CONFIGS / "x1-50m.toml", ["--train.micro_batch=2", "--parallel.strategy=fsdp"])
+    plan = make_plan(cfg, gpus=4, gpu="h100-sxm")
+    m, params = plan["memory_per_gpu_bytes"], 88_942_080
+    assert (m["weights"], m["gradients"], m["adamw"]) == (4 * params // 4, 4 * params // 4, 8 * params // 4)
+    per_layer = 18 * 768 + 6 * 256 + 8 * 2048  # bytes per token per layer (bf16 activations, fp32 residual)
+    per_token = 8 * per_layer + 10 * 50257 + 4 * 768
+    assert m["activations"] == 2 * 1024 * per_token
+    fixed = 16 * params // 4 + int(1.5 * 2**30)
+    assert m["max_micro_batch"] == int((80e9 - fixed) // (1024 * per_token))
+    assert m["max_micro_batch_checkpointed"] > m["max_micro_batch"]

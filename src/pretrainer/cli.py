@@ -58,7 +58,9 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.config import load_config
     from pretrainer.plan import format_plan, make_plan
 
-    plan = make_plan(load_config(args.config, overrides), tokens=args.tokens, tokens_per_param=args.tokens_per_param, gpus=args.gpus)
+    plan = make_plan(load_config(args.config, overrides), tokens=args.tokens, tokens_per_param=args.tokens_per_param,
+                     gpus=args.gpus, gpu=args.gpu, peak_tflops=args.peak_tflops, gpu_memory_gb=args.gpu_memory_gb,
+                     gpu_watts=args.gpu_watts, mfu=args.mfu, usd_per_gpu_hour=args.usd_per_gpu_hour, flops_convention=args.flops)
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
 
 
@@ -160,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=float, help="training token budget (default: --tokens-per-param x parameters)")
     p.add_argument("--tokens-per-param", type=float, default=20.0, help="Chinchilla ratio used without --tokens")
     p.add_argument("--gpus", type=int, default=1, help="data-parallel world size")
+    p.add_argument("--gpu", help="GPU model for time, cost, energy and memory: a100-40gb, a100-80gb, h100-sxm, h100-pcie, "
+                                 "h200, b200, l4, l40s, rtx-3090, rtx-4090, a10 (others need --peak-tflops)")
+    p.add_argument("--peak-tflops", type=float, help="dense bf16 peak per GPU (required for a GPU not in the table)")
+    p.add_argument("--gpu-memory-gb", type=float, help="memory per GPU (overrides the table)")
+    p.add_argument("--gpu-watts", type=float, help="board power per GPU (overrides the table)")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed for the wall time")
+    p.add_argument("--usd-per-gpu-hour", type=float, help="price for the cost estimate")
+    p.add_argument("--flops", default="full", choices=["full", "6n"],
+                   help="full: 6 x matmul params + attention (default); 6n: 6 x non-embedding params (Kaplan/Chinchilla C=6ND)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     p = verbs.add_parser("export", help="export a run's newest checkpoint (or a checkpoint dir)")
