@@ -40,6 +40,7 @@ def tiny_overrides(data_dir: Path, run_dir: Path, **extra) -> list[str]:
         "data.dir": data_dir, "run.dir": run_dir, "model.d_model": 64, "model.n_layer": 2, "model.n_head": 4,
         "model.n_kv_head": 2, "model.seq_len": 64, "train.micro_batch": 8, "train.max_steps": 40,
         "optim.lr": 3e-3, "optim.warmup_steps": 5, "eval.every": 20, "eval.batches": 4, "ckpt.every": 10, "log.every": 1,
+        "mlflow.enabled": False,
     }
     settings.update(extra)
     return [f"--{k}={v}" for k, v in settings.items()]

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from pretrainer import __version__
-from pretrainer.errors import EXIT_COLLECTIVE_TIMEOUT, EXIT_USER_ERROR, UserError
+from pretrainer.errors import EXIT_COLLECTIVE_TIMEOUT, EXIT_USER_ERROR, RunStopped, UserError
 
 
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
@@ -123,6 +123,28 @@ def cmd_sample(args: argparse.Namespace) -> None:
         print(f"--- sample {i + 1} ---\n{text}")
 
 
+def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:
+    """Run the budget contract once against budget.json (or the estimate) and say what the trainer would do."""
+    from pretrainer.config import load_config
+    from pretrainer.train.budget import BudgetGuard
+
+    cfg = load_config(args.config, overrides)
+    if not cfg.budget.cap_usd:
+        raise UserError("budget-check: set --budget.cap_usd (and --budget.file, --budget.usd_per_gpu_hour)")
+    guard = BudgetGuard(cfg.budget, args.gpus)
+    decision = guard.check(args.elapsed_hours * 3600, args.remaining_hours * 3600, force=True)
+    reading = decision.reading
+    if reading.problem:
+        print(f"budget.json: {reading.problem}")
+    print(f"source: {'budget.json' if reading.source == 'file' else 'estimate'}; spent ${reading.spent_usd:.2f}, "
+          f"projected ${reading.projected_total_usd:.2f}, rate ${reading.rate_usd_per_hr:.2f}/h; "
+          f"warn at ${guard.warn_usd:.2f}, cap ${cfg.budget.cap_usd:.2f}")
+    effect = {"ok": "continue", "warn": "continue with a warning", "stop": "write a checkpoint, then exit",
+              "halt": "exit at once, no checkpoint"}[decision.action]
+    print(f"decision: {decision.action} -> the trainer would {effect} (exit code {decision.exit_code})")
+    return 0 if args.dry_run else decision.exit_code
+
+
 def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
     from pretrainer.data.tokenizer import fetch_gpt2_ranks
 
@@ -190,16 +212,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
 
+    p = verbs.add_parser("budget-check", help="check a budget.json against the guard's contract; --budget.* overrides follow")
+    p.add_argument("config", nargs="?", help="TOML config file (its [budget] section)")
+    p.add_argument("--dry-run", action="store_true", help="print the decision and exit 0 (else exit with the trainer's code)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs, for the estimate")
+    p.add_argument("--elapsed-hours", type=float, default=0.0, help="hours run so far, for the estimate")
+    p.add_argument("--remaining-hours", type=float, default=0.0, help="hours still to run, for the estimate")
+
     p = verbs.add_parser("fetch-gpt2", help="download and verify the GPT-2 BPE ranks for offline use")
     p.add_argument("--dest", help="where to write gpt2.tiktoken (default: $PRETRAINER_CACHE or ~/.cache/pretrainer)")
     return parser
 
 
+def join_dotted_overrides(argv: list[str]) -> list[str]:
+    """['--optim.lr', '3e-4'] -> ['--optim.lr=3e-4'], so a value is never taken for a positional argument."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--") and "." in arg and "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.append(f"{arg}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(arg)
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = join_dotted_overrides(sys.argv[1:] if argv is None else [str(a) for a in argv])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.verb not in ("train", "eval", "plan"):
+    if extra and args.verb not in ("train", "eval", "plan", "budget-check"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.verb == "prepare":
@@ -214,11 +257,16 @@ def main(argv: list[str] | None = None) -> int:
             cmd_export(args)
         elif args.verb == "sample":
             cmd_sample(args)
+        elif args.verb == "budget-check":
+            return cmd_budget_check(args, extra)
         elif args.verb == "fetch-gpt2":
             cmd_fetch_gpt2(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except RunStopped as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -57,7 +57,7 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    micro_batch: int = 16  # sequences per forward/backward on one device
+    micro_batch: int = 16  # sequences per forward/backward on one device; "auto" (= 0) searches the largest on CUDA
     grad_accum: int = 1  # micro-batches per optimizer step on one device
     global_batch: int = 0  # sequences per optimizer step over all ranks; when set, grad_accum is derived from it
     max_steps: int = 1000  # optimizer steps; defines the LR schedule
@@ -108,6 +108,27 @@ class CkptConfig:
 
 
 @dataclass
+class BudgetConfig:
+    cap_usd: float = 0.0  # 0 = no guard. Projected total > cap: checkpoint and exit (code 4); spent > cap: exit now (code 5)
+    warn_usd: float = 0.0  # spent above this logs a warning; 0 = 80% of cap_usd
+    file: str = ""  # budget.json kept current by a sidecar (spent_usd, rate_usd_per_hr, hours_elapsed,
+    #                 projected_total_usd, last_update_utc); "" = estimate from usd_per_gpu_hour
+    check_every_s: float = 60.0
+    stale_after_s: float = 900.0  # an older budget.json is reported and the estimate used instead
+    usd_per_gpu_hour: float = 0.0  # for the estimate (and the fallback when budget.json is missing or stale)
+    mfu: float = 0.4  # assumed for the launch check's cost projection
+    peak_tflops: float = 0.0  # device peak for the launch check and MFU; 0 = from the GPU table
+    allow_over_cap: bool = False  # launch even when the projected cost exceeds cap_usd
+
+
+@dataclass
+class MlflowConfig:
+    enabled: bool = True  # log to mlflow when it is installed
+    uri: str = ""  # tracking URI; "" = sqlite:///RUN_DIR/mlflow.db
+    experiment: str = "pretrainer"
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     init: InitConfig = field(default_factory=InitConfig)
@@ -119,6 +140,8 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ckpt: CkptConfig = field(default_factory=CkptConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
 
 # Keys that may differ between a run and its resumption without changing what is computed.
@@ -148,6 +171,8 @@ def _unknown_key(key: str, where: str) -> UserError:
 def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
     """Convert a TOML value or a CLI string to the field's type, or raise a clear error."""
     try:
+        if key == "train.micro_batch" and value == "auto":
+            return 0
         if isinstance(value, str) and typ is not str:
             if typ is bool:
                 low = value.strip().lower()
@@ -230,7 +255,8 @@ def validate(cfg: Config) -> None:
         (m.n_kv_head == 0 or m.n_head % m.n_kv_head == 0, f"model.n_head ({m.n_head}) must be divisible by model.n_kv_head ({m.n_kv_head})"),
         (m.arch == "llama" or m.n_kv_head in (0, m.n_head), "model.n_kv_head (grouped-query attention) needs model.arch = 'llama'"),
         (m.seq_len > 0 and m.n_layer > 0, "model.seq_len and model.n_layer must be positive"),
-        (t.micro_batch > 0 and t.grad_accum > 0, "train.micro_batch and train.grad_accum must be positive"),
+        (t.micro_batch >= 0 and t.grad_accum > 0, "train.micro_batch must be positive or auto; train.grad_accum positive"),
+        (t.micro_batch > 0 or t.global_batch > 0, "train.micro_batch = auto needs train.global_batch (the batch it keeps)"),
         (t.max_steps > 0, "train.max_steps must be positive"),
         (cfg.parallel.strategy in ("ddp", "fsdp"), f"parallel.strategy must be ddp or fsdp, got '{cfg.parallel.strategy}'"),
         (cfg.parallel.timeout_s > 0, "parallel.timeout_s must be positive"),
@@ -241,6 +267,10 @@ def validate(cfg: Config) -> None:
         (0.0 < o.decay_fraction <= 1.0, "optim.decay_fraction must be in (0, 1]"),
         (cfg.ckpt.keep >= 2, f"ckpt.keep must be >= 2 so a torn write never leaves no checkpoint, got {cfg.ckpt.keep}"),
         (cfg.log.every > 0, "log.every must be positive"),
+        (cfg.budget.cap_usd >= 0 and cfg.budget.check_every_s > 0, "budget.cap_usd must be >= 0 and budget.check_every_s > 0"),
+        (not cfg.budget.cap_usd or cfg.budget.usd_per_gpu_hour > 0,
+         "budget.cap_usd needs budget.usd_per_gpu_hour (the estimate, and the fallback when budget.json is missing or stale)"),
+        (0 < cfg.budget.mfu <= 1, "budget.mfu must be in (0, 1]"),
         (cfg.eval.batches > 0, "eval.batches must be positive"),
     ]
     for ok, message in checks:

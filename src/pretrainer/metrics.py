@@ -1,4 +1,5 @@
-"""metrics.jsonl: one JSON object per logged step, validation pass or event, appended and flushed.
+"""Where metrics go: metrics.jsonl always (one JSON object per logged step, validation pass or
+event, appended and flushed), and mlflow when it is installed and enabled.
 
 On resume the file is first cut back to the checkpoint's step (records of steps after it were
 written by the interrupted run and will be recomputed), so every step appears exactly once.
@@ -8,7 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
+import time
 from pathlib import Path
+
+import torch
 
 from pretrainer.io import atomic_write_bytes
 
@@ -40,3 +46,76 @@ class MetricsLog:
 
     def close(self) -> None:
         self.file.close()
+
+
+class MlflowLogger:
+    """The same records to mlflow, through MlflowClient (no global mlflow state). The default store
+    is sqlite inside the run dir; a resumed run continues the same mlflow run (its id is kept in
+    RUN_DIR/mlflow-run-id.txt). View with: mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlflow.db"""
+
+    def __init__(self, run_dir: Path, uri: str, experiment: str, params: dict[str, object], config_text: str):
+        from mlflow.tracking import MlflowClient
+
+        run_dir = Path(run_dir).resolve()
+        self.uri = uri or f"sqlite:///{run_dir / 'mlflow.db'}"
+        self.client = MlflowClient(tracking_uri=self.uri)
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(
+            experiment, artifact_location=(run_dir / "mlflow-artifacts").as_uri() if not uri else None)
+        id_file = run_dir / "mlflow-run-id.txt"
+        self.run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        if self.run_id:
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
+            from mlflow.entities import Param
+
+            self.client.log_batch(self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
+            self.client.log_text(self.run_id, config_text, "config.toml")
+            atomic_write_bytes(id_file, (self.run_id + "\n").encode())
+
+    def write(self, record: dict) -> None:
+        from mlflow.entities import Metric
+
+        step, now_ms = int(record.get("step", 0)), int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now_ms, step) for k, v in record.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def flat_config(config: dict[str, dict]) -> dict[str, object]:
+    return {f"{section}.{key}": value for section, values in config.items() for key, value in values.items()}
+
+
+# --- quantities the loop logs ---
+
+def parameter_norm(model) -> torch.Tensor:
+    """Global L2 norm of all parameters (works for FSDP2 shards: each DTensor sum is reduced)."""
+    total = sum(p.detach().float().pow(2).sum() for p in model.parameters())
+    return (total.full_tensor() if hasattr(total, "full_tensor") else total).sqrt()
+
+
+def update_norm(model, before: list[torch.Tensor]) -> torch.Tensor:
+    total = sum((p.detach().float() - b.float()).pow(2).sum() for p, b in zip(model.parameters(), before))
+    return (total.full_tensor() if hasattr(total, "full_tensor") else total).sqrt()
+
+
+def hardware_info(device: torch.device, world_size: int) -> dict:
+    info = {"device_type": device.type, "world_size": world_size, "cpu_count": os.cpu_count(),
+            "cpu_model": platform.processor() or platform.machine()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if device.type == "cuda":
+        info["gpu_name"] = torch.cuda.get_device_name(device)
+        info["gpu_count"] = world_size
+        info["gpu_memory_gb"] = round(torch.cuda.get_device_properties(device).total_memory / 1e9, 1)
+    return info

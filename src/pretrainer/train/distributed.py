@@ -133,3 +133,12 @@ def load_optimizer_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer, s
 def is_collective_timeout(error: BaseException) -> bool:
     text = f"{type(error).__name__}: {error}".lower()
     return isinstance(error, (RuntimeError, dist.DistError)) and ("timed out" in text or "timeout" in text)
+
+
+def agree_max(values: list[int], env: DistEnv) -> list[int]:
+    """Element-wise largest over ranks (a stop request seen by any rank stops all of them)."""
+    if env.world_size == 1:
+        return list(values)
+    flags = torch.tensor(values, dtype=torch.int64, device=env.device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return flags.tolist()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import platform
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,14 +24,17 @@ from tqdm import tqdm
 from pretrainer import __version__
 from pretrainer.config import Config, ModelConfig, config_hash, diff_keys, from_dict, save_config, to_dict
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir, validation_batches
-from pretrainer.errors import UserError
-from pretrainer.metrics import MetricsLog
+from pretrainer.errors import RunStopped, UserError
+from pretrainer.flops import GPUS, flops_per_token, gpu_from_device_name, mfu
+from pretrainer.metrics import MetricsLog, MlflowLogger, flat_config, hardware_info, parameter_norm, update_norm
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.transformer import resolve_d_ff
 from pretrainer.train.checkpoint import (latest_checkpoint, list_checkpoints, load_checkpoint, load_model_weights,
                                          read_trainer_state, resolve_run_or_checkpoint, rng_state, save_checkpoint,
                                          set_rng_state)
-from pretrainer.train.distributed import (barrier, full_state, full_tensor, gradient_sync, init_distributed,
+from pretrainer.train.autobatch import find_micro_batch
+from pretrainer.train.budget import ACTION_CODES, EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, BudgetGuard
+from pretrainer.train.distributed import (agree_max, barrier, full_state, full_tensor, gradient_sync, init_distributed,
                                           load_optimizer_state, mean_across_ranks, resolve_device, shutdown, wrap_model)
 from pretrainer.train.optim import build_optimizer, lr_at
 
@@ -113,27 +118,73 @@ def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype: t
             _, loss = model(x, y)
         total_loss += loss.item() * y.numel()
         total_tokens += y.numel()
+    if hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters gathered after a forward without backward
+        model.reshard()
     model.train()
     return total_loss / total_tokens
 
 
-def train(cfg: Config) -> dict:
+class StopSignal:
+    """SIGTERM / SIGINT (spot preemption, Ctrl-C): remember it, finish the step, checkpoint, exit.
+    A second signal interrupts at once."""
+
+    def __init__(self):
+        self.signum, self.previous = 0, {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.signum:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
+
+
+def launch_cost_check(cfg: Config, model_flops_per_token: float, steps_left: int, tokens_per_step: int, peak_tflops: float | None,
+                      gpus: int, spent_before: float, say) -> None:
+    """Refuse to start when the projected cost of the remaining steps exceeds budget.cap_usd."""
+    if not cfg.budget.cap_usd:
+        return
+    if not peak_tflops:
+        say("budget: no peak TFLOP/s for this device (set budget.peak_tflops); launch cost not projected")
+        return
+    hours = model_flops_per_token * steps_left * tokens_per_step / (gpus * peak_tflops * 1e12 * cfg.budget.mfu) / 3600
+    projected = spent_before + hours * gpus * cfg.budget.usd_per_gpu_hour
+    say(f"budget: projected ${projected:.2f} (cap ${cfg.budget.cap_usd:.2f}) for {steps_left:,} steps at MFU {cfg.budget.mfu:g}")
+    if projected > cfg.budget.cap_usd and not cfg.budget.allow_over_cap:
+        raise UserError(f"budget: the plan projects ${projected:.2f} for the remaining {steps_left:,} steps (MFU {cfg.budget.mfu:g}, "
+                        f"${cfg.budget.usd_per_gpu_hour:g}/GPU-hour x {gpus}), over budget.cap_usd ${cfg.budget.cap_usd:.2f}; "
+                        f"lower train.max_steps or pass --budget.allow_over_cap=true")
+
+
+def device_peak_tflops(cfg: Config, device: torch.device) -> float | None:
+    if cfg.budget.peak_tflops:
+        return cfg.budget.peak_tflops
+    if device.type == "cuda":
+        key = gpu_from_device_name(torch.cuda.get_device_name(device))
+        return GPUS[key].peak_bf16_tflops if key else None
+    return None  # CPUs: no peak we trust, so no MFU
+
+
+def train(cfg: Config, clock=time.time) -> dict:
     run_dir = Path(cfg.run.dir)
     env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)  # rank, world size, device (torchrun or not)
     device, strategy = env.device, cfg.parallel.strategy
     say = print if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
-    metrics = sequences = None
+    metrics = sequences = tracker = None
+    status = "FAILED"
+    stop = StopSignal()
     try:
         data = open_data_dir(cfg.data.dir)
         amp_dtype = autocast_dtype(cfg.train.dtype, device)
         checkpoint = find_resume_checkpoint(cfg, run_dir)
-        if cfg.train.global_batch:
-            per_step = cfg.train.micro_batch * env.world_size
-            if cfg.train.global_batch % per_step:
-                raise UserError(f"train.global_batch = {cfg.train.global_batch} is not divisible by train.micro_batch x world size "
-                                f"= {cfg.train.micro_batch} x {env.world_size}; pick a global batch that is a multiple of {per_step}")
-            cfg.train.grad_accum = cfg.train.global_batch // per_step
-        grad_accum = cfg.train.grad_accum
 
         # --- model (random init, or init.from when starting fresh), all ranks seeded alike ---
         random.seed(cfg.train.seed)
@@ -152,6 +203,20 @@ def train(cfg: Config) -> dict:
                 say(f"note: resuming with changed config keys: {', '.join(changed)}")
             load_model_weights(model, weights, str(checkpoint))
         model.to(device)
+
+        # --- batch: micro_batch x grad_accum x world_size sequences per step (global_batch fixes the product) ---
+        if cfg.train.micro_batch == 0:  # auto: search GPU memory, keep the global batch
+            per_rank = cfg.train.global_batch // env.world_size
+            found = find_micro_batch(model, cfg, per_rank, device, amp_dtype, say)
+            cfg.train.micro_batch = -agree_max([-found], env)[0]  # the smallest over ranks
+        if cfg.train.global_batch:
+            per_step = cfg.train.micro_batch * env.world_size
+            if cfg.train.global_batch % per_step:
+                raise UserError(f"train.global_batch = {cfg.train.global_batch} is not divisible by train.micro_batch x world size "
+                                f"= {cfg.train.micro_batch} x {env.world_size}; pick a global batch that is a multiple of {per_step}")
+            cfg.train.grad_accum = cfg.train.global_batch // per_step
+        grad_accum = cfg.train.grad_accum
+
         wrapped = wrap_model(model, strategy, env, amp_dtype)  # DDP or FSDP2 under torchrun; `model` itself otherwise
         compiled = torch.compile(wrapped) if cfg.train.compile else wrapped  # checkpoints read `model`: no _orig_mod. prefix
         optimizer = build_optimizer(model, cfg.optim, device.type)
@@ -170,16 +235,10 @@ def train(cfg: Config) -> dict:
             step, tokens_seen, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
             set_rng_state(state["rng"])
 
-        if env.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, run_dir / "config.toml")
-            data.tokenizer.save(run_dir / "tokenizer")  # the run dir is self-contained for sampling and export
-            metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step=step)
-        barrier(env)
-        if cfg.log.sequences:
-            sequences = MetricsLog(run_dir / f"sequences-rank{env.rank}.jsonl", keep_through_step=step)
-
         counts = count_parameters(model)
+        model_flops_per_token = flops_per_token(cfg.model, counts["non_embedding"])["total"]
+        peak_tflops = device_peak_tflops(cfg, device)
+        hardware = hardware_info(device, env.world_size)
         max_steps = cfg.train.max_steps
         end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
         init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
@@ -191,15 +250,36 @@ def train(cfg: Config) -> dict:
         say(f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {step} of {max_steps}; run dir {run_dir}")
         if step >= end_step:
             say(f"nothing to do: the run is already at step {step}")
+            status = "FINISHED"
             return {"step": step, "tokens": tokens_seen}
+        guard = BudgetGuard(cfg.budget, env.world_size, clock=clock) if cfg.budget.cap_usd and env.is_main else None
+        spent_before = cfg.budget.usd_per_gpu_hour * env.world_size * elapsed_before / 3600
+        launch_cost_check(cfg, model_flops_per_token, end_step - step, tokens_per_step, peak_tflops, env.world_size, spent_before, say)
+
+        if env.is_main:  # the run dir: config, tokenizer, metrics.jsonl, mlflow
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, run_dir / "config.toml")
+            data.tokenizer.save(run_dir / "tokenizer")  # the run dir is self-contained for sampling and export
+            metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step=step)
+            tracker = open_tracker(cfg, run_dir, say)
+        barrier(env)
+        if cfg.log.sequences:
+            sequences = MetricsLog(run_dir / f"sequences-rank{env.rank}.jsonl", keep_through_step=step)
+
+        def log(record: dict) -> None:
+            for sink in (metrics, tracker):
+                if sink:
+                    sink.write(record)
 
         def write_checkpoint() -> None:  # a collective: every rank gathers, rank 0 writes
             full_weights, full_optimizer = full_state(wrapped, optimizer)
+            elapsed = elapsed_s()
             if env.is_main:
                 aliases = set(model.tied_aliases())
                 weights = {k: v.contiguous() for k, v in full_weights.items() if k not in aliases}
                 trainer_state = {"step": step, "tokens": tokens_seen, "tokens_per_step": tokens_per_step, "world_size": env.world_size,
-                                 "strategy": strategy if env.world_size > 1 else "single", "elapsed_s": elapsed_before + time.time() - t_start,
+                                 "strategy": strategy if env.world_size > 1 else "single", "elapsed_s": elapsed,
+                                 "spent_usd": spent_usd(elapsed), "hardware": hardware,
                                  "data": train_loader.state_dict(), "rng": rng_state(), "config": to_dict(cfg),
                                  "config_sha256": config_hash(cfg), "pretrainer_version": __version__,
                                  "torch_version": torch.__version__, "python_version": platform.python_version()}
@@ -207,20 +287,26 @@ def train(cfg: Config) -> dict:
             barrier(env)
 
         t_start = time.time()
+        elapsed_s = lambda: elapsed_before + time.time() - t_start  # noqa: E731  (wall clock over all resumes)
+        budget_reading = None
+        spent_usd = lambda elapsed: (budget_reading.spent_usd if budget_reading  # noqa: E731
+                                     else cfg.budget.usd_per_gpu_hour * env.world_size * elapsed / 3600)
         if step == 0:
             val_loss = evaluate(compiled, val_batches, device, amp_dtype)
-            if metrics:
-                metrics.write({"step": 0, "val_loss": val_loss, "tokens": 0, "elapsed_s": 0.0})
+            log({"step": 0, "val_loss": val_loss, "tokens": 0, "elapsed_s": 0.0})
             say(f"step 0: val loss {val_loss:.4f}")
 
         progress = tqdm(total=max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0,
                         disable=not env.is_main)
-        interval_start, interval_tokens = time.time(), tokens_seen
+        interval_start, interval_tokens, first_step = time.time(), tokens_seen, step
         last_loss = last_val = None
+        stop.install()
         while step < end_step:
             lr = lr_at(step, cfg.optim, max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            logging_step = (step + 1) % cfg.log.every == 0 or step + 1 == end_step
+            before = [p.detach().clone() for p in model.parameters()] if logging_step else None  # for the update/param ratio
 
             # forward/backward over grad_accum micro-batches, gradients reduced across ranks on the last one only
             micro_batches = train_loader.next_step()
@@ -241,25 +327,58 @@ def train(cfg: Config) -> dict:
             if sequences:
                 sequences.write({"step": step, "ids": [i for micro in train_loader.last_step_ids for i in micro]})
 
-            if step % cfg.log.every == 0 or step == end_step:  # the same steps on every rank: the mean is a collective
-                now = time.time()
+            if logging_step:  # the same steps on every rank: the reductions below are collectives
+                now, elapsed = time.time(), elapsed_s()
                 last_loss = mean_across_ranks(loss_sum / grad_accum, env).item()  # .item() syncs: only on logging steps
+                param_norm = parameter_norm(model).item()
                 tokens_per_s = (tokens_seen - interval_tokens) / max(now - interval_start, 1e-9)
-                if metrics:
-                    metrics.write({"step": step, "loss": last_loss, "lr": lr, "grad_norm": full_tensor(grad_norm).item(),
-                                   "tokens": tokens_seen, "tokens_per_s": tokens_per_s,
-                                   "elapsed_s": elapsed_before + now - t_start, "epoch": train_loader.epoch})
+                record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": full_tensor(grad_norm).item(),
+                          "param_norm": param_norm, "update_to_param": update_norm(model, before).item() / max(param_norm, 1e-12),
+                          "tokens": tokens_seen, "tokens_per_s": tokens_per_s, "elapsed_s": elapsed, "epoch": train_loader.epoch}
+                if peak_tflops:
+                    record["mfu"] = mfu(model_flops_per_token, tokens_per_s, peak_tflops, env.world_size)
+                if device.type == "cuda":
+                    record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+                if cfg.budget.cap_usd or cfg.budget.usd_per_gpu_hour:
+                    record["spent_usd"] = spent_usd(elapsed)
+                log(record)
                 progress.set_postfix_str(f"loss {last_loss:.4f}, {tokens_per_s:,.0f} tok/s", refresh=False)
                 interval_start, interval_tokens = now, tokens_seen
+                del before
 
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
                 last_val = evaluate(compiled, val_batches, device, amp_dtype)  # every rank, the same batches
-                if metrics:
-                    metrics.write({"step": step, "val_loss": last_val, "tokens": tokens_seen,
-                                   "elapsed_s": elapsed_before + time.time() - t_start})
+                log({"step": step, "val_loss": last_val, "tokens": tokens_seen, "elapsed_s": elapsed_s()})
                 if env.is_main:
                     progress.write(f"step {step}: val loss {last_val:.4f}")
                 interval_start = time.time()  # tokens/s measures training, not evaluation
+
+            # --- stop requests: a signal on any rank, or the budget guard on rank 0; all ranks agree ---
+            budget_action = 0
+            if guard is not None:
+                step_time = (time.time() - t_start) / max(step - first_step, 1)
+                decision = guard.check(elapsed_s(), (max_steps - step) * step_time)
+                if decision is not None:
+                    budget_reading = decision.reading
+                    if decision.reading.problem and decision.reading.problem not in guard.reported:
+                        guard.reported.add(decision.reading.problem)
+                        progress.write(f"budget: {decision.reading.problem}")
+                        log({"step": step, "budget_problem": 1.0})
+                    if decision.action != "ok":
+                        progress.write(decision.message)
+                        log({"step": step, f"budget_{decision.action}": 1.0, "spent_usd": decision.reading.spent_usd,
+                             "projected_usd": decision.reading.projected_total_usd})
+                    budget_action = ACTION_CODES[decision.action]
+            budget_action, signum = agree_max([budget_action, stop.signum], env)  # one tiny all-reduce per step
+            if budget_action == ACTION_CODES["halt"]:
+                raise RunStopped(f"budget: spent over budget.cap_usd ${cfg.budget.cap_usd:.2f} at step {step}; "
+                                 f"stopped without a checkpoint", EXIT_BUDGET_SPENT)
+            if budget_action == ACTION_CODES["stop"] or signum:
+                write_checkpoint()
+                why = (f"budget: projected cost over budget.cap_usd ${cfg.budget.cap_usd:.2f}" if budget_action
+                       else f"signal {signal.Signals(signum).name}")
+                code = EXIT_BUDGET_PROJECTED if budget_action else 128 + signum
+                raise RunStopped(f"{why}: checkpoint written at step {step}; run the same command to resume", code)
 
             if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
                 write_checkpoint()
@@ -269,12 +388,32 @@ def train(cfg: Config) -> dict:
         stopped = "stopped early (train.stop_at_step)" if step < max_steps else "finished"
         say(f"{stopped} at step {step}: {tokens_seen:,} tokens, {time.time() - t_start:.1f}s; "
             f"checkpoint {run_dir / 'checkpoints' / f'step-{step:07d}'}")
+        status = "FINISHED"
         return {"step": step, "tokens": tokens_seen, "loss": last_loss, "val_loss": last_val}
+    except RunStopped:
+        status = "KILLED"
+        raise
     finally:
-        for log in (metrics, sequences):
-            if log:
-                log.close()
+        stop.restore()
+        for sink in (metrics, sequences):
+            if sink:
+                sink.close()
+        if tracker:
+            tracker.close(status)
         shutdown()
+
+
+def open_tracker(cfg: Config, run_dir: Path, say):
+    """mlflow when enabled and installed; None (metrics.jsonl only) otherwise."""
+    if not cfg.mlflow.enabled:
+        return None
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        say("note: mlflow is not installed (pip install -e '.[track]'); metrics go to metrics.jsonl only")
+        return None
+    config_text = (run_dir / "config.toml").read_text()
+    return MlflowLogger(run_dir, cfg.mlflow.uri, cfg.mlflow.experiment, flat_config(to_dict(cfg)), config_text)
 
 
 def evaluate_config(cfg: Config) -> dict:

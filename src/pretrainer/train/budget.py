@@ -1,0 +1,131 @@
+"""The $ guard: stop a run gracefully before it spends more than its cap.
+
+Contract (the X1 lab's): a sidecar keeps budget.json current with
+
+    {"spent_usd": 12.4, "rate_usd_per_hr": 1.1, "hours_elapsed": 11.3,
+     "projected_total_usd": 27.9, "last_update_utc": "2026-11-21T06:00:00Z"}
+
+and the trainer reads it every budget.check_every_s seconds:
+    spent > warn_usd          -> a warning in the logs and metrics (once)
+    projected total > cap_usd -> checkpoint, then exit with EXIT_BUDGET_PROJECTED (4)
+    spent > cap_usd           -> exit at once, no checkpoint, with EXIT_BUDGET_SPENT (5)
+Without a file, or when it is missing, stale (older than stale_after_s) or malformed, the guard
+says so and uses its own estimate: spent = usd_per_gpu_hour x GPUs x elapsed hours, projected =
+spent + the same rate x the remaining steps at the average step time so far.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pretrainer.config import BudgetConfig
+
+EXIT_BUDGET_PROJECTED = 4
+EXIT_BUDGET_SPENT = 5
+FIELDS = ("spent_usd", "rate_usd_per_hr", "hours_elapsed", "projected_total_usd", "last_update_utc")
+ACTION_CODES = {"ok": 0, "warn": 1, "stop": 2, "halt": 3}  # ordered: the most severe wins across ranks
+
+
+@dataclass
+class Reading:
+    spent_usd: float
+    projected_total_usd: float
+    rate_usd_per_hr: float
+    source: str  # "file" or "estimate"
+    problem: str = ""  # why the file was not used
+
+
+@dataclass
+class Decision:
+    action: str  # "ok", "warn", "stop" (checkpoint and exit) or "halt" (exit now)
+    reading: Reading
+    message: str
+
+    @property
+    def exit_code(self) -> int:
+        return {"stop": EXIT_BUDGET_PROJECTED, "halt": EXIT_BUDGET_SPENT}.get(self.action, 0)
+
+
+def parse_budget(raw: str, now: float, stale_after_s: float) -> tuple[Reading | None, str]:
+    """budget.json text -> (reading, "") or (None, what is wrong with it)."""
+    try:
+        data = json.loads(raw)
+        missing = [f for f in FIELDS if f not in data]
+        if missing:
+            return None, f"malformed (missing {', '.join(missing)})"
+        values = {f: float(data[f]) for f in FIELDS if f != "last_update_utc"}
+        if not all(math.isfinite(v) for v in values.values()):
+            return None, "malformed (non-finite numbers)"
+        updated = datetime.fromisoformat(str(data["last_update_utc"]).replace("Z", "+00:00"))
+        if updated.tzinfo is None:
+            updated = updated.replace(tzinfo=timezone.utc)
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        return None, f"malformed ({type(e).__name__})"
+    age = now - updated.timestamp()
+    if age > stale_after_s:
+        return None, f"stale (last update {age / 60:.1f} min ago, limit {stale_after_s / 60:.1f} min)"
+    return Reading(values["spent_usd"], values["projected_total_usd"], values["rate_usd_per_hr"], "file"), ""
+
+
+def decide(reading: Reading, cap_usd: float, warn_usd: float) -> Decision:
+    where = "budget.json" if reading.source == "file" else "estimate"
+    summary = f"spent ${reading.spent_usd:.2f}, projected ${reading.projected_total_usd:.2f}, cap ${cap_usd:.2f} ({where})"
+    if reading.spent_usd > cap_usd:
+        return Decision("halt", reading, f"budget exceeded: {summary}; exiting now without a checkpoint")
+    if reading.projected_total_usd > cap_usd:
+        return Decision("stop", reading, f"projected cost over the cap: {summary}; checkpointed, exiting")
+    if reading.spent_usd > warn_usd:
+        return Decision("warn", reading, f"budget warning: {summary}")
+    return Decision("ok", reading, summary)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+class BudgetGuard:
+    def __init__(self, cfg: BudgetConfig, gpus: int, clock: Callable[[], float] = time.time,
+                 reader: Callable[[Path], str | None] = _read_text):
+        self.cfg, self.gpus, self.clock, self.reader = cfg, gpus, clock, reader
+        self.warn_usd = cfg.warn_usd or 0.8 * cfg.cap_usd
+        self.next_check = clock()
+        self.warned = False
+        self.reported: set[str] = set()  # file problems already reported
+
+    def estimate(self, elapsed_s: float, remaining_s: float) -> Reading:
+        rate = self.cfg.usd_per_gpu_hour * self.gpus
+        spent = rate * elapsed_s / 3600
+        return Reading(spent, spent + rate * max(remaining_s, 0.0) / 3600, rate, "estimate")
+
+    def read(self, elapsed_s: float, remaining_s: float) -> Reading:
+        if not self.cfg.file:
+            return self.estimate(elapsed_s, remaining_s)
+        raw = self.reader(Path(self.cfg.file))
+        reading, problem = (None, "missing") if raw is None else parse_budget(raw, self.clock(), self.cfg.stale_after_s)
+        if reading is not None:
+            return reading
+        fallback = self.estimate(elapsed_s, remaining_s)
+        fallback.problem = f"{self.cfg.file} is {problem}; using the estimate"
+        return fallback
+
+    def check(self, elapsed_s: float, remaining_s: float, force: bool = False) -> Decision | None:
+        """A decision when a check is due (every check_every_s of the clock), else None."""
+        now = self.clock()
+        if not force and now < self.next_check:
+            return None
+        self.next_check = now + self.cfg.check_every_s
+        decision = decide(self.read(elapsed_s, remaining_s), self.cfg.cap_usd, self.warn_usd)
+        if decision.action == "warn":
+            if self.warned:
+                decision.action = "ok"  # warn once per run
+            self.warned = True
+        return decision
