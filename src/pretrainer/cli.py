@@ -75,11 +75,18 @@ def cmd_export(args: argparse.Namespace) -> None:
     from pretrainer.data.tokenizer import Tokenizer
     from pretrainer.train.checkpoint import load_checkpoint, resolve_run_or_checkpoint
 
+    out = Path(args.out)
+    if args.format == "report":
+        from pretrainer.report.export import export_report
+
+        manifest = export_report(Path(args.run), out)
+        check = "reloads byte-identically" if manifest["final_weights"]["reload_resave_byte_identical"] else "CHANGED on reload"
+        print(f"report: {out}/ (manifest.json, metrics.csv, {', '.join(manifest['plots'])}, final.safetensors: {check})")
+        return
     checkpoint = resolve_run_or_checkpoint(Path(args.run))
     weights, _, state = load_checkpoint(checkpoint)
     cfg = from_dict(state["config"], f"{checkpoint}/state.json")
     tokenizer = Tokenizer.load(checkpoint.parent.parent / "tokenizer")
-    out = Path(args.out)
     if args.format == "hf":
         hf.export_hf(cfg.model, weights, tokenizer, out, args.dtype)
     else:  # weights only: one safetensors file, the model config and tokenizer id in its metadata
@@ -195,10 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="full: 6 x matmul params + attention (default); 6n: 6 x non-embedding params (Kaplan/Chinchilla C=6ND)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    p = verbs.add_parser("export", help="export a run's newest checkpoint (or a checkpoint dir)")
+    p = verbs.add_parser("export", help="the run's report, or its newest checkpoint as a model (hf / safetensors)")
     p.add_argument("run", help="run dir or checkpoint dir")
-    p.add_argument("--format", required=True, choices=["hf", "safetensors"],
-                   help="hf: a transformers model directory; safetensors: one weights file with the config in its metadata")
+    p.add_argument("--format", default="report", choices=["report", "hf", "safetensors"],
+                   help="report (default): manifest, metrics.csv, plots, final weights; hf: a transformers model "
+                        "directory; safetensors: one weights file with the config in its metadata")
     p.add_argument("--out", required=True, help="output directory (hf) or file (safetensors)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
 

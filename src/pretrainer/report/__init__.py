@@ -1,0 +1,1 @@
+"""Reports written from a run directory alone (never from training internals)."""

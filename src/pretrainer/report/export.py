@@ -1,0 +1,174 @@
+"""`pretrainer export RUN_DIR --out DIR`: the run's report, from the run directory alone.
+
+    DIR/
+      manifest.json         seed; versions; config and its sha256; hardware; tokens; final train/val
+                            loss; wall time; $ spent; the final weights' reload check
+      metrics.csv           long format: step,name,value (every number in metrics.jsonl)
+      loss-curve.png        train and validation loss vs step
+      gradnorm-curve.png    gradient norm and parameter norm vs step
+      throughput.png        tokens/s vs wall-clock hour
+      final.safetensors     the newest checkpoint's weights
+      mlflow-run-uri.txt    where the mlflow run is (tracking URI and run id)
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+
+from pretrainer.errors import UserError
+from pretrainer.io import atomic_write_bytes, atomic_write_json, sha256_file
+from pretrainer.metrics import read_metrics
+
+PACKAGES = ("torch", "numpy", "tiktoken", "safetensors", "mlflow", "pretrainer")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def weights_round_trip(path: Path, scratch: Path) -> dict:
+    """Reload the weights and save them again: the bytes must be identical."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    save_file(load_file(path), scratch, metadata=metadata)
+    identical = scratch.read_bytes() == path.read_bytes()
+    scratch.unlink()
+    return {"file": path.name, "sha256": sha256_file(path), "reload_resave_byte_identical": identical}
+
+
+def write_metrics_csv(records: list[dict], path: Path) -> int:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["step", "name", "value"])
+    rows = 0
+    for record in records:
+        for name, value in record.items():
+            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                writer.writerow([record.get("step", ""), name, repr(float(value))])
+                rows += 1
+    atomic_write_bytes(path, buffer.getvalue().encode())
+    return rows
+
+
+def _series(records: list[dict], name: str, x: str = "step") -> tuple[list[float], list[float]]:
+    points = [(r[x], r[name]) for r in records if isinstance(r.get(name), (int, float)) and x in r]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+
+    def figure(name: str, lines: list[tuple[str, tuple[list, list], str]], xlabel: str, ylabel: str, log_y: bool = False,
+               from_zero: bool = False):
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+        for label, (xs, ys), style in lines:
+            if xs:
+                ax.plot(xs, ys, style, label=label, linewidth=1.2, markersize=4)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        if log_y:
+            ax.set_yscale("log")
+        if from_zero:  # throughput: small wobbles should look small
+            ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        plt.close(fig)
+        atomic_write_bytes(out / name, buffer.getvalue())
+        written.append(name)
+
+    figure("loss-curve.png", [("train loss", _series(records, "loss"), "-"), ("val loss", _series(records, "val_loss"), "o-")],
+           "step", "loss (nats/token)")
+    figure("gradnorm-curve.png", [("grad norm (before clipping)", _series(records, "grad_norm"), "-"),
+                                  ("param norm", _series(records, "param_norm"), "-")], "step", "L2 norm", log_y=True)
+    hours, tokens_per_s = _series(records, "tokens_per_s", x="elapsed_s")
+    figure("throughput.png", [("tokens/s", ([h / 3600 for h in hours], tokens_per_s), "-")], "wall-clock hour", "tokens/s",
+           from_zero=True)
+    return written
+
+
+def export_report(run_dir: Path, out: Path) -> dict:
+    from pretrainer.train.checkpoint import read_trainer_state, resolve_run_or_checkpoint
+
+    run_dir = Path(run_dir)
+    checkpoint = resolve_run_or_checkpoint(run_dir)
+    state = read_trainer_state(checkpoint)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    if not records:
+        raise UserError(f"{run_dir}/metrics.jsonl: no metrics; is this a run directory?")
+    out = Path(out)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        shutil.copyfile(checkpoint / "model.safetensors", tmp / "final.safetensors")
+        weights_check = weights_round_trip(tmp / "final.safetensors", tmp / ".resave.safetensors")
+        rows = write_metrics_csv(records, tmp / "metrics.csv")
+        plots = write_plots(records, tmp, title=run_dir.name)
+        train_losses = [r for r in records if "loss" in r]
+        val_losses = [r for r in records if "val_loss" in r]
+        config_path = run_dir / "config.toml"
+        mlflow_uri = None
+        if (run_dir / "mlflow-run-id.txt").is_file():
+            run_id = (run_dir / "mlflow-run-id.txt").read_text().strip()
+            tracking = state["config"].get("mlflow", {}).get("uri") or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+            mlflow_uri = {"tracking_uri": tracking, "run_id": run_id, "run_uri": f"runs:/{run_id}"}
+            atomic_write_bytes(tmp / "mlflow-run-uri.txt",
+                               f"tracking_uri: {tracking}\nrun_id: {run_id}\nrun_uri: runs:/{run_id}\n"
+                               f"view: mlflow ui --backend-store-uri {tracking}\n".encode())
+        manifest = {
+            "run_dir": str(run_dir.resolve()),
+            "checkpoint": checkpoint.name,
+            "seed": state["config"]["train"]["seed"],
+            "versions": package_versions(),
+            "config": state["config"],
+            "config_toml_sha256": hashlib.sha256(config_path.read_bytes()).hexdigest() if config_path.is_file() else None,
+            "config_sha256": state["config_sha256"],
+            "hardware": state.get("hardware", {}),
+            "steps": state["step"],
+            "tokens": state["tokens"],
+            "tokens_per_step": state["tokens_per_step"],
+            "final_train_loss": train_losses[-1]["loss"] if train_losses else None,
+            "final_val_loss": val_losses[-1]["val_loss"] if val_losses else None,
+            "wall_time_s": state["elapsed_s"],
+            "spent_usd": state.get("spent_usd"),
+            "final_weights": weights_check,
+            "metrics_csv_rows": rows,
+            "plots": plots,
+            "mlflow": mlflow_uri,
+        }
+        atomic_write_json(tmp / "manifest.json", manifest)
+        if not weights_check["reload_resave_byte_identical"]:
+            raise UserError(f"{checkpoint}/model.safetensors: reloading and re-saving changed the bytes; report not written")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
