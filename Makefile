@@ -3,7 +3,6 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
 TORCH_PIN := torch==2.13.0
 
 QS_DATA := data/stdlib-bpe4k
@@ -11,14 +10,22 @@ QS_RUN  := runs/quickstart
 
 .PHONY: install setup test quickstart clean
 
-$(STAMP): pyproject.toml
+# The venv with the pinned torch, then the package with the extras each target needs.
+$(VENV)/.torch-stamp:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_PIN)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	touch $(STAMP)
+	touch $@
 
-install: $(STAMP)
+$(VENV)/.track-stamp: $(VENV)/.torch-stamp pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[track]"
+	touch $@
+
+$(VENV)/.dev-stamp: $(VENV)/.torch-stamp pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.dev-stamp
 
 # The GPT-2 BPE ranks for offline use, taken from the openai-whisper sdist on PyPI and
 # checked against a pinned sha256 (see pretrainer/data/tokenizer.py).
@@ -29,8 +36,8 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 # Prepare the built-in corpus (the Python standard library's .py files) once, train a
-# ~1.3M-parameter model from scratch on CPU, then sample from it.
-quickstart: install
+# ~1.3M-parameter model from scratch on CPU, sample from it, and write the run's report.
+quickstart: $(VENV)/.track-stamp
 	@test -f $(QS_DATA)/manifest.json || \
 	  $(BIN)/pretrainer prepare --corpus stdlib --tokenizer bpe:4096 --val-fraction 0.02 --out $(QS_DATA)
 	rm -rf $(QS_RUN)
