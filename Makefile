@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make quickstart` and `make test`.
 # Everything installs into .venv; torch is pinned first so pip never pulls a different build.
+# --no-compile: modules are byte-compiled when first imported instead of all at install time.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -13,16 +14,15 @@ QS_RUN  := runs/quickstart
 # The venv with the pinned torch, then the package with the extras each target needs.
 $(VENV)/.torch-stamp:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH_PIN)
+	$(BIN)/python -m pip install --quiet --no-compile $(TORCH_PIN)
 	touch $@
 
 $(VENV)/.track-stamp: $(VENV)/.torch-stamp pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[track]"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[track]"
 	touch $@
 
 $(VENV)/.dev-stamp: $(VENV)/.torch-stamp pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.dev-stamp
