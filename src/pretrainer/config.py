@@ -122,6 +122,26 @@ class BudgetConfig:
 
 
 @dataclass
+class SpikeConfig:
+    # detection: a rolling window over loss and grad norm (OLMo-core / llm.c defaults)
+    window: int = 128
+    min_values: int = 64  # inactive until this many values are in the window
+    sigmas: float = 6.0  # flag values above mean + sigmas x std; non-finite values always
+    action: str = "log"  # "log", "skip" (drop the update, on the device), "rollback" (reload the last good checkpoint)
+    rollback_skip_steps: int = 10  # batches skipped after the one that tripped a rollback (PaLM skipped 200-500)
+    rollback_lr_factor: float = 1.0  # LR multiplier for rollback_lr_steps steps after a rollback
+    rollback_lr_steps: int = 0
+    max_rollbacks: int = 3  # then fall back to skipping
+    layer_norms_every: int = 100  # per-layer-group grad norms on logging steps that are multiples of this; 0 = never
+    # drills
+    inject_at_step: int = 0  # 0 = no injection
+    inject_batches: int = 5
+    inject_kind: str = "rare"  # "rare" (rare-token batches), "lr" (LR x lr_factor), "data" (garbage batches)
+    lr_factor: float = 100.0
+    data_mode: str = "constant"  # data drill: "constant" (one repeated token) or "out_of_range" (ids >= vocab)
+
+
+@dataclass
 class MlflowConfig:
     enabled: bool = True  # log to mlflow when it is installed
     uri: str = ""  # tracking URI; "" = sqlite:///RUN_DIR/mlflow.db
@@ -141,6 +161,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     ckpt: CkptConfig = field(default_factory=CkptConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
 
@@ -271,6 +292,10 @@ def validate(cfg: Config) -> None:
         (not cfg.budget.cap_usd or cfg.budget.usd_per_gpu_hour > 0,
          "budget.cap_usd needs budget.usd_per_gpu_hour (the estimate, and the fallback when budget.json is missing or stale)"),
         (0 < cfg.budget.mfu <= 1, "budget.mfu must be in (0, 1]"),
+        (cfg.spike.action in ("log", "skip", "rollback"), f"spike.action must be log, skip or rollback, got '{cfg.spike.action}'"),
+        (cfg.spike.inject_kind in ("rare", "lr", "data"), f"spike.inject_kind must be rare, lr or data, got '{cfg.spike.inject_kind}'"),
+        (cfg.spike.data_mode in ("constant", "out_of_range"), "spike.data_mode must be constant or out_of_range"),
+        (0 < cfg.spike.min_values <= cfg.spike.window, "spike.min_values must be in [1, spike.window]"),
         (cfg.eval.batches > 0, "eval.batches must be positive"),
     ]
     for ok, message in checks:

@@ -125,6 +125,16 @@ def full_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[di
     return get_model_state_dict(wrapped, options=options), get_optimizer_state_dict(wrapped, optimizer, options=options)
 
 
+def load_full_model_state(wrapped: nn.Module, model: nn.Module, weights: dict, env: DistEnv) -> None:
+    """Full (unsharded) weights into a model that may already be wrapped or sharded (rollback)."""
+    if env.world_size == 1:
+        model.load_state_dict(weights, strict=False)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(wrapped, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
 def load_optimizer_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load name-keyed full optimizer state (from any strategy / world size) into this run's optimizer."""
     set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))

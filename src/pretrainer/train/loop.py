@@ -34,8 +34,9 @@ from pretrainer.train.checkpoint import (latest_checkpoint, list_checkpoints, lo
                                          set_rng_state)
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.budget import ACTION_CODES, EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, BudgetGuard
+from pretrainer.train.spikes import SpikeInjector, SpikeMonitor, UnigramStats, unigram_counts
 from pretrainer.train.distributed import (agree_max, barrier, full_state, full_tensor, gradient_sync, init_distributed,
-                                          load_optimizer_state, mean_across_ranks, resolve_device, shutdown, wrap_model)
+                                          load_full_model_state, load_optimizer_state, mean_across_ranks, resolve_device, shutdown, wrap_model)
 from pretrainer.train.optim import build_optimizer, lr_at
 
 
@@ -147,6 +148,17 @@ class StopSignal:
         self.previous = {}
 
 
+def layer_group_grad_norms(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Gradient norm per group (embeddings, each block, final norm): where a spike's gradient lives."""
+    groups: dict[str, list[torch.Tensor]] = {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        group = "embeddings" if name.startswith(("wte", "wpe")) else ".".join(name.split(".")[:2]) if name.startswith("layers.") else "final"
+        groups.setdefault(group, []).append(full_tensor(p.grad.detach().float().pow(2).sum()))
+    return {group: torch.stack(parts).sum().sqrt() for group, parts in groups.items()}
+
+
 def launch_cost_check(cfg: Config, model_flops_per_token: float, steps_left: int, tokens_per_step: int, peak_tflops: float | None,
                       gpus: int, spent_before: float, say) -> None:
     """Refuse to start when the projected cost of the remaining steps exceeds budget.cap_usd."""
@@ -235,6 +247,19 @@ def train(cfg: Config, clock=time.time) -> dict:
             step, tokens_seen, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
             set_rng_state(state["rng"])
 
+        # --- spikes: detection always (on the device), injection drills when asked ---
+        vocab_size = cfg.model.vocab_size
+        unigram = UnigramStats(unigram_counts(data.path, data.tokens("train"), vocab_size,
+                                              data.manifest["splits"]["train"]["sha256"]))
+        monitor = SpikeMonitor(cfg.spike.window, cfg.spike.min_values, cfg.spike.sigmas, device)
+        injector = SpikeInjector(cfg.spike, unigram, vocab_size, cfg.model.seq_len, cfg.train.seed) if cfg.spike.inject_at_step else None
+        rollbacks, rollback_lr_until = 0, -1
+        if state is not None and "spike" in state:
+            monitor.load_state_dict(state["spike"]["monitor"])
+            rollbacks = state["spike"]["rollbacks"]
+            if injector is not None:
+                injector.start_cursor = state["spike"]["injector_start_cursor"]
+
         counts = count_parameters(model)
         model_flops_per_token = flops_per_token(cfg.model, counts["non_embedding"])["total"]
         peak_tflops = device_peak_tflops(cfg, device)
@@ -273,7 +298,7 @@ def train(cfg: Config, clock=time.time) -> dict:
 
         def write_checkpoint() -> None:  # a collective: every rank gathers, rank 0 writes
             full_weights, full_optimizer = full_state(wrapped, optimizer)
-            elapsed = elapsed_s()
+            elapsed, monitor_state = elapsed_s(), monitor.state_dict()
             if env.is_main:
                 aliases = set(model.tied_aliases())
                 weights = {k: v.contiguous() for k, v in full_weights.items() if k not in aliases}
@@ -281,10 +306,34 @@ def train(cfg: Config, clock=time.time) -> dict:
                                  "strategy": strategy if env.world_size > 1 else "single", "elapsed_s": elapsed,
                                  "spent_usd": spent_usd(elapsed), "hardware": hardware,
                                  "data": train_loader.state_dict(), "rng": rng_state(), "config": to_dict(cfg),
+                                 "spike": {"monitor": monitor_state, "rollbacks": rollbacks,
+                                           "injector_start_cursor": injector.start_cursor if injector else None},
                                  "config_sha256": config_hash(cfg), "pretrainer_version": __version__,
                                  "torch_version": torch.__version__, "python_version": platform.python_version()}
                 save_checkpoint(run_dir, step, weights, full_optimizer, trainer_state, cfg.ckpt.keep)
             barrier(env)
+
+        def roll_back(flagged_step: int) -> bool:
+            """Reload the newest checkpoint before the spike; keep the data going forward, past the bad window."""
+            nonlocal step, tokens_seen, rollbacks, rollback_lr_until
+            good = [c for c in list_checkpoints(run_dir) if int(c.name.split("-")[1]) < flagged_step]
+            if not good or rollbacks >= cfg.spike.max_rollbacks:
+                return False
+            weights, optimizer_state, old = load_checkpoint(good[-1])
+            load_full_model_state(wrapped, model, weights, env)
+            load_optimizer_state(wrapped, optimizer, optimizer_state)
+            skipped_from = train_loader.cursor
+            train_loader.cursor += cfg.spike.rollback_skip_steps * train_loader.sequences_per_step
+            step, tokens_seen = old["step"], old["tokens"]
+            set_rng_state(old["rng"])
+            rollbacks += 1
+            rollback_lr_until = step + cfg.spike.rollback_lr_steps
+            log({"step": flagged_step, "rollback": 1.0, "to_step": step, "skipped_sequences_from": skipped_from,
+                 "skipped_sequences": train_loader.cursor - skipped_from, "elapsed_s": elapsed_s()})
+            progress.n = step
+            progress.write(f"spike at step {flagged_step}: rolled back to {good[-1].name}, skipping "
+                           f"{cfg.spike.rollback_skip_steps} batches past the spike")
+            return True
 
         t_start = time.time()
         elapsed_s = lambda: elapsed_before + time.time() - t_start  # noqa: E731  (wall clock over all resumes)
@@ -301,15 +350,38 @@ def train(cfg: Config, clock=time.time) -> dict:
         interval_start, interval_tokens, first_step = time.time(), tokens_seen, step
         last_loss = last_val = None
         stop.install()
+        pending = []  # (step, lr, elapsed, batch stats, device values) since the last logging step: read there, one sync
         while step < end_step:
             lr = lr_at(step, cfg.optim, max_steps)
+            logging_step = (step + 1) % cfg.log.every == 0 or step + 1 == end_step
+            cursor = train_loader.cursor
+            micro_batches = train_loader.next_step()
+            if injector is not None and injector.active(step + 1, cursor, train_loader.sequences_per_step):
+                micro_batches = injector.replace(micro_batches)
+                lr *= injector.lr_factor()
+                log({"step": step + 1, "spike_injected": 1.0, "inject_kind": cfg.spike.inject_kind, "data_cursor": cursor,
+                     "lr": lr, "elapsed_s": elapsed_s()})
+            if step < rollback_lr_until:
+                lr *= cfg.spike.rollback_lr_factor
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            logging_step = (step + 1) % cfg.log.every == 0 or step + 1 == end_step
+
+            # token ids outside the vocabulary never reach the embedding (the batch is on the CPU: no device sync)
+            batch_ids = torch.cat([t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:])]).numpy()
+            invalid = int(batch_ids.max()) >= vocab_size or int(batch_ids.min()) < 0
+            if agree_max([int(invalid)], env)[0]:
+                log({"step": step + 1, "invalid_tokens": 1.0, "max_token_id": int(batch_ids.max()), "data_cursor": cursor,
+                     "elapsed_s": elapsed_s()})
+                if cfg.spike.action == "log":
+                    raise UserError(f"step {step + 1}: token ids up to {int(batch_ids.max())} >= model.vocab_size {vocab_size} in "
+                                    f"the batch at data position {cursor}: corrupted data, rejected before the embedding "
+                                    f"(spike.action = skip or rollback drops such batches)")
+                progress.write(f"step {step + 1}: batch with token ids outside the vocabulary dropped")
+                continue
+            batch_stats = unigram.batch_stats(batch_ids) if env.is_main else {}
             before = [p.detach().clone() for p in model.parameters()] if logging_step else None  # for the update/param ratio
 
             # forward/backward over grad_accum micro-batches, gradients reduced across ranks on the last one only
-            micro_batches = train_loader.next_step()
             loss_sum = torch.zeros((), device=device)
             for micro_step, (x, y) in enumerate(micro_batches):
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -318,9 +390,22 @@ def train(cfg: Config, clock=time.time) -> dict:
                         _, loss = compiled(x, y)
                     (loss / grad_accum).backward()
                 loss_sum += loss.detach()
+            group_norms = (layer_group_grad_norms(model) if logging_step and cfg.spike.layer_norms_every
+                           and (step + 1) % cfg.spike.layer_norms_every == 0 else {})
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
+
+            # spikes: flagged on the device; non-finite steps never reach the weights, flagged ones neither under skip
+            step_loss = mean_across_ranks(loss_sum / grad_accum, env)  # the same value on every rank, so the same decision
+            flags = monitor.update(step_loss, full_tensor(grad_norm))
+            if cfg.spike.action == "rollback" and bool(flags.spike) and roll_back(step + 1):  # rollback: a host sync per step
+                optimizer.zero_grad(set_to_none=True)
+                continue
+            skipped = flags.nonfinite | flags.spike if cfg.spike.action != "log" else flags.nonfinite
+            optimizer.found_inf = skipped.float()  # fused AdamW skips the whole update when this is 1
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            pending.append((step + 1, lr, elapsed_s(), batch_stats, torch.stack([step_loss.float(), full_tensor(grad_norm).float(),
+                                                                                  flags.spike.float(), skipped.float()])))
             step += 1
             tokens_seen += tokens_per_step
             progress.update(1)
@@ -329,12 +414,21 @@ def train(cfg: Config, clock=time.time) -> dict:
 
             if logging_step:  # the same steps on every rank: the reductions below are collectives
                 now, elapsed = time.time(), elapsed_s()
-                last_loss = mean_across_ranks(loss_sum / grad_accum, env).item()  # .item() syncs: only on logging steps
+                last_loss = step_loss.item()  # .item() syncs: only on logging steps
+                for (flagged_step, flagged_lr, flagged_at, stats, values) in pending:  # spikes since the last log
+                    loss_value, norm_value, spiked, was_skipped = values.tolist()
+                    if spiked:
+                        log({"step": flagged_step, "spike": 1.0, "spike_loss": loss_value, "spike_grad_norm": norm_value,
+                             "skipped": was_skipped, "lr": flagged_lr, "elapsed_s": flagged_at, **stats})
+                        progress.write(f"spike at step {flagged_step}: loss {loss_value:.3f}, grad norm {norm_value:.3f}"
+                                       + (" (update skipped)" if was_skipped else ""))
+                pending.clear()
                 param_norm = parameter_norm(model).item()
                 tokens_per_s = (tokens_seen - interval_tokens) / max(now - interval_start, 1e-9)
                 record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": full_tensor(grad_norm).item(),
                           "param_norm": param_norm, "update_to_param": update_norm(model, before).item() / max(param_norm, 1e-12),
-                          "tokens": tokens_seen, "tokens_per_s": tokens_per_s, "elapsed_s": elapsed, "epoch": train_loader.epoch}
+                          "tokens": tokens_seen, "tokens_per_s": tokens_per_s, "elapsed_s": elapsed, "epoch": train_loader.epoch,
+                          **batch_stats, **{f"grad_norm/{name}": value.item() for name, value in group_norms.items()}}
                 if peak_tflops:
                     record["mfu"] = mfu(model_flops_per_token, tokens_per_s, peak_tflops, env.world_size)
                 if device.type == "cuda":
