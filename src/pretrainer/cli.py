@@ -152,6 +152,14 @@ def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0 if args.dry_run else decision.exit_code
 
 
+def cmd_postmortem(args: argparse.Namespace) -> None:
+    from pretrainer.report.postmortem import write_postmortem
+
+    path, events = write_postmortem(Path(args.run))
+    summary = ", ".join(f"step {e.steps[0]}: {e.classification}" for e in events) or "no spikes"
+    print(f"wrote {path} ({summary})")
+
+
 def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
     from pretrainer.data.tokenizer import fetch_gpt2_ranks
 
@@ -220,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
 
+    p = verbs.add_parser("postmortem", help="write RUN_DIR/spike-postmortem.md and figures for every detected spike")
+    p.add_argument("run", help="run dir")
+
     p = verbs.add_parser("budget-check", help="check a budget.json against the guard's contract; --budget.* overrides follow")
     p.add_argument("config", nargs="?", help="TOML config file (its [budget] section)")
     p.add_argument("--dry-run", action="store_true", help="print the decision and exit 0 (else exit with the trainer's code)")
@@ -265,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd_export(args)
         elif args.verb == "sample":
             cmd_sample(args)
+        elif args.verb == "postmortem":
+            cmd_postmortem(args)
         elif args.verb == "budget-check":
             return cmd_budget_check(args, extra)
         elif args.verb == "fetch-gpt2":

@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from pretrainer import __version__
 from pretrainer.config import Config, ModelConfig, config_hash, diff_keys, from_dict, save_config, to_dict
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir, validation_batches
 from pretrainer.errors import RunStopped, UserError
+from pretrainer.io import atomic_write_json
 from pretrainer.flops import GPUS, flops_per_token, gpu_from_device_name, mfu
 from pretrainer.metrics import MetricsLog, MlflowLogger, flat_config, hardware_info, parameter_norm, update_norm
 from pretrainer.model import Transformer, count_parameters
@@ -190,7 +192,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)  # rank, world size, device (torchrun or not)
     device, strategy = env.device, cfg.parallel.strategy
     say = print if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
-    metrics = sequences = tracker = None
+    metrics = sequences = tracker = progress = None
     status = "FAILED"
     stop = StopSignal()
     try:
@@ -285,6 +287,9 @@ def train(cfg: Config, clock=time.time) -> dict:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, run_dir / "config.toml")
             data.tokenizer.save(run_dir / "tokenizer")  # the run dir is self-contained for sampling and export
+            atomic_write_json(run_dir / "unigram.json", {  # the training distribution, for post-mortems
+                "bucket_edges": unigram.bucket_edges, "train_rank_histogram": unigram.train_rank_histogram(),
+                "train_mean_log_prob": unigram.train_mean_log_prob, "rare_ids": unigram.rare_ids.tolist()})
             metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step=step)
             tracker = open_tracker(cfg, run_dir, say)
         barrier(env)
@@ -379,6 +384,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 progress.write(f"step {step + 1}: batch with token ids outside the vocabulary dropped")
                 continue
             batch_stats = unigram.batch_stats(batch_ids) if env.is_main else {}
+            batch_ranks = unigram.rank_histogram(batch_ids[(batch_ids >= 0) & (batch_ids < vocab_size)]) if env.is_main else []
             before = [p.detach().clone() for p in model.parameters()] if logging_step else None  # for the update/param ratio
 
             # forward/backward over grad_accum micro-batches, gradients reduced across ranks on the last one only
@@ -397,15 +403,22 @@ def train(cfg: Config, clock=time.time) -> dict:
             # spikes: flagged on the device; non-finite steps never reach the weights, flagged ones neither under skip
             step_loss = mean_across_ranks(loss_sum / grad_accum, env)  # the same value on every rank, so the same decision
             flags = monitor.update(step_loss, full_tensor(grad_norm))
-            if cfg.spike.action == "rollback" and bool(flags.spike) and roll_back(step + 1):  # rollback: a host sync per step
-                optimizer.zero_grad(set_to_none=True)
-                continue
+            spike_logged = False
+            if cfg.spike.action == "rollback" and bool(flags.spike):  # rollback decides at once: a host sync per step
+                log({"step": step + 1, "spike": 1.0, "spike_loss": step_loss.item(), "spike_grad_norm": full_tensor(grad_norm).item(),
+                     "skipped": 1.0, "lr": lr, "elapsed_s": elapsed_s(),
+                     "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), **batch_stats, "rank_histogram": batch_ranks})
+                if roll_back(step + 1):
+                    optimizer.zero_grad(set_to_none=True)
+                    continue
+                spike_logged = True  # no checkpoint to go back to: the update is skipped instead (below)
             skipped = flags.nonfinite | flags.spike if cfg.spike.action != "log" else flags.nonfinite
             optimizer.found_inf = skipped.float()  # fused AdamW skips the whole update when this is 1
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            pending.append((step + 1, lr, elapsed_s(), batch_stats, torch.stack([step_loss.float(), full_tensor(grad_norm).float(),
-                                                                                  flags.spike.float(), skipped.float()])))
+            pending.append((step + 1, lr, elapsed_s(), time.time(), batch_stats, batch_ranks,
+                            torch.stack([step_loss.float(), full_tensor(grad_norm).float(),
+                                         flags.spike.float() * (not spike_logged), skipped.float()])))
             step += 1
             tokens_seen += tokens_per_step
             progress.update(1)
@@ -415,11 +428,13 @@ def train(cfg: Config, clock=time.time) -> dict:
             if logging_step:  # the same steps on every rank: the reductions below are collectives
                 now, elapsed = time.time(), elapsed_s()
                 last_loss = step_loss.item()  # .item() syncs: only on logging steps
-                for (flagged_step, flagged_lr, flagged_at, stats, values) in pending:  # spikes since the last log
+                for (flagged_step, flagged_lr, flagged_at, wall_time, stats, ranks, values) in pending:  # spikes since the last log
                     loss_value, norm_value, spiked, was_skipped = values.tolist()
                     if spiked:
                         log({"step": flagged_step, "spike": 1.0, "spike_loss": loss_value, "spike_grad_norm": norm_value,
-                             "skipped": was_skipped, "lr": flagged_lr, "elapsed_s": flagged_at, **stats})
+                             "skipped": was_skipped, "lr": flagged_lr, "elapsed_s": flagged_at,
+                             "time_utc": datetime.fromtimestamp(wall_time, timezone.utc).isoformat(timespec="seconds"),
+                             **stats, "rank_histogram": ranks})
                         progress.write(f"spike at step {flagged_step}: loss {loss_value:.3f}, grad norm {norm_value:.3f}"
                                        + (" (update skipped)" if was_skipped else ""))
                 pending.clear()
@@ -488,6 +503,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         status = "KILLED"
         raise
     finally:
+        if progress is not None:
+            progress.close()
         stop.restore()
         for sink in (metrics, sequences):
             if sink:

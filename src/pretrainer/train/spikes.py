@@ -76,7 +76,7 @@ class UnigramStats:
         self.is_rare[self.rare_ids] = True
         self.rank = np.empty(len(counts), dtype=np.int64)  # 0 = most frequent
         self.rank[np.argsort(-counts, kind="stable")] = np.arange(len(counts))
-        self.bucket_edges = [0] + [2**i for i in range(int(math.log2(len(counts))) + 1)] + [len(counts)]
+        self.bucket_edges = [0] + [2**i for i in range(int(math.log2(len(counts))) + 1) if 2**i < len(counts)] + [len(counts)]
         self.train_mean_log_prob = float((counts * self.log_prob).sum() / max(counts.sum(), 1))
 
     def rank_histogram(self, ids: np.ndarray) -> list[float]:

@@ -1,0 +1,143 @@
+"""Spike drills on CPU: a tiny model on the real stdlib corpus, injected failures, detection,
+classification, recovery and the written post-mortem."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config, tiny_overrides
+from pretrainer.config import ModelConfig, OptimConfig
+from pretrainer.errors import UserError
+from pretrainer.metrics import read_metrics
+from pretrainer.model import Transformer
+from pretrainer.report.postmortem import write_postmortem
+from pretrainer.train.loop import train
+from pretrainer.train.optim import build_optimizer
+from pretrainer.train.spikes import SpikeMonitor
+
+N = 40  # the injection step
+
+
+def drill(stdlib_data, run, **extra):
+    settings = {"train.max_steps": 80, "train.micro_batch": 16, "optim.lr": 1e-2, "eval.every": 0, "ckpt.every": 10,
+                "spike.window": 32, "spike.min_values": 16, "spike.inject_at_step": N, **extra}
+    return tiny_config(stdlib_data, run, **settings)
+
+
+def spikes(run) -> list[int]:
+    return [r["step"] for r in read_metrics(run / "metrics.jsonl") if r.get("spike")]
+
+
+def test_rare_token_drill_is_detected_classified_and_recovers(stdlib_data, tmp_path, run_cli):
+    run = tmp_path / "run"
+    train(drill(stdlib_data, run, **{"spike.inject_kind": "rare"}))
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records if r.get("spike_injected")] == [40, 41, 42, 43, 44]  # logged explicitly
+    assert N <= spikes(run)[0] <= N + 2
+    code, out, _ = run_cli("postmortem", run)
+    assert code == 0 and "step 40: rare-token gradient" in out
+    text = (run / "spike-postmortem.md").read_text()
+    assert "## Spike 1: rare-token gradient" in text
+    assert "`rare` injected at steps 40-44" in text and "the drill's batch range (steps 40-44)" in text
+    assert re.search(r"\*\*Outcome:\*\* recovered: loss back within 1% of the pre-spike trend at step \d+", text)
+    assert "**When:** detected at step 40 (20" in text  # a UTC timestamp
+
+
+def test_lr_drill_is_classified_learning_rate_too_high(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(drill(stdlib_data, run, **{"spike.inject_kind": "lr", "spike.lr_factor": 100, "spike.inject_batches": 3}))
+    assert N <= spikes(run)[0] <= N + 2
+    _, events = write_postmortem(run)
+    assert events[0].classification == "learning rate too high"
+    assert "(100x): the LR changed" in (run / "spike-postmortem.md").read_text()
+
+
+def test_constant_token_batch_is_classified_data_corruption(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(drill(stdlib_data, run, **{"spike.inject_kind": "data", "spike.data_mode": "constant"}))
+    assert N <= spikes(run)[0] <= N + 2
+    _, events = write_postmortem(run)
+    assert events[0].classification == "data corruption"
+    assert "token ids were valid" in (run / "spike-postmortem.md").read_text()
+
+
+def test_out_of_range_ids_are_rejected_before_the_embedding(stdlib_data, tmp_path, run_cli):
+    run = tmp_path / "run"
+    args = tiny_overrides(stdlib_data, run, **{"train.max_steps": 80, "spike.inject_at_step": N, "spike.inject_kind": "data",
+                                               "spike.data_mode": "out_of_range", "eval.every": 0})
+    code, _, err = run_cli("train", *args)
+    errors = [line for line in err.splitlines() if "error:" in line]  # (stderr also carries the progress bar)
+    assert code == 2 and len(errors) == 1
+    assert re.search(r"step 40: token ids up to \d+ >= model.vocab_size 1024 .* rejected before the embedding", err)
+    _, events = write_postmortem(run)
+    assert events[0].classification == "data corruption" and events[0].steps == [40]
+    # with spike.action = skip the bad batch is dropped and the run goes on
+    train(drill(stdlib_data, tmp_path / "skip", **{"spike.inject_kind": "data", "spike.data_mode": "out_of_range",
+                                                     "spike.action": "skip"}))
+    assert max(r["step"] for r in read_metrics(tmp_path / "skip" / "metrics.jsonl")) == 80
+
+
+def test_rollback_ends_close_to_an_uninjected_run(stdlib_data, tmp_path):
+    clean, rolled, logged = tmp_path / "clean", tmp_path / "rolled", tmp_path / "logged"
+    train(drill(stdlib_data, clean, **{"spike.inject_at_step": 0, "eval.every": 80}))
+    train(drill(stdlib_data, rolled, **{"spike.action": "rollback", "spike.inject_batches": 5, "eval.every": 80}))
+    records = read_metrics(rolled / "metrics.jsonl")
+    rollback = [r for r in records if r.get("rollback")]
+    assert rollback and rollback[0]["step"] == N and rollback[0]["to_step"] == 30  # the newest checkpoint before the spike
+    assert not [r for r in records if r.get("spike_injected") and r["step"] > N]  # the bad window was skipped
+    val = lambda run: [r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if "val_loss" in r][-1]  # noqa: E731
+    assert abs(val(rolled) - val(clean)) < 0.1, (val(rolled), val(clean))
+    _, events = write_postmortem(rolled)
+    assert "rolled back at step 40 to step 30" in (rolled / "spike-postmortem.md").read_text()
+
+
+def test_skip_drops_flagged_updates(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(drill(stdlib_data, run, **{"spike.inject_kind": "rare", "spike.action": "skip"}))
+    flagged = [r for r in read_metrics(run / "metrics.jsonl") if r.get("spike")]
+    assert flagged and all(r["skipped"] == 1.0 for r in flagged)
+
+
+def test_nonfinite_gradients_never_reach_the_weights():
+    """The loop's mechanism: the device-side monitor flags non-finite values, fused AdamW's found_inf drops the update."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, seq_len=16, d_model=32, n_layer=1, n_head=2))
+    optimizer = build_optimizer(model, OptimConfig(lr=0.1), "cpu")
+    monitor = SpikeMonitor(window=8, min_values=4, sigmas=6, device=torch.device("cpu"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _, loss = model(torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16)))
+    loss.backward()
+    for p in model.parameters():
+        p.grad[...] = float("nan")
+    flags = monitor.update(loss.detach(), torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+    assert bool(flags.nonfinite) and bool(flags.spike)
+    optimizer.found_inf = flags.nonfinite.float()
+    optimizer.step()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(not state for state in optimizer.state.values()) or all(int(s["step"]) == 0 for s in optimizer.state.values())
+
+
+def test_monitor_flags_beyond_k_sigma_only_once_active():
+    monitor = SpikeMonitor(window=16, min_values=8, sigmas=6, device=torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    flagged = []
+    for i in range(40):
+        loss = 5.0 + 0.05 * rng.standard_normal() + (10.0 if i in (3, 30) else 0.0)
+        flagged.append(bool(monitor.update(torch.tensor(loss), torch.tensor(1.0)).spike))
+    assert flagged[30] and not flagged[3]  # step 3: the window was not active yet
+    assert sum(flagged) == 1
+
+
+def test_postmortem_figures_are_real_plots(stdlib_data, tmp_path):
+    import matplotlib.image as mpimg
+
+    run = tmp_path / "run"
+    train(drill(stdlib_data, run, **{"spike.inject_kind": "rare"}))
+    write_postmortem(run)
+    image = mpimg.imread(run / "spike-1.png")[..., :3]
+    assert image.shape[1] > 1000
+    loss_line, flagged_batch = np.array([0x1F, 0x77, 0xB4]) / 255, np.array([0xD6, 0x27, 0x28]) / 255  # C0, C3
+    for colour in (loss_line, flagged_batch):
+        assert (np.abs(image - colour).max(axis=-1) < 0.05).sum() > 200
