@@ -8,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_config, tiny_overrides

@@ -15,7 +15,7 @@ from conftest import tiny_config, tiny_overrides
 from pretrainer import hf
 from pretrainer.config import ModelConfig
 from pretrainer.data.sources import Corpus
-from pretrainer.data.tokenizer import Tokenizer, load_gpt2, train_bpe
+from pretrainer.data.tokenizer import load_gpt2, train_bpe
 from pretrainer.metrics import read_metrics
 from pretrainer.model import Transformer
 from pretrainer.model.generate import generate

@@ -4,12 +4,10 @@ classification, recovery and the written post-mortem."""
 import re
 
 import numpy as np
-import pytest
 import torch
 
 from conftest import tiny_config, tiny_overrides
 from pretrainer.config import ModelConfig, OptimConfig
-from pretrainer.errors import UserError
 from pretrainer.metrics import read_metrics
 from pretrainer.model import Transformer
 from pretrainer.report.postmortem import write_postmortem
@@ -80,7 +78,7 @@ def test_out_of_range_ids_are_rejected_before_the_embedding(stdlib_data, tmp_pat
 
 
 def test_rollback_ends_close_to_an_uninjected_run(stdlib_data, tmp_path):
-    clean, rolled, logged = tmp_path / "clean", tmp_path / "rolled", tmp_path / "logged"
+    clean, rolled = tmp_path / "clean", tmp_path / "rolled"
     train(drill(stdlib_data, clean, **{"spike.inject_at_step": 0, "eval.every": 80}))
     train(drill(stdlib_data, rolled, **{"spike.action": "rollback", "spike.inject_batches": 5, "eval.every": 80}))
     records = read_metrics(rolled / "metrics.jsonl")

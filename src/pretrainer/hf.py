@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from pretrainer.config import ModelConfig
 from pretrainer.errors import UserError
+from pretrainer.io import atomic_directory
 from pretrainer.model.transformer import resolve_d_ff
 
 # --- weights ---
@@ -254,15 +255,8 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
 
 
 def export_hf(cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out: Path, dtype: str = "fp32") -> None:
-    import os
-    import shutil
-
     torch_dtype = DTYPES[dtype]
-    out = Path(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_directory(Path(out)) as tmp:
         hf_weights = {k: v.to(torch_dtype).contiguous() for k, v in to_hf_weights(cfg, weights).items()}
         save_file(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
         config = hf_config(cfg, tokenizer.eot_id, str(torch_dtype).removeprefix("torch."))
@@ -270,9 +264,3 @@ def export_hf(cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out
         (tmp / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id}, indent=2) + "\n")
         hf_tokenizer_files(tokenizer, cfg.seq_len, tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -6,9 +6,12 @@ fsync, then rename (atomic on POSIX).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +45,25 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
         while chunk := f.read(chunk_bytes):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_directory(out: Path) -> Iterator[Path]:
+    """Yield a temp directory beside `out`; when the block succeeds it replaces `out` (which only now
+    disappears, if it existed), when it fails it is removed and `out` is untouched."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            shutil.rmtree(old)
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

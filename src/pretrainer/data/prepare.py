@@ -21,7 +21,6 @@ import hashlib
 import itertools
 import multiprocessing
 import os
-import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from pretrainer import __version__
 from pretrainer.data.sources import Corpus
 from pretrainer.data.tokenizer import Tokenizer, tokenizer_from_spec
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_write_json, fsync_dir
+from pretrainer.io import atomic_directory, atomic_write_json
 
 BATCH_CHARS = 1 << 20  # documents are sent to workers in batches of about 1M characters
 BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
@@ -144,11 +143,7 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
     if first is None:
         raise UserError(f"{', '.join(corpus.specs)}: empty corpus (no non-blank documents)")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with atomic_directory(out) as tmp:  # renamed to `out` only when complete (--force: the old one goes only then)
         started = time.time()
         if tokenizer_spec.startswith("bpe:"):
             print(f"training {tokenizer_spec} on the corpus ...", flush=True)
@@ -200,15 +195,6 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "splits": splits,
         }
         atomic_write_json(tmp / "manifest.json", manifest)
-        if out.exists():  # --force: move the old one aside only now that the new one is complete
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            shutil.rmtree(old)
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     total = splits["train"]["tokens"] + splits["val"]["tokens"]
     print(f"wrote {out}: {doc_index:,} documents, {total:,} tokens ({splits['train']['tokens']:,} train, "
           f"{splits['val']['tokens']:,} val) in {time.time() - started:.1f}s")

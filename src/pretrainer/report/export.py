@@ -17,14 +17,12 @@ import csv
 import hashlib
 import importlib.metadata
 import io
-import json
-import os
 import platform
 import shutil
 from pathlib import Path
 
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_write_bytes, atomic_write_json, sha256_file
+from pretrainer.io import atomic_directory, atomic_write_bytes, atomic_write_json, sha256_file
 from pretrainer.metrics import read_metrics
 
 PACKAGES = ("torch", "numpy", "tiktoken", "safetensors", "mlflow", "pretrainer")
@@ -121,11 +119,7 @@ def export_report(run_dir: Path, out: Path) -> dict:
     records = read_metrics(run_dir / "metrics.jsonl")
     if not records:
         raise UserError(f"{run_dir}/metrics.jsonl: no metrics; is this a run directory?")
-    out = Path(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_directory(Path(out)) as tmp:
         shutil.copyfile(checkpoint / "model.safetensors", tmp / "final.safetensors")
         weights_check = weights_round_trip(tmp / "final.safetensors", tmp / ".resave.safetensors")
         rows = write_metrics_csv(records, tmp / "metrics.csv")
@@ -165,10 +159,4 @@ def export_report(run_dir: Path, out: Path) -> dict:
         atomic_write_json(tmp / "manifest.json", manifest)
         if not weights_check["reload_resave_byte_identical"]:
             raise UserError(f"{checkpoint}/model.safetensors: reloading and re-saving changed the bytes; report not written")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest

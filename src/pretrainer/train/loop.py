@@ -518,9 +518,9 @@ def open_tracker(cfg: Config, run_dir: Path, say):
     """mlflow when enabled and installed; None (metrics.jsonl only) otherwise."""
     if not cfg.mlflow.enabled:
         return None
-    try:
-        import mlflow  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
         say("note: mlflow is not installed (pip install -e '.[track]'); metrics go to metrics.jsonl only")
         return None
     config_text = (run_dir / "config.toml").read_text()
