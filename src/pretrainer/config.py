@@ -65,6 +65,7 @@ class TrainConfig:
     seed: int = 1337
     resume: str = "auto"  # "auto" (newest complete checkpoint in run.dir), "never", or a checkpoint path
     compile: bool = False
+    activation_checkpointing: bool = False  # recompute each block in backward: memory for ~1/3 more compute
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
     dtype: str = "auto"  # "auto" (bfloat16 autocast on CUDA, float32 on CPU), "float32", "bfloat16"
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping

@@ -22,6 +22,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from pretrainer.config import ModelConfig
@@ -152,6 +153,7 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.arch == "gpt2" else None
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.checkpoint_blocks = False  # activation checkpointing: keep block inputs only, recompute in backward
         self.norm = _norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -186,7 +188,10 @@ class Transformer(nn.Module):
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         rope = (self.rope_cos, self.rope_sin) if self.cfg.arch == "llama" else None
         for block in self.layers:
-            x = block(x, rope, kv_cache)
+            if self.checkpoint_blocks and self.training and kv_cache is None and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, None, use_reentrant=False)
+            else:
+                x = block(x, rope, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
         logits = self.lm_head(self.norm(x))

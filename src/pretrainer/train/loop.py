@@ -231,6 +231,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             cfg.train.grad_accum = cfg.train.global_batch // per_step
         grad_accum = cfg.train.grad_accum
 
+        model.checkpoint_blocks = cfg.train.activation_checkpointing  # torchtitan's order: checkpointing, compile, shard
         wrapped = wrap_model(model, strategy, env, amp_dtype)  # DDP or FSDP2 under torchrun; `model` itself otherwise
         compiled = torch.compile(wrapped) if cfg.train.compile else wrapped  # checkpoints read `model`: no _orig_mod. prefix
         optimizer = build_optimizer(model, cfg.optim, device.type)
