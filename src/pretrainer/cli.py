@@ -66,11 +66,11 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_export(args: argparse.Namespace) -> None:
     import json
-    import os
 
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from pretrainer import hf
+    from pretrainer.io import atomic_write_bytes
     from pretrainer.config import from_dict, to_dict
     from pretrainer.data.tokenizer import Tokenizer
     from pretrainer.train.checkpoint import load_checkpoint, resolve_run_or_checkpoint
@@ -94,9 +94,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         metadata = {"format": "pt", "pretrainer_model_config": json.dumps(to_dict(cfg)["model"], sort_keys=True),
                     "tokenizer": json.dumps({"name": tokenizer.name, "sha256": tokenizer.sha256}, sort_keys=True)}
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        save_file({k: v.to(dtype).contiguous() for k, v in weights.items()}, tmp, metadata=metadata)
-        os.replace(tmp, out)
+        atomic_write_bytes(out, save({k: v.to(dtype).contiguous() for k, v in weights.items()}, metadata=metadata))
     print(f"exported {checkpoint} (step {state['step']}) as {args.format} ({args.dtype}) to {out}")
 
 

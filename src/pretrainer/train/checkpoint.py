@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_write_json, fsync_dir
+from pretrainer.io import atomic_directory, atomic_write_json
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
 MARKER = "COMPLETE"
@@ -48,10 +48,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict on CPU, without tied aliases (safetensors stores each tensor once)."""
+def model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The model's state dict (or a full one gathered across ranks) on CPU, without tied aliases:
+    safetensors stores each tensor once."""
     aliases = set(model.tied_aliases())
-    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if k not in aliases}
+    state = model.state_dict() if state is None else state
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items() if k not in aliases}
 
 
 def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
@@ -95,26 +97,19 @@ def _fsync_file(path: Path) -> None:
 def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], optimizer_state: dict,
                     trainer_state: dict, keep: int) -> Path:
     root = checkpoints_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:07d}"
-    tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    # One metadata key only: safetensors writes __metadata__ in hash-map order, so two or more keys
-    # can come out in a different order in another process and break byte-identical re-saves.
-    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    atomic_write_json(tmp / "state.json", trainer_state)
-    for name in ("model.safetensors", "optimizer.pt"):
-        _fsync_file(tmp / name)
-    atomic_write_json(tmp / MARKER, {"step": step})
-    if final.exists():  # the same step saved again (e.g. a resumed run that stops where it started)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fsync_dir(root)
+    with atomic_directory(final) as tmp:  # replaces the same step saved again (a resumed run stopping where it began)
+        # One metadata key only: safetensors writes __metadata__ in hash-map order, so two or more keys
+        # can come out in a different order in another process and break byte-identical re-saves.
+        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        atomic_write_json(tmp / "state.json", trainer_state)
+        for name in ("model.safetensors", "optimizer.pt"):
+            _fsync_file(tmp / name)
+        atomic_write_json(tmp / MARKER, {"step": step})
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old)
-    for stale in root.glob(".tmp-step-*"):  # left by a crash mid-write
+    for stale in root.glob(".step-*.tmp-*"):  # left by a crash mid-write
         shutil.rmtree(stale, ignore_errors=True)
     return final
 

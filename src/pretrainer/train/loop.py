@@ -32,7 +32,7 @@ from pretrainer.metrics import MetricsLog, MlflowLogger, flat_config, hardware_i
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.transformer import resolve_d_ff
 from pretrainer.train.checkpoint import (latest_checkpoint, list_checkpoints, load_checkpoint, load_model_weights,
-                                         read_trainer_state, resolve_run_or_checkpoint, rng_state, save_checkpoint,
+                                         model_weights, read_trainer_state, resolve_run_or_checkpoint, rng_state, save_checkpoint,
                                          set_rng_state)
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.budget import ACTION_CODES, EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, BudgetGuard
@@ -306,8 +306,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             full_weights, full_optimizer = full_state(wrapped, optimizer)
             elapsed, monitor_state = elapsed_s(), monitor.state_dict()
             if env.is_main:
-                aliases = set(model.tied_aliases())
-                weights = {k: v.contiguous() for k, v in full_weights.items() if k not in aliases}
+                weights = model_weights(model, full_weights)
                 trainer_state = {"step": step, "tokens": tokens_seen, "tokens_per_step": tokens_per_step, "world_size": env.world_size,
                                  "strategy": strategy if env.world_size > 1 else "single", "elapsed_s": elapsed,
                                  "spent_usd": spent_usd(elapsed), "hardware": hardware,
