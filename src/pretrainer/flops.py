@@ -73,5 +73,10 @@ def gpu_from_device_name(device_name: str) -> str | None:
     return None
 
 
+def training_seconds(total_flops: float, gpus: int, peak_tflops: float, mfu: float) -> float:
+    """Wall time for `total_flops` on `gpus` GPUs of `peak_tflops` each, at model FLOPs utilisation `mfu`."""
+    return total_flops / (gpus * peak_tflops * 1e12 * mfu)
+
+
 def mfu(flops_per_token: float, tokens_per_s: float, peak_tflops: float, n_gpus: int) -> float:
     return flops_per_token * tokens_per_s / (peak_tflops * 1e12 * n_gpus)

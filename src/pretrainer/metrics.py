@@ -93,15 +93,18 @@ def flat_config(config: dict[str, dict]) -> dict[str, object]:
 
 # --- quantities the loop logs ---
 
-def parameter_norm(model) -> torch.Tensor:
-    """Global L2 norm of all parameters (works for FSDP2 shards: each DTensor sum is reduced)."""
-    total = sum(p.detach().float().pow(2).sum() for p in model.parameters())
+def l2_norm(tensors) -> torch.Tensor:
+    """Global L2 norm of several tensors; FSDP2 shards (DTensors) are reduced across ranks."""
+    total = sum(t.detach().float().pow(2).sum() for t in tensors)
     return (total.full_tensor() if hasattr(total, "full_tensor") else total).sqrt()
+
+
+def parameter_norm(model) -> torch.Tensor:
+    return l2_norm(model.parameters())
 
 
 def update_norm(model, before: list[torch.Tensor]) -> torch.Tensor:
-    total = sum((p.detach().float() - b.float()).pow(2).sum() for p, b in zip(model.parameters(), before))
-    return (total.full_tensor() if hasattr(total, "full_tensor") else total).sqrt()
+    return l2_norm(p.detach() - b for p, b in zip(model.parameters(), before))
 
 
 def hardware_info(device: torch.device, world_size: int) -> dict:

@@ -23,7 +23,7 @@ import torch
 
 from pretrainer.config import Config
 from pretrainer.errors import UserError
-from pretrainer.flops import GPU, GPUS, flops_per_token, flops_per_token_6n, lookup_gpu
+from pretrainer.flops import GPU, GPUS, flops_per_token, flops_per_token_6n, lookup_gpu, training_seconds
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.transformer import resolve_d_ff
 
@@ -111,7 +111,7 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
         "memory_per_gpu_bytes": memory_per_gpu(cfg, counts["total"], gpus, cfg.parallel.strategy, memory_gb),
     }
     if peak:
-        seconds = training_flops / (gpus * peak * 1e12 * mfu)
+        seconds = training_seconds(training_flops, gpus, peak, mfu)
         plan.update({"mfu": mfu, "tokens_per_s": steps * tokens_per_step / seconds, "wall_hours": seconds / 3600})
         if usd_per_gpu_hour is not None:
             plan.update({"usd_per_gpu_hour": usd_per_gpu_hour, "cost_usd": seconds / 3600 * gpus * usd_per_gpu_hour})

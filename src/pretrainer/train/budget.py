@@ -85,6 +85,11 @@ def decide(reading: Reading, cap_usd: float, warn_usd: float) -> Decision:
     return Decision("ok", reading, summary)
 
 
+def estimated_spend_usd(usd_per_gpu_hour: float, gpus: int, seconds: float) -> float:
+    """The estimate used without (or instead of a bad) budget.json: price x GPUs x time."""
+    return usd_per_gpu_hour * gpus * max(seconds, 0.0) / 3600
+
+
 def _read_text(path: Path) -> str | None:
     try:
         return Path(path).read_text()
@@ -102,9 +107,9 @@ class BudgetGuard:
         self.reported: set[str] = set()  # file problems already reported
 
     def estimate(self, elapsed_s: float, remaining_s: float) -> Reading:
-        rate = self.cfg.usd_per_gpu_hour * self.gpus
-        spent = rate * elapsed_s / 3600
-        return Reading(spent, spent + rate * max(remaining_s, 0.0) / 3600, rate, "estimate")
+        spent = estimated_spend_usd(self.cfg.usd_per_gpu_hour, self.gpus, elapsed_s)
+        projected = spent + estimated_spend_usd(self.cfg.usd_per_gpu_hour, self.gpus, remaining_s)
+        return Reading(spent, projected, self.cfg.usd_per_gpu_hour * self.gpus, "estimate")
 
     def read(self, elapsed_s: float, remaining_s: float) -> Reading:
         if not self.cfg.file:

@@ -27,15 +27,15 @@ from pretrainer.config import Config, ModelConfig, config_hash, diff_keys, from_
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir, validation_batches
 from pretrainer.errors import RunStopped, UserError
 from pretrainer.io import atomic_write_json
-from pretrainer.flops import GPUS, flops_per_token, gpu_from_device_name, mfu
-from pretrainer.metrics import MetricsLog, MlflowLogger, flat_config, hardware_info, parameter_norm, update_norm
+from pretrainer.flops import GPUS, flops_per_token, gpu_from_device_name, mfu, training_seconds
+from pretrainer.metrics import MetricsLog, MlflowLogger, flat_config, hardware_info, l2_norm, parameter_norm, update_norm
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.transformer import resolve_d_ff
 from pretrainer.train.checkpoint import (latest_checkpoint, list_checkpoints, load_checkpoint, load_model_weights,
                                          model_weights, read_trainer_state, resolve_run_or_checkpoint, rng_state, save_checkpoint,
                                          set_rng_state)
 from pretrainer.train.autobatch import find_micro_batch
-from pretrainer.train.budget import ACTION_CODES, EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, BudgetGuard
+from pretrainer.train.budget import ACTION_CODES, EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, BudgetGuard, estimated_spend_usd
 from pretrainer.train.spikes import SpikeInjector, SpikeMonitor, UnigramStats, unigram_counts
 from pretrainer.train.distributed import (agree_max, barrier, full_state, full_tensor, gradient_sync, init_distributed,
                                           load_full_model_state, load_optimizer_state, mean_across_ranks, resolve_device, shutdown, wrap_model)
@@ -157,8 +157,8 @@ def layer_group_grad_norms(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if p.grad is None:
             continue
         group = "embeddings" if name.startswith(("wte", "wpe")) else ".".join(name.split(".")[:2]) if name.startswith("layers.") else "final"
-        groups.setdefault(group, []).append(full_tensor(p.grad.detach().float().pow(2).sum()))
-    return {group: torch.stack(parts).sum().sqrt() for group, parts in groups.items()}
+        groups.setdefault(group, []).append(p.grad)
+    return {group: l2_norm(grads) for group, grads in groups.items()}
 
 
 def launch_cost_check(cfg: Config, model_flops_per_token: float, steps_left: int, tokens_per_step: int, peak_tflops: float | None,
@@ -169,8 +169,8 @@ def launch_cost_check(cfg: Config, model_flops_per_token: float, steps_left: int
     if not peak_tflops:
         say("budget: no peak TFLOP/s for this device (set budget.peak_tflops); launch cost not projected")
         return
-    hours = model_flops_per_token * steps_left * tokens_per_step / (gpus * peak_tflops * 1e12 * cfg.budget.mfu) / 3600
-    projected = spent_before + hours * gpus * cfg.budget.usd_per_gpu_hour
+    seconds = training_seconds(model_flops_per_token * steps_left * tokens_per_step, gpus, peak_tflops, cfg.budget.mfu)
+    projected = spent_before + estimated_spend_usd(cfg.budget.usd_per_gpu_hour, gpus, seconds)
     say(f"budget: projected ${projected:.2f} (cap ${cfg.budget.cap_usd:.2f}) for {steps_left:,} steps at MFU {cfg.budget.mfu:g}")
     if projected > cfg.budget.cap_usd and not cfg.budget.allow_over_cap:
         raise UserError(f"budget: the plan projects ${projected:.2f} for the remaining {steps_left:,} steps (MFU {cfg.budget.mfu:g}, "
@@ -281,7 +281,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             status = "FINISHED"
             return {"step": step, "tokens": tokens_seen}
         guard = BudgetGuard(cfg.budget, env.world_size, clock=clock) if cfg.budget.cap_usd and env.is_main else None
-        spent_before = cfg.budget.usd_per_gpu_hour * env.world_size * elapsed_before / 3600
+        spent_before = estimated_spend_usd(cfg.budget.usd_per_gpu_hour, env.world_size, elapsed_before)
         launch_cost_check(cfg, model_flops_per_token, end_step - step, tokens_per_step, peak_tflops, env.world_size, spent_before, say)
 
         if env.is_main:  # the run dir: config, tokenizer, metrics.jsonl, mlflow
@@ -344,7 +344,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         elapsed_s = lambda: elapsed_before + time.time() - t_start  # noqa: E731  (wall clock over all resumes)
         budget_reading = None
         spent_usd = lambda elapsed: (budget_reading.spent_usd if budget_reading  # noqa: E731
-                                     else cfg.budget.usd_per_gpu_hour * env.world_size * elapsed / 3600)
+                                     else estimated_spend_usd(cfg.budget.usd_per_gpu_hour, env.world_size, elapsed))
         if step == 0:
             val_loss = evaluate(compiled, val_batches, device, amp_dtype)
             log({"step": 0, "val_loss": val_loss, "tokens": 0, "elapsed_s": 0.0})
