@@ -4,6 +4,7 @@ classification, recovery and the written post-mortem."""
 import re
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import tiny_config, tiny_overrides
@@ -139,3 +140,30 @@ def test_postmortem_figures_are_real_plots(stdlib_data, tmp_path):
     loss_line, flagged_batch = np.array([0x1F, 0x77, 0xB4]) / 255, np.array([0xD6, 0x27, 0x28]) / 255  # C0, C3
     for colour in (loss_line, flagged_batch):
         assert (np.abs(image - colour).max(axis=-1) < 0.05).sum() > 200
+
+
+def test_rollback_lr_window_survives_an_interruption(stdlib_data, tmp_path):
+    """A rollback at step 40 (to step 30) runs the next 25 steps at 0.3 x the LR. Stopped at step 45, inside
+    that window, and resumed, the run continues exactly as an uninterrupted one: the window is saved state."""
+    from pretrainer.train.checkpoint import latest_checkpoint
+    from pretrainer.train.optim import lr_at
+
+    settings = {"spike.action": "rollback", "spike.rollback_lr_factor": 0.3, "spike.rollback_lr_steps": 25, "eval.every": 80}
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(drill(stdlib_data, straight, **settings))
+    train(drill(stdlib_data, split, **settings, **{"train.stop_at_step": 45}))
+    assert [r["to_step"] for r in read_metrics(split / "metrics.jsonl") if r.get("rollback")] == [30]
+    assert latest_checkpoint(split).name == "step-0000045"
+    train(drill(stdlib_data, split, **settings))  # resume = auto
+
+    def last_of(run, key):  # steps 31-39 ran twice (before and after the rollback): the later one counts
+        return {r["step"]: r[key] for r in read_metrics(run / "metrics.jsonl") if key in r and "rollback" not in r}
+
+    cfg = drill(stdlib_data, straight, **settings)
+    lrs = last_of(straight, "lr")
+    assert all(lrs[s] == pytest.approx(0.3 * lr_at(s - 1, cfg.optim, 80)) for s in range(46, 56))  # inside the window
+    assert all(lrs[s] == pytest.approx(lr_at(s - 1, cfg.optim, 80)) for s in range(56, 81))  # after it
+    assert last_of(split, "lr") == lrs
+    assert last_of(split, "loss") == last_of(straight, "loss")  # identical floats at every step
+    final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()  # noqa: E731
+    assert final(split) == final(straight)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from pretrainer import __version__
-from pretrainer.errors import EXIT_COLLECTIVE_TIMEOUT, EXIT_USER_ERROR, RunStopped, UserError
+from pretrainer.errors import EXIT_COLLECTIVE_TIMEOUT, EXIT_USER_ERROR, RunStopped, UserError, exit_code_for_signal
 
 
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
@@ -47,7 +47,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.config import load_config
-    from pretrainer.train.loop import evaluate_config
+    from pretrainer.eval.loss import evaluate_config
 
     evaluate_config(load_config(args.config, overrides))
 
@@ -65,63 +65,42 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    import json
-
-    from safetensors.torch import save
-
-    from pretrainer import hf
-    from pretrainer.io import atomic_write_bytes
-    from pretrainer.config import from_dict, to_dict
-    from pretrainer.data.tokenizer import Tokenizer
-    from pretrainer.train.checkpoint import load_checkpoint, resolve_run_or_checkpoint
+    from pretrainer.report.export import export_report, export_weights
+    from pretrainer.runs import open_run
 
     out = Path(args.out)
     if args.format == "report":
-        from pretrainer.report.export import export_report
-
         manifest = export_report(Path(args.run), out)
         check = "reloads byte-identically" if manifest["final_weights"]["reload_resave_byte_identical"] else "CHANGED on reload"
         print(f"report: {out}/ (manifest.json, metrics.csv, {', '.join(manifest['plots'])}, final.safetensors: {check})")
         return
-    checkpoint = resolve_run_or_checkpoint(Path(args.run))
-    weights, _, state = load_checkpoint(checkpoint)
-    cfg = from_dict(state["config"], f"{checkpoint}/state.json")
-    tokenizer = Tokenizer.load(checkpoint.parent.parent / "tokenizer")
+    run = open_run(args.run)
     if args.format == "hf":
-        hf.export_hf(cfg.model, weights, tokenizer, out, args.dtype)
-    else:  # weights only: one safetensors file, the model config and tokenizer id in its metadata
-        dtype = hf.DTYPES[args.dtype]
-        metadata = {"format": "pt", "pretrainer_model_config": json.dumps(to_dict(cfg)["model"], sort_keys=True),
-                    "tokenizer": json.dumps({"name": tokenizer.name, "sha256": tokenizer.sha256}, sort_keys=True)}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(out, save({k: v.to(dtype).contiguous() for k, v in weights.items()}, metadata=metadata))
-    print(f"exported {checkpoint} (step {state['step']}) as {args.format} ({args.dtype}) to {out}")
+        from pretrainer import hf
+
+        hf.export_hf(run.cfg.model, run.load_weights(), run.tokenizer(), out, args.dtype)
+    else:
+        export_weights(run, out, args.dtype)
+    print(f"exported {run.checkpoint} (step {run.step}) as {args.format} ({args.dtype}) to {out}")
 
 
 def cmd_sample(args: argparse.Namespace) -> None:
     import torch
 
-    from pretrainer.config import from_dict
-    from pretrainer.data.tokenizer import Tokenizer
-    from pretrainer.model import Transformer
+    from pretrainer.device import resolve_device
     from pretrainer.model.generate import generate
-    from pretrainer.train.checkpoint import load_checkpoint, load_model_weights, resolve_run_or_checkpoint
-    from pretrainer.train.distributed import resolve_device
+    from pretrainer.runs import build_model, open_run
 
-    checkpoint = resolve_run_or_checkpoint(Path(args.run))
-    weights, _, state = load_checkpoint(checkpoint)
-    cfg = from_dict(state["config"], f"{checkpoint}/state.json")
-    tokenizer = Tokenizer.load(checkpoint.parent.parent / "tokenizer")
+    run = open_run(args.run)
+    tokenizer = run.tokenizer()
     device = resolve_device(args.device)
-    model = Transformer(cfg.model)
-    load_model_weights(model, weights, str(checkpoint))
-    model.to(device).eval()
+    model = build_model(run.cfg, run.load_weights, str(run.checkpoint)).to(device).eval()
 
     prompt_ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eot_id]
     prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator)
-    print(f"# {checkpoint} (step {state['step']}), temperature {args.temperature}, top-k {args.top_k}, seed {args.seed}")
+    print(f"# {run.checkpoint} (step {run.step}), temperature {args.temperature}, top-k {args.top_k}, seed {args.seed}")
     for i, row in enumerate(out.tolist()):
         start = 1 if not args.prompt else 0
         text = tokenizer.decode(row[start:]).replace("<|endoftext|>", "\n<|endoftext|>\n")
@@ -287,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
+        import signal
+
         print("interrupted", file=sys.stderr)
-        return 130
+        return exit_code_for_signal(signal.SIGINT)
     except Exception as e:
         from pretrainer.train.distributed import is_collective_timeout
 

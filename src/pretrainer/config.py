@@ -3,7 +3,8 @@
     cfg = load_config("configs/tiny-cpu.toml", ["--optim.lr=3e-4", "--train.max_steps", "200"])
 
 Every number has one home here. Unknown keys are an error that names the key and suggests the
-closest valid one; values are checked against the field's type.
+closest valid one; values are checked against the field's type. What a config leaves to be
+derived (vocab, d_ff, micro_batch=auto, grad_accum) is filled in by `pretrainer.resolve`.
 """
 
 from __future__ import annotations
@@ -316,21 +317,28 @@ def from_dict(raw: dict[str, dict[str, Any]], where: str) -> Config:
     return cfg
 
 
+def flatten(cfg: Config) -> dict[str, Any]:
+    """{"optim.lr": 3e-4, ...}: the one flat view, used for the hash, diffs and mlflow params."""
+    return {f"{section}.{key}": value for section, values in to_dict(cfg).items() for key, value in values.items()}
+
+
 def config_hash(cfg: Config) -> str:
     """sha256 of the resolved config, leaving out the keys that only say when to stop or resume."""
-    flat = {f"{s}.{k}": v for s, values in to_dict(cfg).items() for k, v in values.items()}
-    for key in RESUME_FREE_KEYS:
-        flat.pop(key)
+    flat = {k: v for k, v in flatten(cfg).items() if k not in RESUME_FREE_KEYS}
     return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()
 
 
 def diff_keys(a: Config, b: Config) -> list[str]:
-    fa = {f"{s}.{k}": v for s, values in to_dict(a).items() for k, v in values.items()}
-    fb = {f"{s}.{k}": v for s, values in to_dict(b).items() for k, v in values.items()}
+    fa, fb = flatten(a), flatten(b)
     return [k for k in fa if fa[k] != fb[k] and k not in RESUME_FREE_KEYS]
+
+
+def config_text(cfg: Config) -> str:
+    """The config as TOML: what RUN_DIR/config.toml holds."""
+    return tomli_w.dumps(to_dict(cfg))
 
 
 def save_config(cfg: Config, path: Path) -> None:
     from pretrainer.io import atomic_write_bytes
 
-    atomic_write_bytes(path, tomli_w.dumps(to_dict(cfg)).encode())
+    atomic_write_bytes(path, config_text(cfg).encode())

@@ -1,16 +1,23 @@
-"""The one exception type for bad user input.
+"""The exception types and every exit code, in one place.
 
 Anything a user can fix (a missing file, a malformed corpus, an unknown config key) raises
 `UserError` with a one-line message naming the file and the fix; the CLI prints it as
-`error: ...` and exits with EXIT_USER_ERROR, never with a traceback.
+`error: ...` and exits with EXIT_USER_ERROR, never with a traceback. A run that stops on purpose
+before max_steps (budget guard, signal) raises `RunStopped` with its exit code.
 """
 
-# Exit codes (documented in the README):
-#   0 success, 2 bad input, 3 a distributed collective timed out,
-#   4 budget: projected total over the cap (a checkpoint was written), 5 budget: spent over the cap (no checkpoint),
-#   128 + signal (143 SIGTERM, 130 SIGINT): stopped by a signal after writing a checkpoint; run the same command to resume
-EXIT_USER_ERROR = 2
-EXIT_COLLECTIVE_TIMEOUT = 3
+# Exit codes (documented in the README). Schedulers read them: 4 and 5 mean "do not requeue".
+EXIT_OK = 0
+EXIT_USER_ERROR = 2  # bad input: the message says what to fix
+EXIT_COLLECTIVE_TIMEOUT = 3  # a distributed collective timed out (a rank is stuck, dead or unreachable)
+EXIT_BUDGET_PROJECTED = 4  # budget: projected total over the cap; a checkpoint was written
+EXIT_BUDGET_SPENT = 5  # budget: spent over the cap; stopped at once, no checkpoint
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """128 + signal (143 SIGTERM, 130 SIGINT), the shell's convention: stopped by a signal after
+    writing a checkpoint; run the same command to resume."""
+    return 128 + int(signum)
 
 
 class UserError(Exception):

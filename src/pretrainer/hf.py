@@ -22,9 +22,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pretrainer.config import ModelConfig
+from pretrainer.resolve import resolve_d_ff
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_directory
-from pretrainer.model.transformer import resolve_d_ff
 
 # --- weights ---
 

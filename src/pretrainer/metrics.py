@@ -1,5 +1,6 @@
 """Where metrics go: metrics.jsonl always (one JSON object per logged step, validation pass or
-event, appended and flushed), and mlflow when it is installed and enabled.
+event, appended and flushed), and mlflow when it is installed and enabled. The loop writes to one
+`RunLog`, which is both (and nothing on ranks other than 0).
 
 On resume the file is first cut back to the checkpoint's step (records of steps after it were
 written by the interrupted run and will be recomputed), so every step appears exactly once.
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from pretrainer.config import Config, config_text, flatten
+from pretrainer.flops import mfu
 from pretrainer.io import atomic_write_bytes
 
 
@@ -87,8 +90,37 @@ class MlflowLogger:
         self.client.set_terminated(self.run_id, status=status)
 
 
-def flat_config(config: dict[str, dict]) -> dict[str, object]:
-    return {f"{section}.{key}": value for section, values in config.items() for key, value in values.items()}
+class RunLog:
+    """metrics.jsonl (cut back to `keep_through_step` on resume) and mlflow, on rank 0; a no-op elsewhere."""
+
+    def __init__(self, cfg: Config, run_dir: Path, keep_through_step: int, is_main: bool, say):
+        if is_main:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step) if is_main else None
+        self.tracker = open_tracker(cfg, run_dir, say) if is_main else None
+
+    def write(self, record: dict) -> None:
+        for sink in (self.metrics, self.tracker):
+            if sink:
+                sink.write(record)
+
+    def close(self, status: str) -> None:
+        if self.metrics:
+            self.metrics.close()
+        if self.tracker:
+            self.tracker.close(status)
+
+
+def open_tracker(cfg: Config, run_dir: Path, say) -> MlflowLogger | None:
+    """mlflow when enabled and installed; None (metrics.jsonl only) otherwise."""
+    if not cfg.mlflow.enabled:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        say("note: mlflow is not installed (pip install -e '.[track]'); metrics go to metrics.jsonl only")
+        return None
+    return MlflowLogger(run_dir, cfg.mlflow.uri, cfg.mlflow.experiment, flatten(cfg), config_text(cfg))
 
 
 # --- quantities the loop logs ---
@@ -105,6 +137,44 @@ def parameter_norm(model) -> torch.Tensor:
 
 def update_norm(model, before: list[torch.Tensor]) -> torch.Tensor:
     return l2_norm(p.detach() - b for p, b in zip(model.parameters(), before))
+
+
+def weight_norms(model, before: list[torch.Tensor]) -> dict[str, float]:
+    """The parameter norm and the update's size relative to it (`before`: the weights before the step).
+    Collectives under FSDP2: every rank calls it."""
+    param_norm = parameter_norm(model).item()
+    return {"param_norm": param_norm, "update_to_param": update_norm(model, before).item() / max(param_norm, 1e-12)}
+
+
+def layer_group_grad_norms(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Gradient norm per group (embeddings, each block, final norm): where a spike's gradient lives."""
+    groups: dict[str, list[torch.Tensor]] = {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        group = "embeddings" if name.startswith(("wte", "wpe")) else ".".join(name.split(".")[:2]) if name.startswith("layers.") else "final"
+        groups.setdefault(group, []).append(p.grad)
+    return {group: l2_norm(grads) for group, grads in groups.items()}
+
+
+class Throughput:
+    """Tokens per second (and MFU, when the device's peak is known) over the interval since the last
+    reading, not counting evaluation and checkpoint time (restart() after them)."""
+
+    def __init__(self, tokens: int, flops_per_token: float, peak_tflops: float | None, world_size: int):
+        self.started, self.tokens = time.time(), tokens
+        self.flops_per_token, self.peak_tflops, self.world_size = flops_per_token, peak_tflops, world_size
+
+    def restart(self) -> None:
+        self.started = time.time()
+
+    def rate(self, tokens: int) -> dict[str, float]:
+        now = time.time()
+        tokens_per_s = (tokens - self.tokens) / max(now - self.started, 1e-9)
+        self.started, self.tokens = now, tokens
+        if not self.peak_tflops:
+            return {"tokens_per_s": tokens_per_s}
+        return {"tokens_per_s": tokens_per_s, "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_tflops, self.world_size)}
 
 
 def hardware_info(device: torch.device, world_size: int) -> dict:

@@ -22,10 +22,10 @@ import math
 import torch
 
 from pretrainer.config import Config
+from pretrainer.resolve import resolve, resolve_d_ff, tokens_per_step
 from pretrainer.errors import UserError
 from pretrainer.flops import GPU, GPUS, flops_per_token, flops_per_token_6n, lookup_gpu, training_seconds
 from pretrainer.model import Transformer, count_parameters
-from pretrainer.model.transformer import resolve_d_ff
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: ~20 training tokens per (total) parameter
 CUDA_OVERHEAD_BYTES = int(1.5 * 2**30)
@@ -62,8 +62,6 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
               gpus: int = 1, gpu: str | None = None, peak_tflops: float | None = None, gpu_memory_gb: float | None = None,
               gpu_watts: float | None = None, mfu: float = 0.4, usd_per_gpu_hour: float | None = None,
               flops_convention: str = "full") -> dict:
-    if cfg.model.vocab_size <= 0:
-        raise UserError("plan: model.vocab_size is 0 (taken from data at train time); set it, e.g. --model.vocab_size=50257")
     if gpus < 1:
         raise UserError(f"plan: --gpus must be at least 1, got {gpus}")
     if not 0 < mfu <= 1:
@@ -78,14 +76,15 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
     memory_gb = gpu_memory_gb or (known.memory_gb if known else None)
     watts = gpu_watts or (known.board_power_w if known else None)
 
+    cfg = resolve(cfg, world_size=gpus)  # the same derivations as train: vocab, d_ff, grad_accum from global_batch
     with torch.device("meta"):
         counts = count_parameters(Transformer(cfg.model))
     flops = flops_per_token(cfg.model, counts["non_embedding"])
     per_token = flops["total"] if flops_convention == "full" else flops_per_token_6n(counts["non_embedding"])
-    tokens_per_step = cfg.train.micro_batch * cfg.model.seq_len * cfg.train.grad_accum * gpus
+    step_tokens = tokens_per_step(cfg, gpus)
     budget = tokens if tokens is not None else tokens_per_param * counts["total"]
-    steps = math.ceil(budget / tokens_per_step)
-    training_flops = per_token * steps * tokens_per_step
+    steps = math.ceil(budget / step_tokens)
+    training_flops = per_token * steps * step_tokens
     plan = {
         "arch": cfg.model.arch,
         "params_total": counts["total"],
@@ -95,16 +94,16 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
         "flops_per_token_full": flops["total"],
         "flops_per_token_6n": flops_per_token_6n(counts["non_embedding"]),
         "flops_per_token_terms": flops,
-        "tokens_per_step": tokens_per_step,
+        "tokens_per_step": step_tokens,
         "tokens_per_step_terms": {"micro_batch": cfg.train.micro_batch, "seq_len": cfg.model.seq_len,
                                   "grad_accum": cfg.train.grad_accum, "world_size": gpus},
         "token_budget": budget,
         "token_budget_source": "--tokens" if tokens is not None else f"{tokens_per_param:g} tokens per parameter",
         "steps_for_budget": steps,
-        "tokens_trained": steps * tokens_per_step,
+        "tokens_trained": steps * step_tokens,
         "training_flops": training_flops,
         "configured_max_steps": cfg.train.max_steps,
-        "configured_tokens": cfg.train.max_steps * tokens_per_step,
+        "configured_tokens": cfg.train.max_steps * step_tokens,
         "gpu": {"key": gpu, "name": known.name if known else gpu, "count": gpus, "peak_bf16_tflops": peak,
                 "memory_gb": memory_gb, "board_power_w": watts},
         "strategy": cfg.parallel.strategy,
@@ -112,7 +111,7 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
     }
     if peak:
         seconds = training_seconds(training_flops, gpus, peak, mfu)
-        plan.update({"mfu": mfu, "tokens_per_s": steps * tokens_per_step / seconds, "wall_hours": seconds / 3600})
+        plan.update({"mfu": mfu, "tokens_per_s": steps * step_tokens / seconds, "wall_hours": seconds / 3600})
         if usd_per_gpu_hour is not None:
             plan.update({"usd_per_gpu_hour": usd_per_gpu_hour, "cost_usd": seconds / 3600 * gpus * usd_per_gpu_hour})
         if watts:

@@ -26,16 +26,9 @@ import torch.utils.checkpoint
 from torch import nn
 
 from pretrainer.config import ModelConfig
+from pretrainer.resolve import resolve_d_ff
 
 IGNORE_INDEX = -1  # targets with this id do not count in the loss (padding, masked prompts)
-
-
-def resolve_d_ff(cfg: ModelConfig) -> int:
-    if cfg.d_ff:
-        return cfg.d_ff
-    if cfg.arch == "gpt2":
-        return 4 * cfg.d_model
-    return 64 * math.ceil(8 * cfg.d_model / 3 / 64)  # SwiGLU keeps ~4*d^2*2 MLP params with three matrices
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

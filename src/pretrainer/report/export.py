@@ -110,12 +110,29 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
     return written
 
 
-def export_report(run_dir: Path, out: Path) -> dict:
-    from pretrainer.train.checkpoint import read_trainer_state, resolve_run_or_checkpoint
+def export_weights(run, out: Path, dtype: str) -> None:
+    """One safetensors file of the run's newest weights, with the model config and the tokenizer's
+    id in its metadata (`pretrainer export RUN --format safetensors`)."""
+    import json
 
-    run_dir = Path(run_dir)
-    checkpoint = resolve_run_or_checkpoint(run_dir)
-    state = read_trainer_state(checkpoint)
+    from safetensors.torch import save
+
+    from pretrainer.config import to_dict
+    from pretrainer.hf import DTYPES
+
+    tokenizer = run.tokenizer()
+    metadata = {"format": "pt", "pretrainer_model_config": json.dumps(to_dict(run.cfg)["model"], sort_keys=True),
+                "tokenizer": json.dumps({"name": tokenizer.name, "sha256": tokenizer.sha256}, sort_keys=True)}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out, save({k: v.to(DTYPES[dtype]).contiguous() for k, v in run.load_weights().items()}, metadata=metadata))
+
+
+def export_report(run_dir: Path, out: Path) -> dict:
+    from pretrainer.runs import open_run
+
+    run = open_run(run_dir)
+    run_dir, checkpoint, state = run.run_dir, run.checkpoint, run.state
     records = read_metrics(run_dir / "metrics.jsonl")
     if not records:
         raise UserError(f"{run_dir}/metrics.jsonl: no metrics; is this a run directory?")

@@ -25,9 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pretrainer.config import BudgetConfig
-
-EXIT_BUDGET_PROJECTED = 4
-EXIT_BUDGET_SPENT = 5
+from pretrainer.errors import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, UserError
+from pretrainer.flops import training_seconds
 FIELDS = ("spent_usd", "rate_usd_per_hr", "hours_elapsed", "projected_total_usd", "last_update_utc")
 ACTION_CODES = {"ok": 0, "warn": 1, "stop": 2, "halt": 3}  # ordered: the most severe wins across ranks
 
@@ -134,3 +133,21 @@ class BudgetGuard:
                 decision.action = "ok"  # warn once per run
             self.warned = True
         return decision
+
+
+def launch_cost_check(budget: BudgetConfig, training_flops: float, steps_left: int, gpus: int, peak_tflops: float | None,
+                      elapsed_before_s: float, say: Callable[[str], None]) -> None:
+    """Refuse to start when the spend so far (estimated) plus the projected cost of the remaining
+    steps exceeds budget.cap_usd."""
+    if not budget.cap_usd:
+        return
+    if not peak_tflops:
+        say("budget: no peak TFLOP/s for this device (set budget.peak_tflops); launch cost not projected")
+        return
+    seconds = training_seconds(training_flops, gpus, peak_tflops, budget.mfu)
+    projected = estimated_spend_usd(budget.usd_per_gpu_hour, gpus, elapsed_before_s + seconds)
+    say(f"budget: projected ${projected:.2f} (cap ${budget.cap_usd:.2f}) for {steps_left:,} steps at MFU {budget.mfu:g}")
+    if projected > budget.cap_usd and not budget.allow_over_cap:
+        raise UserError(f"budget: the plan projects ${projected:.2f} for the remaining {steps_left:,} steps (MFU {budget.mfu:g}, "
+                        f"${budget.usd_per_gpu_hour:g}/GPU-hour x {gpus}), over budget.cap_usd ${budget.cap_usd:.2f}; "
+                        f"lower train.max_steps or pass --budget.allow_over_cap=true")

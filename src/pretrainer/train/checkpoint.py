@@ -7,6 +7,10 @@ into place: a directory without COMPLETE (a crash mid-write) is never resumed fr
 Weights are safetensors (no pickle). The optimizer state holds only tensors and plain values and
 is loaded with torch.load(weights_only=True). state.json carries the step, tokens, data position,
 RNG states and the config.
+
+In a run, `write_checkpoint` (a collective: every rank gathers its shards, rank 0 writes) and
+`restore_checkpoint` (full weights and optimizer state back into a possibly sharded model) are
+what the loop calls; `resume_checkpoint` picks where a run starts from.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_directory, atomic_write_json
+from pretrainer.train.distributed import DistEnv, barrier, full_state, load_full_model_state, load_optimizer_state
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
 MARKER = "COMPLETE"
@@ -140,3 +146,34 @@ def resolve_run_or_checkpoint(path: Path) -> Path:
     if latest is None:
         raise UserError(f"{path}: no complete checkpoint found under {checkpoints_root(path)}; train first")
     return latest
+
+
+def resume_checkpoint(run_dir: Path, resume: str) -> Path | None:
+    """train.resume: "auto" (the newest complete checkpoint, if any), "never", or a checkpoint path."""
+    if resume == "auto":
+        return latest_checkpoint(run_dir)
+    if resume == "never":
+        if list_checkpoints(run_dir):
+            raise UserError(f"{run_dir}: has checkpoints but train.resume = 'never'; use a new run.dir or resume=auto")
+        return None
+    return Path(resume)
+
+
+def write_checkpoint(run_dir: Path, step: int, wrapped: torch.nn.Module, model: torch.nn.Module,
+                     optimizer: torch.optim.Optimizer, keep: int, env: DistEnv, trainer_state: Callable[[], dict]) -> None:
+    """A collective: every rank gathers full weights and optimizer state, rank 0 writes them with
+    trainer_state() (called on rank 0 only, after the gather)."""
+    full_weights, full_optimizer = full_state(wrapped, optimizer)
+    if env.is_main:
+        save_checkpoint(run_dir, step, model_weights(model, full_weights), full_optimizer, trainer_state(), keep)
+    barrier(env)
+
+
+def restore_checkpoint(path: Path, wrapped: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                       env: DistEnv) -> dict:
+    """Weights and optimizer state of a checkpoint into a running (possibly wrapped or sharded) model;
+    -> the checkpoint's trainer state."""
+    weights, optimizer_state, state = load_checkpoint(path)
+    load_full_model_state(wrapped, model, weights, env)
+    load_optimizer_state(wrapped, optimizer, optimizer_state)
+    return state

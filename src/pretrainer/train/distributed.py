@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
-from pretrainer.errors import UserError
+from pretrainer.device import resolve_device
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -38,18 +38,6 @@ class DistEnv:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"train.device = '{name}' but CUDA is not available; use --train.device=cpu")
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-    return device
 
 
 def init_distributed(device_name: str, timeout_s: float) -> DistEnv:

@@ -1,5 +1,10 @@
-"""Loss spikes: injection drills, online detection on the device, and the batch forensics that
-`pretrainer postmortem` reads.
+"""Loss spikes: injection drills, online detection on the device, the actions (log, skip,
+rollback), and the batch forensics that `pretrainer postmortem` reads. The training loop talks to
+one object, `SpikeGuard`, and asks it three questions per step:
+
+    micro_batches, lr = guard.before_step(step, cursor, micro_batches, lr)   # drills, post-rollback LR
+    if guard.reject_batch(step, cursor, micro_batches): continue              # ids outside the vocab
+    verdict = guard.check(step, loss, grad_norm, lr)                          # skip? roll back where?
 
 Injection (`spike.inject_at_step = N`, for `spike.inject_batches` optimizer steps):
   rare  replace the batches with sequences drawn from the rarest 1% of the training vocabulary
@@ -20,14 +25,20 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from pretrainer.config import SpikeConfig
+from pretrainer.errors import UserError
 from pretrainer.io import atomic_write_bytes
+from pretrainer.train.checkpoint import list_checkpoints
+from pretrainer.train.distributed import DistEnv, agree_max
 
 RARE_FRACTION = 0.01  # "rare" = the rarest 1% of the vocabulary ids that occur in the training data
 MAX_COUNT_TOKENS = 200_000_000  # unigram counts from at most this many tokens, in evenly spaced chunks
@@ -88,6 +99,11 @@ class UnigramStats:
     def train_rank_histogram(self) -> list[float]:
         hist, _ = np.histogram(self.rank, bins=self.bucket_edges, weights=self.counts)
         return (hist / max(self.counts.sum(), 1)).round(6).tolist()
+
+    def summary(self) -> dict:
+        """The training distribution, written to RUN_DIR/unigram.json for post-mortems."""
+        return {"bucket_edges": self.bucket_edges, "train_rank_histogram": self.train_rank_histogram(),
+                "train_mean_log_prob": self.train_mean_log_prob, "rare_ids": self.rare_ids.tolist()}
 
     def batch_stats(self, ids: np.ndarray) -> dict:
         ids = ids.reshape(-1)
@@ -176,3 +192,146 @@ class SpikeMonitor:
         self.values.copy_(torch.tensor(state["values"], device=self.values.device))
         self.count.fill_(state["count"])
         self.position.fill_(state["position"])
+
+
+def utc(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Flagged:
+    """A flagged step whose values stay on the device until the next logging step reads them."""
+    step: int
+    lr: float
+    elapsed_s: float
+    wall_time: float
+    batch_stats: dict
+    rank_histogram: list
+    values: torch.Tensor  # [loss, grad norm, flagged (and not yet logged), update skipped]
+
+
+@dataclass
+class Verdict:
+    skip: torch.Tensor | None = None  # 1.0 on the device: drop this update (fused AdamW's found_inf)
+    roll_back_to: Path | None = None  # reload this checkpoint instead of stepping
+
+
+@dataclass
+class SpikeGuard:
+    """Detection, drills and actions for one run; its state_dict is part of the trainer state.
+
+    log(record) writes to the run's metrics, say(text) to the console; elapsed() is the run's clock.
+    """
+    cfg: SpikeConfig
+    unigram: UnigramStats
+    vocab_size: int
+    seq_len: int
+    seed: int
+    run_dir: Path
+    env: DistEnv
+    log: Callable[[dict], None]
+    say: Callable[[str], None]
+    elapsed: Callable[[], float]
+    rollbacks: int = 0
+    rollback_lr_until: int = -1  # steps <= this run at rollback_lr_factor x the LR (after a rollback)
+    batch_stats: dict = field(default_factory=dict)  # of the current batch, rank 0 only
+    rank_histogram: list = field(default_factory=list)
+    pending: list[Flagged] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.monitor = SpikeMonitor(self.cfg.window, self.cfg.min_values, self.cfg.sigmas, self.env.device)
+        self.injector = (SpikeInjector(self.cfg, self.unigram, self.vocab_size, self.seq_len, self.seed)
+                         if self.cfg.inject_at_step else None)
+
+    def before_step(self, step: int, cursor: int, micro_batches: list, lr: float, sequences_per_step: int):
+        """Drills replace the batch (or scale the LR); after a rollback the LR is reduced for a while.
+        `step` is the 1-based step about to run, reading from data position `cursor`."""
+        if self.injector is not None and self.injector.active(step, cursor, sequences_per_step):
+            micro_batches = self.injector.replace(micro_batches)
+            lr *= self.injector.lr_factor()
+            self.log({"step": step, "spike_injected": 1.0, "inject_kind": self.cfg.inject_kind, "data_cursor": cursor,
+                      "lr": lr, "elapsed_s": self.elapsed()})
+        if step <= self.rollback_lr_until:
+            lr *= self.cfg.rollback_lr_factor
+        return micro_batches, lr
+
+    def reject_batch(self, step: int, cursor: int, micro_batches: list) -> bool:
+        """Token ids outside the vocabulary never reach the embedding: under action=log the run stops
+        with an error, otherwise the batch is dropped (all ranks agree). The batch is on the CPU: no
+        device sync. Keeps the batch's statistics for the step's records."""
+        batch_ids = torch.cat([t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:])]).numpy()
+        invalid = int(batch_ids.max()) >= self.vocab_size or int(batch_ids.min()) < 0
+        if agree_max([int(invalid)], self.env)[0]:
+            self.log({"step": step, "invalid_tokens": 1.0, "max_token_id": int(batch_ids.max()), "data_cursor": cursor,
+                      "elapsed_s": self.elapsed()})
+            if self.cfg.action == "log":
+                raise UserError(f"step {step}: token ids up to {int(batch_ids.max())} >= model.vocab_size {self.vocab_size} in "
+                                f"the batch at data position {cursor}: corrupted data, rejected before the embedding "
+                                f"(spike.action = skip or rollback drops such batches)")
+            self.say(f"step {step}: batch with token ids outside the vocabulary dropped")
+            return True
+        if self.env.is_main:
+            valid = batch_ids[(batch_ids >= 0) & (batch_ids < self.vocab_size)]
+            self.batch_stats, self.rank_histogram = self.unigram.batch_stats(batch_ids), self.unigram.rank_histogram(valid)
+        return False
+
+    def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> Verdict:
+        """Flag the step on the device (no sync), and say what to do with its update. `loss` must be the
+        same on every rank, so every rank takes the same decision."""
+        flags = self.monitor.update(loss, grad_norm)
+        logged = False
+        if self.cfg.action == "rollback" and bool(flags.spike):  # rollback decides at once: a host sync per step
+            self.log({"step": step, "spike": 1.0, "spike_loss": loss.item(), "spike_grad_norm": grad_norm.item(),
+                      "skipped": 1.0, "lr": lr, "elapsed_s": self.elapsed(), "time_utc": utc(time.time()),
+                      **self.batch_stats, "rank_histogram": self.rank_histogram})
+            target = self.rollback_target(step)
+            if target is not None:
+                return Verdict(roll_back_to=target)
+            logged = True  # no checkpoint to go back to: the update is skipped instead
+        skip = (flags.nonfinite | flags.spike if self.cfg.action != "log" else flags.nonfinite).float()
+        values = torch.stack([loss.float(), grad_norm.float(), flags.spike.float() * (not logged), skip])
+        self.pending.append(Flagged(step, lr, self.elapsed(), time.time(), self.batch_stats,
+                                    self.rank_histogram, values))
+        return Verdict(skip=skip)
+
+    def rollback_target(self, flagged_step: int) -> Path | None:
+        """The newest checkpoint before the flagged step, while rollbacks are left."""
+        good = [c for c in list_checkpoints(self.run_dir) if int(c.name.split("-")[1]) < flagged_step]
+        if not good or self.rollbacks >= self.cfg.max_rollbacks:
+            return None
+        return good[-1]
+
+    def rolled_back(self, flagged_step: int, checkpoint: Path, to_step: int, loader) -> None:
+        """After the weights went back to `to_step`: keep the data going forward, past the bad window,
+        and run the next rollback_lr_steps steps at a reduced LR."""
+        skipped_from = loader.cursor
+        loader.cursor += self.cfg.rollback_skip_steps * loader.sequences_per_step
+        self.rollbacks += 1
+        self.rollback_lr_until = to_step + self.cfg.rollback_lr_steps
+        self.log({"step": flagged_step, "rollback": 1.0, "to_step": to_step, "skipped_sequences_from": skipped_from,
+                  "skipped_sequences": loader.cursor - skipped_from, "elapsed_s": self.elapsed()})
+        self.say(f"spike at step {flagged_step}: rolled back to {checkpoint.name}, skipping "
+                 f"{self.cfg.rollback_skip_steps} batches past the spike")
+
+    def flush(self) -> None:
+        """On a logging step: read the flagged steps since the last one (one sync) and log them."""
+        for flagged in self.pending:
+            loss, grad_norm, spiked, skipped = flagged.values.tolist()
+            if spiked:
+                self.log({"step": flagged.step, "spike": 1.0, "spike_loss": loss, "spike_grad_norm": grad_norm,
+                          "skipped": skipped, "lr": flagged.lr, "elapsed_s": flagged.elapsed_s,
+                          "time_utc": utc(flagged.wall_time), **flagged.batch_stats, "rank_histogram": flagged.rank_histogram})
+                self.say(f"spike at step {flagged.step}: loss {loss:.3f}, grad norm {grad_norm:.3f}"
+                         + (" (update skipped)" if skipped else ""))
+        self.pending.clear()
+
+    def state_dict(self) -> dict:
+        return {"monitor": self.monitor.state_dict(), "rollbacks": self.rollbacks, "rollback_lr_until": self.rollback_lr_until,
+                "injector_start_cursor": self.injector.start_cursor if self.injector else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.monitor.load_state_dict(state["monitor"])
+        self.rollbacks = state["rollbacks"]
+        self.rollback_lr_until = state.get("rollback_lr_until", -1)  # absent in checkpoints before it was saved
+        if self.injector is not None:
+            self.injector.start_cursor = state["injector_start_cursor"]

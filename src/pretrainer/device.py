@@ -1,0 +1,46 @@
+"""Which device and precision a process computes in, and its peak FLOP/s for MFU.
+
+    device = resolve_device("auto")                  # cuda (this rank's local GPU) if available, else cpu
+    amp_dtype = autocast_dtype("auto", device)       # bf16 autocast on CUDA, None (float32) on CPU
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pretrainer.errors import UserError
+from pretrainer.flops import GPUS, gpu_from_device_name
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"train.device = '{name}' but CUDA is not available; use --train.device=cpu")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+    return device
+
+
+def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA by default; plain float32 on CPU (bf16 matmuls there are slow and inexact)."""
+    if name == "bfloat16" or (name == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def autocast(device: torch.device, amp_dtype: torch.dtype | None):
+    """The forward pass's autocast context (a no-op in float32)."""
+    return torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None)
+
+
+def device_peak_tflops(configured: float, device: torch.device) -> float | None:
+    """Dense bf16 peak per device: the configured value, else the GPU table's; None on CPUs (no MFU)."""
+    if configured:
+        return configured
+    if device.type == "cuda":
+        key = gpu_from_device_name(torch.cuda.get_device_name(device))
+        return GPUS[key].peak_bf16_tflops if key else None
+    return None  # CPUs: no peak we trust, so no MFU

@@ -1,0 +1,1 @@
+"""Evaluation: takes a model, a tokenizer and data; never the training loop's insides."""

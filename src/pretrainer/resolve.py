@@ -1,0 +1,106 @@
+"""The one config resolution: what a config leaves to the data, the init source and the world.
+
+    cfg = resolve(load_config(path, overrides), world_size=8, data=open_data_dir(data_dir))
+
+`train`, `plan` and `eval` all call `resolve`; it returns a new config with model.vocab_size,
+model.d_ff, train.micro_batch and train.grad_accum filled in and checked. Nothing else mutates a
+config, and the tokens-per-step formula is written only here.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from pretrainer.config import Config, ModelConfig, diff_keys, from_dict
+from pretrainer.errors import UserError
+
+
+def resolve_d_ff(m: ModelConfig) -> int:
+    if m.d_ff:
+        return m.d_ff
+    if m.arch == "gpt2":
+        return 4 * m.d_model
+    return 64 * math.ceil(8 * m.d_model / 3 / 64)  # SwiGLU keeps ~4*d^2*2 MLP params with three matrices
+
+
+def tokens_per_step(cfg: Config, world_size: int) -> int:
+    """Tokens per optimizer step, counted exactly: micro_batch x seq_len x grad_accum x world size."""
+    return cfg.train.micro_batch * cfg.model.seq_len * cfg.train.grad_accum * world_size
+
+
+def model_shape(m: ModelConfig) -> dict[str, Any]:
+    """The settings that decide which weights fit a model."""
+    shape = {"arch": m.arch, "vocab_size": m.vocab_size, "d_model": m.d_model, "n_layer": m.n_layer, "n_head": m.n_head,
+             "n_kv_head": m.n_kv_head or m.n_head, "d_ff": resolve_d_ff(m), "tie_embeddings": m.tie_embeddings,
+             "norm_eps": m.norm_eps}
+    if m.arch == "llama":
+        shape["rope_theta"] = m.rope_theta
+    else:
+        shape["seq_len"] = m.seq_len  # the learned position table's size
+    return shape
+
+
+def check_fits(model: ModelConfig, source: ModelConfig, where: str) -> None:
+    """List every model setting that differs from the weights' source, in one error."""
+    ours, theirs = model_shape(model), model_shape(source)
+    problems = [f"model.{k} = {ours[k]} but the source has {theirs.get(k)}" for k in ours if ours[k] != theirs.get(k)]
+    if problems:
+        raise UserError(f"{where}: weights do not fit this model: {'; '.join(problems)}; set those model.* keys to match")
+
+
+class DataInfo(Protocol):  # what resolution reads of a prepared data dir (pretrainer.data.loader.DataDir)
+    path: Path
+    manifest: dict
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+def resolve(cfg: Config, world_size: int = 1, data: DataInfo | None = None, source: ModelConfig | None = None,
+            source_where: str = "", search_micro_batch: Callable[[Config, int], int] | None = None) -> Config:
+    """A copy of cfg with everything derived filled in, checked against the data and the world:
+      model.vocab_size   0 -> the init source's, else the data's; never smaller than the data's ids
+      model.d_ff         0 -> the architecture's default
+      train.micro_batch  auto -> search_micro_batch(cfg, per-rank batch), a divisor of it
+      train.grad_accum   global_batch / (micro_batch x world size) when global_batch is set
+    """
+    cfg = copy.deepcopy(cfg)
+    m, t = cfg.model, cfg.train
+    if m.vocab_size == 0:
+        if source is None and data is None:
+            raise UserError("model.vocab_size is 0 (taken from the data at train time); set it, e.g. --model.vocab_size=50257")
+        m.vocab_size = source.vocab_size if source is not None else data.vocab_size
+    if source is not None:
+        check_fits(m, source, source_where)
+    if data is not None and (m.vocab_size < data.vocab_size or data.manifest["max_token_id"] >= m.vocab_size):
+        raise UserError(f"{data.path}/manifest.json: tokenizer/shard vocab mismatch: the data has vocab {data.vocab_size} "
+                        f"(max id {data.manifest['max_token_id']}) but model.vocab_size = {m.vocab_size}; "
+                        f"leave model.vocab_size = 0 to take it from the data")
+    m.d_ff = resolve_d_ff(m)
+    if t.micro_batch == 0:  # auto: the largest micro-batch that fits, keeping the global batch
+        if search_micro_batch is None:
+            raise UserError("train.micro_batch = auto is found at launch on the GPU; set a number to plan, "
+                            "e.g. --train.micro_batch=8")
+        t.micro_batch = search_micro_batch(cfg, t.global_batch // world_size)
+    if t.global_batch:
+        per_step = t.micro_batch * world_size
+        if t.global_batch % per_step:
+            raise UserError(f"train.global_batch = {t.global_batch} is not divisible by train.micro_batch x world size "
+                            f"= {t.micro_batch} x {world_size}; pick a global batch that is a multiple of {per_step}")
+        t.grad_accum = t.global_batch // per_step
+    return cfg
+
+
+def resume_changes(cfg: Config, saved: dict, where: Path) -> list[str]:
+    """Config keys that differ from a checkpoint's (resolved) config; a different model is an error."""
+    saved_cfg = from_dict(saved, f"{where}/state.json")
+    saved_cfg.model.d_ff = resolve_d_ff(saved_cfg.model)  # checkpoints written before d_ff was resolved hold 0
+    changed = diff_keys(saved_cfg, cfg)
+    model_keys = [k for k in changed if k.startswith("model.")]
+    if model_keys:
+        raise UserError(f"{where}: was trained with different model settings ({', '.join(model_keys)}); use a new run.dir")
+    return changed

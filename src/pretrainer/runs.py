@@ -1,0 +1,75 @@
+"""Where weights come from: a run directory (or one of its checkpoints), or `init.from`.
+
+    run = open_run("runs/tiny")            # the newest complete checkpoint, its config and tokenizer
+    model = build_model(run.cfg, run.load_weights, str(run.checkpoint))
+    source_cfg, load = init_source("hf:path/to/gpt2")   # or a pretrainer run/checkpoint dir
+
+`sample`, `export` and `eval` read run directories only through `open_run`, so the run-dir layout
+(RUN_DIR/checkpoints/step-N/, RUN_DIR/tokenizer/) is written down in one place for readers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pretrainer.config import Config, ModelConfig, from_dict
+from pretrainer.data.tokenizer import Tokenizer
+from pretrainer.model import Transformer
+from pretrainer.train.checkpoint import load_model_weights, read_trainer_state, resolve_run_or_checkpoint
+
+WeightLoader = Callable[[], dict[str, torch.Tensor]]
+
+
+@dataclass
+class OpenRun:
+    checkpoint: Path  # a complete checkpoint directory
+    state: dict  # its state.json
+    cfg: Config  # the resolved config it was trained with
+
+    @property
+    def run_dir(self) -> Path:
+        return self.checkpoint.parent.parent  # RUN_DIR/checkpoints/step-N
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.load(self.run_dir / "tokenizer")
+
+    def load_weights(self) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file
+
+        return load_file(self.checkpoint / "model.safetensors")
+
+
+def open_run(path: str | Path) -> OpenRun:
+    """A run dir (-> its newest complete checkpoint) or a checkpoint dir; a clear error otherwise."""
+    checkpoint = resolve_run_or_checkpoint(Path(path))
+    state = read_trainer_state(checkpoint)
+    return OpenRun(checkpoint, state, from_dict(state["config"], f"{checkpoint}/state.json"))
+
+
+def init_source(spec: str) -> tuple[ModelConfig, WeightLoader]:
+    """`init.from` -> (the source's model config, a function that loads its weights under our names)."""
+    if spec.startswith("hf:"):
+        from pretrainer import hf
+
+        directory = Path(spec[len("hf:"):])
+        source_cfg = hf.read_hf_config(directory)
+        return source_cfg, lambda: hf.from_hf_weights(source_cfg, hf.read_hf_weights(directory), spec)
+    run = open_run(spec)
+    return run.cfg.model, run.load_weights
+
+
+def build_model(cfg: Config, load_weights: WeightLoader | None = None, where: str = "") -> Transformer:
+    """The model of a resolved config, randomly initialised (from the global RNG) or with the weights
+    `load_weights` returns, checked name by name and shape by shape."""
+    model = Transformer(cfg.model)
+    if load_weights is not None:
+        load_model_weights(model, load_weights(), where)
+    return model

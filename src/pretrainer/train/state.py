@@ -1,0 +1,64 @@
+"""The trainer state: everything that moves as a run trains, in one object whose state_dict is
+what a checkpoint saves and what resume and rollback restore.
+
+    state.step, state.tokens            optimizer steps taken, tokens consumed (all ranks together)
+    state.clock                         wall-clock seconds over this process and every earlier one
+    state.loader                        the data cursor (SequenceLoader.state_dict)
+    state.spikes                        the spike monitor, rollback count, post-rollback LR window
+    + the Python, NumPy, torch (and CUDA) RNG states, captured at save time
+
+Resume restores all of it (`load_state_dict`). A rollback restores only the model's side of it
+(`rewind`: step, tokens, RNG): the data keeps going forward past the bad window, the clock keeps
+running, and the spike guard remembers that it rolled back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pretrainer.data.loader import SequenceLoader
+from pretrainer.train.checkpoint import rng_state, set_rng_state
+from pretrainer.train.spikes import SpikeGuard
+
+
+class RunClock:
+    """Wall-clock seconds of a run over all its processes (resumes add up)."""
+
+    def __init__(self):
+        self.before = 0.0  # seconds run by earlier processes of this run
+        self.started = time.time()
+
+    def start(self) -> None:
+        self.started = time.time()
+
+    def elapsed(self) -> float:
+        return self.before + time.time() - self.started
+
+
+class TrainerState:
+    def __init__(self, loader: SequenceLoader, spikes: SpikeGuard, clock: RunClock, spent_usd: Callable[[float], float]):
+        self.step, self.tokens = 0, 0
+        self.loader, self.spikes, self.clock = loader, spikes, clock
+        self.spent_usd = spent_usd  # $ spent after a number of seconds (the budget guard's reading or estimate)
+
+    def advance(self, tokens: int) -> None:
+        self.step += 1
+        self.tokens += tokens
+
+    def state_dict(self) -> dict:
+        elapsed = self.clock.elapsed()
+        return {"step": self.step, "tokens": self.tokens, "elapsed_s": elapsed, "spent_usd": self.spent_usd(elapsed),
+                "data": self.loader.state_dict(), "rng": rng_state(), "spike": self.spikes.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.tokens, self.clock.before = state["step"], state["tokens"], state["elapsed_s"]
+        self.loader.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        if "spike" in state:
+            self.spikes.load_state_dict(state["spike"])
+
+    def rewind(self, state: dict) -> None:
+        """Back to a checkpoint's step, tokens and RNG; the data cursor and the clock go on."""
+        self.step, self.tokens = state["step"], state["tokens"]
+        set_rng_state(state["rng"])
