@@ -30,19 +30,19 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
             max_docs=args.max_docs, force=args.force, command="pretrainer " + shlex.join(argv))
 
 
-def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from pretrainer.config import load_config
-    from pretrainer.train.loop import train
 
     cfg = load_config(args.config, overrides)  # check the config before starting N processes
     if args.nproc > 1:
-        import os
+        from pretrainer.train.launch import launch
 
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-                "-m", "pretrainer", "train", *([args.config] if args.config else []), *overrides]
         sys.stdout.flush()
-        os.execv(sys.executable, argv)
+        return launch(args.nproc, cfg.parallel.shutdown_timeout_s, [*([args.config] if args.config else []), *overrides])
+    from pretrainer.train.loop import train
+
     train(cfg)
+    return 0
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "prepare":
             cmd_prepare(args, argv)
         elif args.verb == "train":
-            cmd_train(args, extra)
+            return cmd_train(args, extra)
         elif args.verb == "eval":
             cmd_eval(args, extra)
         elif args.verb == "plan":

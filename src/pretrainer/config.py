@@ -76,6 +76,8 @@ class TrainConfig:
 class ParallelConfig:
     strategy: str = "ddp"  # "ddp" (replicated) or "fsdp" (FSDP2 fully_shard per block, then the root); used under torchrun
     timeout_s: float = 1800.0  # a collective that waits longer fails with a clear error instead of hanging
+    shutdown_timeout_s: float = 300.0  # --nproc: torchrun's grace for the workers' final checkpoint after a signal
+    hang_drill_step: int = 0  # drill: the last rank stops answering at this step; the others must exit 3, not hang
 
 
 @dataclass
@@ -282,7 +284,8 @@ def validate(cfg: Config) -> None:
         (t.micro_batch > 0 or t.global_batch > 0, "train.micro_batch = auto needs train.global_batch (the batch it keeps)"),
         (t.max_steps > 0, "train.max_steps must be positive"),
         (cfg.parallel.strategy in ("ddp", "fsdp"), f"parallel.strategy must be ddp or fsdp, got '{cfg.parallel.strategy}'"),
-        (cfg.parallel.timeout_s > 0, "parallel.timeout_s must be positive"),
+        (cfg.parallel.timeout_s > 0 and cfg.parallel.shutdown_timeout_s > 0,
+         "parallel.timeout_s and parallel.shutdown_timeout_s must be positive"),
         (t.global_batch >= 0, "train.global_batch must be >= 0 (0: micro_batch x grad_accum x world size)"),
         (t.dtype in ("auto", "float32", "bfloat16"), f"train.dtype must be auto, float32 or bfloat16, got '{t.dtype}'"),
         (o.schedule in ("cosine", "wsd", "constant"), f"optim.schedule must be cosine, wsd or constant, got '{o.schedule}'"),

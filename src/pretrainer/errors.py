@@ -12,6 +12,7 @@ EXIT_USER_ERROR = 2  # bad input: the message says what to fix
 EXIT_COLLECTIVE_TIMEOUT = 3  # a distributed collective timed out (a rank is stuck, dead or unreachable)
 EXIT_BUDGET_PROJECTED = 4  # budget: projected total over the cap; a checkpoint was written
 EXIT_BUDGET_SPENT = 5  # budget: spent over the cap; stopped at once, no checkpoint
+EXIT_CRASH = 1  # anything unexpected (a bug, out of memory): see the traceback
 
 
 def exit_code_for_signal(signum: int) -> int:
@@ -25,8 +26,9 @@ class UserError(Exception):
 
 
 class RunStopped(Exception):
-    """Training stopped on purpose before max_steps (budget guard, signal); carries the exit code."""
+    """Training stopped on purpose before max_steps (budget guard, signal); carries why
+    ("budget_stop", "budget_halt", "signal") and the exit code."""
 
-    def __init__(self, message: str, exit_code: int):
+    def __init__(self, message: str, exit_code: int, reason: str = "signal"):
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code, self.reason = exit_code, reason

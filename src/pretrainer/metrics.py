@@ -104,11 +104,13 @@ class RunLog:
             if sink:
                 sink.write(record)
 
-    def close(self, status: str) -> None:
+    def close(self, reason: str) -> None:
+        """`reason`: why the run ended (train/stopping.py's exit reasons)."""
         if self.metrics:
             self.metrics.close()
         if self.tracker:
-            self.tracker.close(status)
+            status = {"finished": "FINISHED", "budget_stop": "KILLED", "budget_halt": "KILLED", "signal": "KILLED"}
+            self.tracker.close(status.get(reason, "FAILED"))
 
 
 def open_tracker(cfg: Config, run_dir: Path, say) -> MlflowLogger | None:

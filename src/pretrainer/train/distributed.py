@@ -49,6 +49,9 @@ def init_distributed(device_name: str, timeout_s: float) -> DistEnv:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "nccl":  # a hung collective must raise here (-> exit 3 with the hint), not be torn down by the
+            # NCCL watchdog (mode 3, the default): mode 2 aborts the communicator only. A user's setting wins.
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return DistEnv(rank, world_size, local_rank, device)
 

@@ -46,7 +46,7 @@ from pretrainer.train.distributed import (DistEnv, agree_max, barrier, full_tens
 from pretrainer.train.optim import build_optimizer, lr_at
 from pretrainer.train.spikes import SpikeGuard, UnigramStats, unigram_counts
 from pretrainer.train.state import RunClock, TrainerState
-from pretrainer.train.stopping import Stopper
+from pretrainer.train.stopping import StopSignal, Stopper, exit_status, write_exit_record
 
 
 def train(cfg: Config, clock=time.time) -> dict:
@@ -56,8 +56,9 @@ def train(cfg: Config, clock=time.time) -> dict:
     env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)  # rank, world size, device (torchrun or not)
     device, strategy = env.device, cfg.parallel.strategy
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
-    run_log = sequences = progress = stopper = None
-    status = "FAILED"
+    signals = StopSignal()
+    signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
+    run_log = sequences = progress = state = failure = None
     try:
         # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
         data = open_data_dir(cfg.data.dir)
@@ -95,7 +96,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                             cfg.train.seed, run_dir, env, run_log.write, say, run_clock.elapsed)
         write_run_dir(cfg, data, spikes.unigram, run_dir, env)
         sequences = MetricsLog(run_dir / f"sequences-rank{env.rank}.jsonl", start_step) if cfg.log.sequences else None
-        stopper = Stopper(cfg.budget, env, clock, run_log.write, say)
+        stopper = Stopper(cfg.budget, env, signals, clock, run_log.write, say)
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
             state.load_state_dict(resume.state)
@@ -116,7 +117,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         progress = tqdm(total=max_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
                         mininterval=1.0, disable=not env.is_main)
         speed = Throughput(state.tokens, model_flops_per_token, peak_tflops, env.world_size)  # tokens/s and MFU
-        stopper.start(state.step, run_clock.started)  # from here a signal asks for a checkpoint and a clean exit
+        stopper.start(state.step, run_clock.started)
         while state.step < end_step:
             step = state.step + 1  # the step about to run, 1-based as in every log
             logging_step = step % cfg.log.every == 0 or step == end_step
@@ -180,12 +181,11 @@ def train(cfg: Config, clock=time.time) -> dict:
                 last_val = validate()
                 speed.restart()  # tokens/s measures training, not evaluation
 
-            request = stopper.poll(step, run_clock.elapsed(), max_steps)  # budget and signals, agreed across ranks
+            request = stopper.poll(step, run_clock.elapsed(), max_steps, cfg.parallel.hang_drill_step)  # agreed by all ranks
             if request is not None:
                 if request.checkpoint:
                     save()
-                status = "KILLED"
-                raise RunStopped(request.message, request.exit_code)
+                raise RunStopped(request.message, request.exit_code, request.reason)
             if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
                 save()
                 speed.restart()
@@ -193,14 +193,19 @@ def train(cfg: Config, clock=time.time) -> dict:
         progress.close()
         say(f"{'stopped early (train.stop_at_step)' if state.step < max_steps else 'finished'} at step {state.step}: "
             f"{state.tokens:,} tokens, {time.time() - run_clock.started:.1f}s; checkpoint {latest_checkpoint(run_dir)}")
-        status = "FINISHED"
         return {"step": state.step, "tokens": state.tokens, "loss": last_loss, "val_loss": last_val}
-    finally:
-        for closing in (progress, stopper, sequences):
+    except BaseException as error:
+        failure = error
+        raise
+    finally:  # whatever happened: close the sinks, then say why the run ended in RUN_DIR/exit.json
+        reason, exit_code = exit_status(failure)
+        for closing in (progress, signals, sequences):
             if closing is not None:
                 closing.close()
         if run_log is not None:
-            run_log.close(status)
+            run_log.close(reason)
+        if env.is_main:
+            write_exit_record(run_dir, reason, exit_code, state.step if state else None, failure)
         shutdown()
 
 

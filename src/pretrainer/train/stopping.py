@@ -1,35 +1,57 @@
-"""Why a run stops before max_steps, decided the same way on every rank.
+"""Why a run stops, decided the same way on every rank, and the record of why it ended.
 
-    stopper = Stopper(cfg.budget, env, clock, log, say)
-    stopper.start(step, started)                  # installs the SIGTERM/SIGINT handlers
+    signals = StopSignal(); signals.install()          # at once: a signal during setup is kept too
+    stopper = Stopper(cfg.budget, env, signals, clock, log, say)
     request = stopper.poll(step, elapsed, max_steps)   # once per step: None, or why to stop
-    if request: (checkpoint if request.checkpoint) and raise RunStopped(request.message, request.exit_code)
+    write_exit_record(run_dir, *exit_status(error), step, error)   # RUN_DIR/exit.json, at every exit
 
-Two sources: a signal on any rank (spot preemption, scancel, Ctrl-C) and the budget guard on rank 0
-(budget.json or the $ estimate, see budget.py). Each step every rank contributes its view to one
-small all-reduce (max), so all ranks stop at the same step and write one checkpoint together.
+Two sources of a stop: a signal on any rank (spot preemption, scancel, pkill, Ctrl-C) and the
+budget guard on rank 0 (budget.json or the $ estimate, see budget.py). Each step every rank
+contributes its view to one small all-reduce (max), so all ranks stop at the same step and write
+one checkpoint together.
+
+RUN_DIR/exit.json is the contract with schedulers and launchers: {"reason", "exit_code", "step",
+"checkpoint", "message", "time_utc"}, written atomically by rank 0 however the process ends:
+  finished 0 | error 2 (bad input) or 1 (crash) | collective_timeout 3 | budget_stop 4 |
+  budget_halt 5 | signal 128+N (143 SIGTERM, 130 SIGINT; "checkpoint" says whether one was written)
+`pretrainer train --nproc N` exits with that code, not torchrun's.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 
 from pretrainer.config import BudgetConfig
-from pretrainer.errors import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, exit_code_for_signal
+from pretrainer.errors import (EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, EXIT_COLLECTIVE_TIMEOUT, EXIT_CRASH, EXIT_OK,
+                               EXIT_USER_ERROR, RunStopped, UserError, exit_code_for_signal)
+from pretrainer.io import atomic_write_json
 from pretrainer.train.budget import ACTION_CODES, BudgetGuard, estimated_spend_usd
-from pretrainer.train.distributed import DistEnv, agree_max
+from pretrainer.train.checkpoint import latest_checkpoint
+from pretrainer.train.distributed import DistEnv, agree_max, is_collective_timeout
+
+REPEAT_GRACE_S = 10.0  # a signal repeated within this many seconds is the same request
+EXIT_FILE_ENV = "PRETRAINER_EXIT_FILE"  # where a launcher wants the exit record too (pretrainer train --nproc)
 
 
 class StopSignal:
-    """SIGTERM / SIGINT (spot preemption, Ctrl-C): remember it, finish the step, checkpoint, exit.
-    A second signal interrupts at once."""
+    """SIGTERM / SIGINT (spot preemption, scancel, pkill, Ctrl-C): remember it; the loop finishes the
+    step, every rank agrees, one checkpoint is written, the process exits with 128 + the signal.
+
+    The same stop is often signalled several times: SLURM and pkill signal the launcher *and* every
+    worker, and torchrun forwards its own copy. A repeat within REPEAT_GRACE_S is the same request.
+    Only a SIGINT after that, a deliberate second Ctrl-C, interrupts at once (no checkpoint); a
+    repeated SIGTERM never does: schedulers follow it with SIGKILL when their own grace runs out."""
 
     def __init__(self):
-        self.signum, self.previous = 0, {}
+        self.signum, self.first_at, self.previous = 0, 0.0, {}
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
@@ -37,14 +59,59 @@ class StopSignal:
                 self.previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
-        if self.signum:
+        now = time.monotonic()
+        if not self.signum:
+            self.signum, self.first_at = signum, now
+        elif signum == signal.SIGINT and now - self.first_at > REPEAT_GRACE_S:
             raise KeyboardInterrupt
-        self.signum = signum
 
-    def restore(self) -> None:
+    def close(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous = {}
+
+
+def exit_status(error: BaseException | None) -> tuple[str, int]:
+    """(reason, exit code) for how a run ended: None is a normal finish."""
+    if error is None:
+        return "finished", EXIT_OK
+    if isinstance(error, RunStopped):
+        return error.reason, error.exit_code
+    if isinstance(error, UserError):
+        return "error", EXIT_USER_ERROR
+    if isinstance(error, KeyboardInterrupt):
+        return "signal", exit_code_for_signal(signal.SIGINT)
+    if is_collective_timeout(error):
+        return "collective_timeout", EXIT_COLLECTIVE_TIMEOUT
+    return "error", EXIT_CRASH
+
+
+def write_exit_record(run_dir: Path, reason: str, exit_code: int, step: int | None, error: BaseException | None) -> dict:
+    """RUN_DIR/exit.json (only into a run dir that exists: bad input leaves no output dir) and the
+    launcher's $PRETRAINER_EXIT_FILE when set. Atomic: a reader sees the old record or the new one."""
+    checkpoint = latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
+    record = {"reason": reason, "exit_code": exit_code, "step": step, "checkpoint": str(checkpoint) if checkpoint else None,
+              "message": str(error).splitlines()[0][:500] if error is not None and str(error) else "",
+              "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    targets = [Path(run_dir) / "exit.json"] if Path(run_dir).is_dir() else []
+    targets += [Path(os.environ[EXIT_FILE_ENV])] if os.environ.get(EXIT_FILE_ENV) else []
+    for path in targets:
+        atomic_write_json(path, record)
+    return record
+
+
+def read_exit_record(path: Path) -> dict | None:
+    try:
+        record = json.loads(Path(path).read_text())
+        return record if isinstance(record, dict) and isinstance(record.get("exit_code"), int) else None
+    except (OSError, ValueError):
+        return None
+
+    def hang(self) -> None:
+        """Stop answering, as a dead or stuck rank does, until signalled (torchrun ends the others)."""
+        self.say(f"rank {self.env.rank}: hang drill, not answering")
+        while not self.signal.signum:
+            time.sleep(0.1)
 
 
 @dataclass
@@ -56,28 +123,25 @@ class StopRequest:
 
 
 class Stopper:
-    def __init__(self, budget: BudgetConfig, env: DistEnv, clock: Callable[[], float],
+    def __init__(self, budget: BudgetConfig, env: DistEnv, signals: StopSignal, clock: Callable[[], float],
                  log: Callable[[dict], None], say: Callable[[str], None]):
-        self.budget, self.env, self.log, self.say = budget, env, log, say
+        self.budget, self.env, self.signal, self.log, self.say = budget, env, signals, log, say
         self.guard = BudgetGuard(budget, env.world_size, clock=clock) if budget.cap_usd and env.is_main else None
-        self.signal = StopSignal()
         self.reading = None  # the budget guard's latest reading (budget.json or the estimate)
         self.started, self.first_step = time.time(), 0
 
     def start(self, first_step: int, started: float) -> None:
-        """From here on a signal asks for a graceful stop; `started` times the steps for the projection."""
+        """`started` and `first_step` time the steps for the budget projection."""
         self.first_step, self.started = first_step, started
-        self.signal.install()
-
-    def close(self) -> None:
-        self.signal.restore()
 
     def spent_usd(self, elapsed_s: float) -> float:
         if self.reading is not None:
             return self.reading.spent_usd
         return estimated_spend_usd(self.budget.usd_per_gpu_hour, self.env.world_size, elapsed_s)
 
-    def poll(self, step: int, elapsed_s: float, max_steps: int) -> StopRequest | None:
+    def poll(self, step: int, elapsed_s: float, max_steps: int, hang_drill_step: int = 0) -> StopRequest | None:
+        if step == hang_drill_step and self.env.rank == self.env.world_size - 1 > 0:
+            self.hang()  # the drill: this rank stops answering before the agreement below
         budget_action = ACTION_CODES["ok"]
         if self.guard is not None:
             step_time = (time.time() - self.started) / max(step - self.first_step, 1)
@@ -107,3 +171,9 @@ class Stopper:
             return StopRequest("signal", f"signal {signal.Signals(signum).name}: {resume}", exit_code_for_signal(signum),
                                checkpoint=True)
         return None
+
+    def hang(self) -> None:
+        """Stop answering, as a dead or stuck rank does, until signalled (torchrun ends the others)."""
+        self.say(f"rank {self.env.rank}: hang drill, not answering")
+        while not self.signal.signum:
+            time.sleep(0.1)
