@@ -18,7 +18,7 @@ from pretrainer.metrics import read_metrics
 from pretrainer.train.checkpoint import list_checkpoints
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-STEPS = 120
+STEPS = 60
 
 
 def nproc_args(data: Path, run: Path, **extra) -> list[str]:
@@ -76,6 +76,7 @@ def straight(stdlib_data, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("straight") / "run"
     code, out = finish(start(*nproc_args(stdlib_data, run)))
     assert code == 0, out[-3000:]
+    assert "x 2 ranks" in out and "run ended: finished (exit 0)" in out
     assert exit_record(run)["reason"] == "finished" and len(losses(run)) == STEPS
     return run
 
@@ -131,3 +132,112 @@ def test_each_exit_reason_is_the_exit_code_of_nproc(case, expected_code, expecte
     assert record["reason"] == expected_reason and record["exit_code"] == expected_code
     assert f"run ended: {expected_reason} (exit {expected_code})" in out
     assert bool(list_checkpoints(run)) == (case == "budget_stop")  # halt and a dead rank write none
+
+
+# --- damaged checkpoints: fall back to the newest intact one, continue identically ---
+
+def damage(checkpoint: Path, kind: str) -> None:
+    weights, optimizer = checkpoint / "model.safetensors", checkpoint / "optimizer.pt"
+    if kind == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif kind == "bit flip in weights":
+        data = bytearray(weights.read_bytes())
+        data[len(data) * 3 // 4] ^= 0x10
+        weights.write_bytes(bytes(data))
+    elif kind == "truncated optimizer":
+        optimizer.write_bytes(optimizer.read_bytes()[:100])
+    elif kind == "missing state":
+        (checkpoint / "state.json").unlink()
+    elif kind == "garbage marker":
+        (checkpoint / "COMPLETE").write_text("{not json")
+
+
+def short_run(data: Path, run: Path, **extra):
+    from conftest import tiny_config
+
+    return tiny_config(data, run, **{"train.max_steps": 30, "ckpt.every": 10, "eval.every": 0, **extra})
+
+
+@pytest.fixture(scope="module")
+def straight_30(stdlib_data, tmp_path_factory) -> Path:
+    from pretrainer.train.loop import train
+
+    run = tmp_path_factory.mktemp("straight30") / "run"
+    train(short_run(stdlib_data, run))
+    return run
+
+
+@pytest.mark.parametrize("kind", ["truncated weights", "bit flip in weights", "truncated optimizer", "missing state",
+                                  "garbage marker"])
+def test_a_damaged_newest_checkpoint_falls_back_with_one_warning(kind, straight_30, stdlib_data, tmp_path, capsys):
+    from pretrainer.train.loop import train
+
+    run = tmp_path / "run"
+    train(short_run(stdlib_data, run, **{"train.stop_at_step": 20}))
+    damage(run / "checkpoints" / "step-0000020", kind)
+    capsys.readouterr()
+    train(short_run(stdlib_data, run))
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if "damaged checkpoint" in line]
+    assert len(warnings) == 1 and "step-0000020" in warnings[0], out[-2000:]
+    assert "resuming from" in out and "step-0000010 at step 10" in out
+    assert losses(run) == losses(straight_30)  # steps 11-30 recomputed from step 10, identically
+    final = lambda r: (r / "checkpoints" / "step-0000030" / "model.safetensors").read_bytes()  # noqa: E731
+    assert final(run) == final(straight_30)
+
+
+def test_no_intact_checkpoint_is_one_line_and_exit_2(stdlib_data, tmp_path, run_cli):
+    from pretrainer.train.loop import train
+
+    run = tmp_path / "run"
+    train(short_run(stdlib_data, run, **{"train.stop_at_step": 20}))
+    for checkpoint in list_checkpoints(run):
+        damage(checkpoint, "truncated weights")
+    code, out, err = run_cli("train", *tiny_overrides(stdlib_data, run, **{"train.max_steps": 30, "ckpt.every": 10}))
+    assert code == 2 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "none of the 2 checkpoints is intact" in errors[0]
+    assert exit_record(run)["reason"] == "error" and exit_record(run)["exit_code"] == 2
+
+
+# --- kill -9 at random moments: at most ckpt.every steps lost, metrics.jsonl exact, continuation identical ---
+
+def test_kill_9_at_many_random_points_continues_identically(stdlib_data, tmp_path):
+    import random
+
+    settings = {"train.max_steps": 40, "train.micro_batch": 16, "ckpt.every": 4, "eval.every": 20, "mlflow.enabled": False}
+    args = lambda run: ["train", *tiny_overrides(stdlib_data, run, **settings)]  # noqa: E731
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    code, out = finish(start(*args(straight)))
+    assert code == 0, out[-2000:]
+    rng, kills = random.Random(0), 0
+    while True:
+        proc = start(*args(killed))
+        if kills == 6:  # enough kill points: let the last one finish
+            code, out = finish(proc)
+            assert code == 0, out[-2000:]
+            break
+        logged_before = max(losses(killed), default=0)
+        try:
+            wait_for_step(killed, logged_before + 1, proc)  # past the resume point: mid-run
+        except AssertionError:
+            pass
+        time.sleep(rng.uniform(0.0, 0.15))  # mid-step, mid-checkpoint, mid-metrics write, ...
+        if proc.poll() is not None:  # it finished first
+            code, out = finish(proc)
+            assert code == 0, out[-2000:]
+            break
+        logged = max(losses(killed), default=0)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        resumed = max((int(c.name.split("-")[1]) for c in list_checkpoints(killed)), default=0)
+        assert logged - resumed <= settings["ckpt.every"], (logged, resumed)  # lost at most ckpt.every steps
+    assert kills >= 4, kills  # a run that finished before its kill ends the loop early
+    records = read_metrics(killed / "metrics.jsonl")
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == list(range(1, 41))  # no duplicated or missing rows
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 20, 40]
+    assert losses(killed) == losses(straight)  # identical floats at every step
+    final = lambda r: (r / "checkpoints" / "step-0000040" / "model.safetensors").read_bytes()  # noqa: E731
+    assert final(killed) == final(straight)

@@ -113,13 +113,3 @@ def test_global_batch_must_divide_by_micro_batch_times_world(stdlib_data, tmp_pa
         train(tiny_config(stdlib_data, tmp_path / "run", **{"train.micro_batch": 4, "train.global_batch": 10}))
     result = train(tiny_config(stdlib_data, tmp_path / "ok", **{"train.micro_batch": 4, "train.global_batch": 12, "train.max_steps": 2}))
     assert result["tokens"] == 2 * 12 * 64
-
-
-def test_nproc_convenience_runs_torchrun(stdlib_data, tmp_path):
-    from conftest import run_subprocess
-
-    run = tmp_path / "run"
-    result = run_subprocess("train", "--nproc", "2", *tiny_overrides(stdlib_data, run, **{"train.max_steps": 4, "train.micro_batch": 4}),
-                            env={"OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "x 2 ranks" in result.stdout and max(losses(run)) == 4

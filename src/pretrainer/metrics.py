@@ -18,15 +18,28 @@ from pathlib import Path
 import torch
 
 from pretrainer.config import Config, config_text, flatten
+from pretrainer.errors import UserError
 from pretrainer.flops import mfu
 from pretrainer.io import atomic_write_bytes
 
 
-def read_metrics(path: Path) -> list[dict]:
+def read_metrics(path: Path, note=None) -> list[dict]:
+    """The records of a metrics.jsonl. An unparsable *last* line is what a kill or a full disk leaves
+    mid-write: it is ignored (and reported to `note`). An unparsable line anywhere else is an error."""
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(number, line) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    records = []
+    for position, (number, line) in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if position < len(lines) - 1:
+                raise UserError(f"{path}:{number}: not valid JSON in the middle of the file; the metrics are damaged") from None
+            if note is not None:
+                note(f"note: {path}:{number}: ignoring a torn last line (the process was killed mid-write)")
+    return records
 
 
 def _clean(value):
@@ -38,7 +51,7 @@ def _clean(value):
 class MetricsLog:
     def __init__(self, path: Path, keep_through_step: int):
         self.path = Path(path)
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= keep_through_step]
+        kept = [r for r in read_metrics(self.path, note=print) if r.get("step", 0) <= keep_through_step]
         if self.path.exists() or kept:
             atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
         self.file = open(self.path, "a")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,9 @@ import torch
 from pretrainer.config import Config, ModelConfig, from_dict
 from pretrainer.data.tokenizer import Tokenizer
 from pretrainer.model import Transformer
-from pretrainer.train.checkpoint import load_model_weights, read_trainer_state, resolve_run_or_checkpoint
+from pretrainer.errors import UserError
+from pretrainer.train.checkpoint import (list_checkpoints, load_model_weights, read_trainer_state, resolve_run_or_checkpoint,
+                                         verify_checkpoint)
 
 WeightLoader = Callable[[], dict[str, torch.Tensor]]
 
@@ -48,10 +51,20 @@ class OpenRun:
 
 
 def open_run(path: str | Path) -> OpenRun:
-    """A run dir (-> its newest complete checkpoint) or a checkpoint dir; a clear error otherwise."""
-    checkpoint = resolve_run_or_checkpoint(Path(path))
-    state = read_trainer_state(checkpoint)
-    return OpenRun(checkpoint, state, from_dict(state["config"], f"{checkpoint}/state.json"))
+    """A run dir (-> its newest intact checkpoint, damaged newer ones reported) or a checkpoint dir
+    (which must be intact: weights and state.json match their recorded sha256); one-line errors."""
+    path = Path(path)
+    newest = resolve_run_or_checkpoint(path)
+    candidates = [newest] if newest == path else list(reversed(list_checkpoints(path)))
+    for checkpoint in candidates:
+        problem = verify_checkpoint(checkpoint, files=("model.safetensors", "state.json"))
+        if not problem:
+            state = read_trainer_state(checkpoint)
+            return OpenRun(checkpoint, state, from_dict(state["config"], f"{checkpoint}/state.json"))
+        if len(candidates) == 1:
+            raise UserError(f"{checkpoint}: {problem}")
+        print(f"warning: damaged checkpoint {checkpoint}: {problem}; using the one before it", file=sys.stderr)
+    raise UserError(f"{path}: none of its {len(candidates)} checkpoints is intact")
 
 
 def init_source(spec: str) -> tuple[ModelConfig, WeightLoader]:

@@ -2,15 +2,18 @@
 
 Written into a temp directory, every file fsynced, the COMPLETE marker written last, then renamed
 into place: a directory without COMPLETE (a crash mid-write) is never resumed from. The newest
-`keep` complete checkpoints are kept.
+`keep` complete checkpoints are kept. COMPLETE records each file's size and sha256; resume verifies
+them and falls back past a damaged checkpoint (torn, truncated, bit-flipped, missing) to the newest
+intact one, with a one-line warning. Nothing trains from damaged state.
 
 Weights are safetensors (no pickle). The optimizer state holds only tensors and plain values and
 is loaded with torch.load(weights_only=True). state.json carries the step, tokens, data position,
 RNG states and the config.
 
 In a run, `write_checkpoint` (a collective: every rank gathers its shards, rank 0 writes) and
-`restore_checkpoint` (full weights and optimizer state back into a possibly sharded model) are
-what the loop calls; `resume_checkpoint` picks where a run starts from.
+`restore_checkpoint` (rank 0 reads, every rank receives its part) are what the loop calls;
+`read_resume_checkpoint` picks and reads where a run starts from, on rank 0 only: no other rank
+ever holds the full weights and optimizer state in host memory.
 """
 
 from __future__ import annotations
@@ -29,11 +32,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_directory, atomic_write_json
-from pretrainer.train.distributed import DistEnv, barrier, full_state, load_full_model_state, load_optimizer_state
+from pretrainer.io import atomic_directory, atomic_write_json, sha256_file
+from pretrainer.train.distributed import DistEnv, barrier, broadcast_object, full_state, load_full_state
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
 MARKER = "COMPLETE"
+FILES = ("model.safetensors", "optimizer.pt", "state.json")
+
+
+class DamagedCheckpoint(UserError):
+    pass
 
 
 def checkpoints_root(run_dir: Path) -> Path:
@@ -62,13 +70,19 @@ def model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor] | None 
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items() if k not in aliases}
 
 
-def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
+def weights_problem(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> str:
+    """"" when the weights fit the model name by name and shape by shape; else a one-line error."""
     expected = {k: v.shape for k, v in model.state_dict().items() if k not in set(model.tied_aliases())}
     problems = [f"missing {k}" for k in expected if k not in weights]
     problems += [f"unexpected {k}" for k in weights if k not in expected]
     problems += [f"{k} {tuple(weights[k].shape)} != {tuple(s)}" for k, s in expected.items() if k in weights and weights[k].shape != s]
-    if problems:
-        raise UserError(f"{where}: weights do not fit this model ({'; '.join(problems[:5])}); check the model.* config")
+    return f"{where}: weights do not fit this model ({'; '.join(problems[:5])}); check the model.* config" if problems else ""
+
+
+def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
+    problem = weights_problem(model, weights, where)
+    if problem:
+        raise UserError(problem)
     model.load_state_dict(weights, strict=False)
 
 
@@ -112,7 +126,8 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
         atomic_write_json(tmp / "state.json", trainer_state)
         for name in ("model.safetensors", "optimizer.pt"):
             _fsync_file(tmp / name)
-        atomic_write_json(tmp / MARKER, {"step": step})
+        files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in FILES}
+        atomic_write_json(tmp / MARKER, {"step": step, "files": files})
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old)
     for stale in root.glob(".step-*.tmp-*"):  # left by a crash mid-write
@@ -124,15 +139,51 @@ def read_trainer_state(path: Path) -> dict:
     path = Path(path)
     if not (path / MARKER).is_file():
         raise UserError(f"{path}: not a complete checkpoint (no {MARKER} marker); pick another or resume=auto")
-    return json.loads((path / "state.json").read_text())
+    try:
+        return json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise DamagedCheckpoint(f"{path}/state.json: unreadable ({type(e).__name__})") from None
+
+
+def verify_checkpoint(path: Path, files: tuple[str, ...] = FILES) -> str:
+    """"" when every file is there with the size and sha256 that COMPLETE recorded; else what is
+    wrong, in a few words. (Checkpoints written before checksums were recorded: presence only.)"""
+    path = Path(path)
+    try:
+        recorded = json.loads((path / MARKER).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return f"its {MARKER} marker is unreadable"
+    for name in files:
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if name in recorded:
+            size, expected = file.stat().st_size, recorded[name]
+            if size != expected["bytes"]:
+                return f"{name} has {size:,} bytes but {expected['bytes']:,} were written (torn or truncated)"
+            if sha256_file(file) != expected["sha256"]:
+                return f"{name} does not match its recorded sha256 (corrupted)"
+    return ""
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
-    """-> (model weights, optimizer state, trainer state) from a complete checkpoint directory."""
+    """-> (model weights, optimizer state, trainer state) from a complete checkpoint directory;
+    DamagedCheckpoint (one line) when a file cannot be read."""
     state = read_trainer_state(path)
-    weights = load_file(Path(path) / "model.safetensors")
-    optimizer_state = torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=True)
+    try:
+        weights = load_file(Path(path) / "model.safetensors")
+        optimizer_state = torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors, pickle and zip errors have no common base class
+        raise DamagedCheckpoint(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
     return weights, optimizer_state, state
+
+
+def read_intact(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """load_checkpoint after verify_checkpoint: DamagedCheckpoint saying what is wrong."""
+    problem = verify_checkpoint(path)
+    if problem:
+        raise DamagedCheckpoint(f"{path}: {problem}")
+    return load_checkpoint(path)
 
 
 def resolve_run_or_checkpoint(path: Path) -> Path:
@@ -148,15 +199,29 @@ def resolve_run_or_checkpoint(path: Path) -> Path:
     return latest
 
 
-def resume_checkpoint(run_dir: Path, resume: str) -> Path | None:
-    """train.resume: "auto" (the newest complete checkpoint, if any), "never", or a checkpoint path."""
-    if resume == "auto":
-        return latest_checkpoint(run_dir)
+def read_resume_checkpoint(run_dir: Path, resume: str, say) -> tuple[Path, dict, dict, dict] | None:
+    """train.resume -> (checkpoint, weights, optimizer state, trainer state), or None to start fresh.
+    "auto": the newest *intact* checkpoint; each damaged one newer than it is reported in one line.
+    "never": refuse a run dir that has checkpoints. A path: that checkpoint, which must be intact."""
     if resume == "never":
         if list_checkpoints(run_dir):
             raise UserError(f"{run_dir}: has checkpoints but train.resume = 'never'; use a new run.dir or resume=auto")
         return None
-    return Path(resume)
+    if resume != "auto":
+        return (Path(resume), *read_intact(Path(resume)))
+    candidates = list_checkpoints(run_dir)
+    for path in reversed(candidates):
+        try:
+            found = (path, *read_intact(path))
+        except DamagedCheckpoint as e:
+            say(f"warning: damaged checkpoint {e}; falling back to the one before it")
+            continue
+        retire_after(run_dir, int(path.name.split("-")[1]), "damaged")
+        return found
+    if candidates:
+        raise UserError(f"{checkpoints_root(run_dir)}: none of the {len(candidates)} checkpoints is intact (see the warnings); "
+                        f"restore one from a backup or start again with a new run.dir")
+    return None
 
 
 def write_checkpoint(run_dir: Path, step: int, wrapped: torch.nn.Module, model: torch.nn.Module,
@@ -171,9 +236,31 @@ def write_checkpoint(run_dir: Path, step: int, wrapped: torch.nn.Module, model: 
 
 def restore_checkpoint(path: Path, wrapped: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                        env: DistEnv) -> dict:
-    """Weights and optimizer state of a checkpoint into a running (possibly wrapped or sharded) model;
-    -> the checkpoint's trainer state."""
-    weights, optimizer_state, state = load_checkpoint(path)
-    load_full_model_state(wrapped, model, weights, env)
-    load_optimizer_state(wrapped, optimizer, optimizer_state)
+    """Roll back: a checkpoint (verified, read on rank 0) into a running, possibly wrapped or sharded
+    model and its optimizer; every rank receives its part. Newer checkpoints belong to the abandoned
+    trajectory and are deleted, so a later resume cannot pick them. -> the checkpoint's trainer state."""
+    weights = optimizer_state = state = None
+    problem = ""
+    if env.is_main:
+        try:
+            weights, optimizer_state, state = read_intact(path)
+            retire_after(path.parent.parent, state["step"], "rolled-back")
+        except Exception as e:  # said on every rank below: the others must not wait in a broadcast
+            problem = str(e)
+    problem, state = broadcast_object((problem, state), env)
+    if problem:
+        raise DamagedCheckpoint(problem)
+    load_full_state(wrapped, model, optimizer, weights, optimizer_state, env)
     return state
+
+
+def retire_after(run_dir: Path, step: int, why: str) -> None:
+    """Checkpoints newer than `step` leave the resume path: "rolled-back" ones (damaged weights of an
+    abandoned trajectory) are deleted, "damaged" ones renamed step-N.damaged for inspection."""
+    for newer in [c for c in list_checkpoints(run_dir) if int(c.name.split("-")[1]) > step]:
+        if why == "damaged":
+            target = newer.with_name(f"{newer.name}.damaged")
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(newer, target)
+        else:
+            shutil.rmtree(newer)

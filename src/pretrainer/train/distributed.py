@@ -116,19 +116,33 @@ def full_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[di
     return get_model_state_dict(wrapped, options=options), get_optimizer_state_dict(wrapped, optimizer, options=options)
 
 
-def load_full_model_state(wrapped: nn.Module, model: nn.Module, weights: dict, env: DistEnv) -> None:
-    """Full (unsharded) weights into a model that may already be wrapped or sharded (rollback)."""
+def load_full_state(wrapped: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    weights: dict | None, optimizer_state: dict | None, env: DistEnv) -> None:
+    """Full (unsharded, name-keyed) weights and optimizer state, held by rank 0 only, into a model
+    that may be wrapped or sharded: rank 0 broadcasts tensor by tensor and each rank keeps its part,
+    so no other rank ever holds the full state in host memory. Written by any strategy and world size."""
     if env.world_size == 1:
-        model.load_state_dict(weights, strict=False)
+        model.load_state_dict(weights, strict=False)  # strict=False: tied aliases are stored once
+        if optimizer is not None:
+            set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=optimizer_state,
+                                     options=StateDictOptions(full_state_dict=True))
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(wrapped, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(wrapped, weights if env.is_main else {}, options=options)
+    if optimizer is not None:
+        set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=optimizer_state if env.is_main else {},
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
-def load_optimizer_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load name-keyed full optimizer state (from any strategy / world size) into this run's optimizer."""
-    set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+def broadcast_object(value, env: DistEnv):
+    """Rank 0's (picklable) value on every rank."""
+    if env.world_size == 1:
+        return value
+    box = [value if env.is_main else None]
+    dist.broadcast_object_list(box, src=0, device=env.device if env.device.type == "cuda" else None)
+    return box[0]
 
 
 def is_collective_timeout(error: BaseException) -> bool:

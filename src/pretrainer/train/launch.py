@@ -1,22 +1,26 @@
 """`pretrainer train --nproc N`: torchrun on this machine, with the run's exit code as the contract.
 
-    pretrainer train CONFIG --nproc 8 [overrides]   ==   torchrun --standalone --nproc_per_node=8
-                                                         --shutdown-timeout=S -m pretrainer train ...
+    pretrainer train CONFIG --nproc 8 [overrides]   ~   TORCH_ELASTIC_SHUTDOWN_TIMEOUT=S torchrun --standalone
+                                                        --nproc_per_node=8 -m pretrainer train CONFIG ...
 
 What the wrapper adds to a plain torchrun:
 - exit status: torchrun exits 1 whenever a worker exits non-zero, so a budget stop (4) looks like a
   crash to a scheduler. Rank 0 writes the exit record (train/stopping.py) to a file this wrapper
   names in $PRETRAINER_EXIT_FILE; the wrapper exits with its code.
-- signals: SIGTERM/SIGINT to the wrapper are forwarded once to torchrun (repeats within the grace
-  window are the same request), and torchrun gets `--shutdown-timeout=parallel.shutdown_timeout_s`
-  so the workers have time to finish their step and write the checkpoint before any SIGKILL.
-- no orphans: the wrapper is a child subreaper, so workers that outlive torchrun (a repeated signal
-  can cut torchrun's own wait short) are still waited for before the exit record is read.
+- signals: torchrun runs in its own session; SIGTERM/SIGINT to the wrapper are forwarded to
+  torchrun and the workers once per grace window (repeats are the same request), and torchrun
+  waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT = parallel.shutdown_timeout_s before any SIGKILL, so the
+  workers have time to finish their step and write the checkpoint.
+- no orphans: the wrapper is a child subreaper, so workers that outlive torchrun (a signal sent to
+  every process can cut torchrun's own wait short) are still waited for, up to the same grace,
+  before the exit record is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,45 +44,69 @@ def become_subreaper() -> bool:
         return False
 
 
-def wait_for_descendants() -> None:
+def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "pretrainer", "train", *train_args]
+
+
+def own_children() -> list[int]:
+    """This process's children (after torchrun exits: the workers re-parented to this subreaper)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                found.append(int(stat.parent.name))
+    return found
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def wait_for_descendants(grace_s: float) -> None:
+    """Wait for workers that outlived torchrun; SIGKILL them after grace_s."""
+    deadline = time.monotonic() + grace_s
     while True:
         try:
-            os.waitpid(-1, 0)
+            pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
-        except InterruptedError:
-            continue
-
-
-def torchrun_command(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            f"--shutdown-timeout={int(shutdown_timeout_s)}", "-m", "pretrainer", "train", *train_args]
+        if pid == 0 and time.monotonic() > deadline:
+            signal_all(own_children(), signal.SIGKILL)
+            deadline = float("inf")
+        if pid == 0:
+            time.sleep(0.1)
 
 
 def launch(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> int:
     """Run torchrun with the train arguments and return the run's exit code (RUN_DIR/exit.json's)."""
     exit_file = Path(tempfile.mkdtemp(prefix="pretrainer-exit-")) / "exit.json"
     subreaper = become_subreaper()
-    child = subprocess.Popen(torchrun_command(nproc, shutdown_timeout_s, train_args), env={**os.environ, EXIT_FILE_ENV: str(exit_file)})
-    last_forwarded = {"at": -REPEAT_GRACE_S - 1}
+    last_forwarded, launched = {"at": -REPEAT_GRACE_S - 1}, []
 
-    def forward(signum, frame):  # once per grace window: the workers treat repeats as the same request
-        now = time.monotonic()
-        if now - last_forwarded["at"] > REPEAT_GRACE_S and child.poll() is None:
+    def forward(signum, frame):  # once per grace window (repeats are the same request): to torchrun, which
+        now = time.monotonic()   # forwards to its workers, or, once it is gone, to the workers it left behind
+        if launched and now - last_forwarded["at"] > REPEAT_GRACE_S:
             last_forwarded["at"] = now
-            child.send_signal(signum)
+            signal_all([launched[0].pid] if launched[0].poll() is None else own_children(), signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        # its own session (as each worker has): a terminal's Ctrl-C reaches torchrun once, through forward()
+        child = subprocess.Popen(torchrun_command(nproc, train_args), start_new_session=True,
+                                 env={**os.environ, EXIT_FILE_ENV: str(exit_file),
+                                      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(shutdown_timeout_s))})
+        launched.append(child)
         torchrun_code = child.wait()
         if subreaper:
-            wait_for_descendants()
+            wait_for_descendants(shutdown_timeout_s)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     record = read_exit_record(exit_file)
-    exit_file.unlink(missing_ok=True)
-    exit_file.parent.rmdir()
+    shutil.rmtree(exit_file.parent, ignore_errors=True)
     if record is None:  # rank 0 never got to write one (killed, or died before its run dir existed)
         code = exit_code_for_signal(-torchrun_code) if torchrun_code < 0 else (torchrun_code or EXIT_CRASH)
         print(f"pretrainer: no exit record from rank 0; torchrun exited {torchrun_code}; exiting {code}", file=sys.stderr)

@@ -29,7 +29,7 @@ from pretrainer import __version__
 from pretrainer.config import Config, config_hash, save_config, to_dict
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir, validation_batches
 from pretrainer.device import autocast, autocast_dtype, device_peak_tflops
-from pretrainer.errors import RunStopped
+from pretrainer.errors import RunStopped, UserError
 from pretrainer.eval.loss import evaluate
 from pretrainer.flops import flops_per_token
 from pretrainer.io import atomic_write_json
@@ -39,9 +39,9 @@ from pretrainer.resolve import resolve, resume_changes, tokens_per_step
 from pretrainer.runs import build_model, init_source
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.budget import launch_cost_check
-from pretrainer.train.checkpoint import (latest_checkpoint, load_checkpoint, restore_checkpoint, resume_checkpoint,
+from pretrainer.train.checkpoint import (latest_checkpoint, read_resume_checkpoint, restore_checkpoint, weights_problem,
                                          write_checkpoint)
-from pretrainer.train.distributed import (DistEnv, agree_max, barrier, full_tensor, gradient_sync, init_distributed, load_optimizer_state,
+from pretrainer.train.distributed import (DistEnv, agree_max, barrier, broadcast_object, full_tensor, gradient_sync, init_distributed, load_full_state,
                                           mean_across_ranks, shutdown, wrap_model)
 from pretrainer.train.optim import build_optimizer, lr_at
 from pretrainer.train.spikes import SpikeGuard, UnigramStats, unigram_counts
@@ -58,13 +58,13 @@ def train(cfg: Config, clock=time.time) -> dict:
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
-    run_log = sequences = progress = state = failure = None
+    run_log = sequences = progress = state = failure = start_step = None
     try:
         # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
         data = open_data_dir(cfg.data.dir)
         amp_dtype = autocast_dtype(cfg.train.dtype, device)
         cfg, load_source = resolve_for_training(cfg, data, env, amp_dtype, say)
-        resume = open_resume(cfg, run_dir, say)  # None when starting fresh
+        resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
 
         # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---
         model, wrapped, optimizer = build_training_model(cfg, env, amp_dtype, resume, load_source)
@@ -198,15 +198,26 @@ def train(cfg: Config, clock=time.time) -> dict:
         failure = error
         raise
     finally:  # whatever happened: close the sinks, then say why the run ended in RUN_DIR/exit.json
-        reason, exit_code = exit_status(failure)
-        for closing in (progress, signals, sequences):
-            if closing is not None:
-                closing.close()
+        end_run(run_dir, env, failure, state.step if state else start_step, run_log, signals, progress, sequences)
+
+
+def end_run(run_dir: Path, env: DistEnv, failure: BaseException | None, step: int | None, run_log: RunLog | None,
+            *closing) -> None:
+    """Close what the run opened (the signal handlers first), record why it ended (rank 0:
+    RUN_DIR/exit.json) and leave the process group, even if closing something fails."""
+    reason, exit_code = exit_status(failure)
+    try:
+        for thing in closing:
+            if thing is not None:
+                thing.close()
         if run_log is not None:
             run_log.close(reason)
-        if env.is_main:
-            write_exit_record(run_dir, reason, exit_code, state.step if state else None, failure)
-        shutdown()
+    finally:
+        try:
+            if env.is_main:
+                write_exit_record(run_dir, reason, exit_code, step, failure)
+        finally:
+            shutdown()
 
 
 def resolve_for_training(cfg: Config, data: DataDir, env: DistEnv, amp_dtype: torch.dtype | None, say):
@@ -225,35 +236,54 @@ class Resume:
     state: dict  # state.json: the trainer state and run metadata
 
 
-def open_resume(cfg: Config, run_dir: Path, say) -> Resume | None:
-    """The checkpoint train.resume picks (None: start fresh), read in full; a changed model is refused."""
-    checkpoint = resume_checkpoint(run_dir, cfg.train.resume)
+def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
+    """The checkpoint train.resume picks (None: start fresh), verified and read on rank 0 only (past
+    any damaged newer ones); every rank gets its trainer state. A changed model is refused."""
+    found, problem = None, ""
+    if env.is_main:
+        try:
+            found = read_resume_checkpoint(run_dir, cfg.train.resume, say)
+        except Exception as e:  # said on every rank below: the others must not wait in a broadcast
+            problem = str(e) if isinstance(e, UserError) else f"{run_dir}: cannot read a checkpoint ({type(e).__name__}: {e})"
+    checkpoint, state, problem = broadcast_object((found[0], found[3], "") if found else (None, None, problem), env)
+    if problem:
+        raise UserError(problem)
     if checkpoint is None:
         return None
-    weights, optimizer_state, state = load_checkpoint(checkpoint)
     changed = resume_changes(cfg, state["config"], checkpoint)
     if changed:
         say(f"note: resuming with changed config keys: {', '.join(changed)}")
-    return Resume(checkpoint, weights, optimizer_state, state)
+    return Resume(checkpoint, *(found[1:3] if found else (None, None)), state)
 
 
 def build_training_model(cfg: Config, env: DistEnv, amp_dtype: torch.dtype | None, resume: Resume | None,
                          load_init_weights) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer]:
     """-> (the plain model, the model the step runs: DDP/FSDP2 under torchrun or the model itself, AdamW),
-    ready to continue. Every rank seeds alike, so random inits agree; full weights load before sharding."""
+    ready to continue. Every rank seeds alike, so random inits agree; weights (the checkpoint's, else
+    init.from's) are read on rank 0 and broadcast into the wrapped model, each rank keeping its part."""
     random.seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
-    if resume is not None:
-        model = build_model(cfg, lambda: resume.weights, str(resume.checkpoint))
-    else:
-        model = build_model(cfg, load_init_weights, f"init.from={cfg.init.from_}")
+    model = build_model(cfg)
+    where = str(resume.checkpoint) if resume else f"init.from={cfg.init.from_}"
+    weights, problem = None, ""
+    if env.is_main:  # rank 0 reads; a failure is said on every rank, so none waits in a broadcast
+        try:
+            weights = resume.weights if resume else load_init_weights() if load_init_weights else None
+            problem = weights_problem(model, weights, where) if weights is not None else ""
+        except Exception as e:
+            problem = str(e) if isinstance(e, UserError) else f"{where}: cannot read the weights ({type(e).__name__}: {e})"
+    problem = broadcast_object(problem, env)
+    if problem:
+        raise UserError(problem)
     model.to(env.device)
     model.checkpoint_blocks = cfg.train.activation_checkpointing  # torchtitan's order: checkpointing, compile, shard
     wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
     optimizer = build_optimizer(model, cfg.optim, env.device.type)
-    if resume is not None:  # the AdamW moments, name-keyed: any strategy and world size wrote them
-        load_optimizer_state(wrapped, optimizer, resume.optimizer_state)
+    if resume is not None or load_init_weights is not None:  # AdamW moments too when resuming (name-keyed)
+        load_full_state(wrapped, model, optimizer if resume else None, weights, resume.optimizer_state if resume else None, env)
+    if resume is not None:  # the host copies are in the model and optimizer now: free them
+        resume.weights = resume.optimizer_state = None
     return model, wrapped, optimizer
 
 

@@ -107,12 +107,6 @@ def read_exit_record(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
 
-    def hang(self) -> None:
-        """Stop answering, as a dead or stuck rank does, until signalled (torchrun ends the others)."""
-        self.say(f"rank {self.env.rank}: hang drill, not answering")
-        while not self.signal.signum:
-            time.sleep(0.1)
-
 
 @dataclass
 class StopRequest:
