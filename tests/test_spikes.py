@@ -78,18 +78,56 @@ def test_out_of_range_ids_are_rejected_before_the_embedding(stdlib_data, tmp_pat
     assert max(r["step"] for r in read_metrics(tmp_path / "skip" / "metrics.jsonl")) == 80
 
 
-def test_rollback_ends_close_to_an_uninjected_run(stdlib_data, tmp_path):
-    clean, rolled = tmp_path / "clean", tmp_path / "rolled"
-    train(drill(stdlib_data, clean, **{"spike.inject_at_step": 0, "eval.every": 80}))
-    train(drill(stdlib_data, rolled, **{"spike.action": "rollback", "spike.inject_batches": 5, "eval.every": 80}))
+@pytest.fixture(scope="module")
+def clean_run(stdlib_data, tmp_path_factory):
+    run = tmp_path_factory.mktemp("clean") / "run"
+    train(drill(stdlib_data, run, **{"spike.inject_at_step": 0, "eval.every": 80}))
+    return run
+
+
+def final_val(run) -> float:
+    return [r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if "val_loss" in r][-1]
+
+
+@pytest.mark.parametrize("kind, flagged", [("rare", N), ("lr", N + 1)])
+def test_rollback_ends_close_to_an_uninjected_run(kind, flagged, clean_run, stdlib_data, tmp_path):
+    """A rare-token batch shows in its own step's loss; an LR x100 update shows one step later, so the
+    checkpoint written right after it (step 40) already holds the damage and rollback passes over it."""
+    rolled = tmp_path / "rolled"
+    extra = {"spike.inject_batches": 5} if kind == "rare" else {"spike.inject_batches": 3, "spike.lr_factor": 100}
+    train(drill(stdlib_data, rolled, **{"spike.action": "rollback", "spike.inject_kind": kind, "eval.every": 80, **extra}))
     records = read_metrics(rolled / "metrics.jsonl")
     rollback = [r for r in records if r.get("rollback")]
-    assert rollback and rollback[0]["step"] == N and rollback[0]["to_step"] == 30  # the newest checkpoint before the spike
-    assert not [r for r in records if r.get("spike_injected") and r["step"] > N]  # the bad window was skipped
-    val = lambda run: [r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if "val_loss" in r][-1]  # noqa: E731
-    assert abs(val(rolled) - val(clean)) < 0.1, (val(rolled), val(clean))
-    _, events = write_postmortem(rolled)
-    assert "rolled back at step 40 to step 30" in (rolled / "spike-postmortem.md").read_text()
+    assert rollback and rollback[0]["step"] == flagged and rollback[0]["to_step"] == 30  # from before the onset
+    assert not [r for r in records if r.get("spike_injected") and r["step"] > flagged]  # the bad window was skipped
+    assert abs(final_val(rolled) - final_val(clean_run)) < 0.1, (final_val(rolled), final_val(clean_run))
+    write_postmortem(rolled)
+    text = (rolled / "spike-postmortem.md").read_text()
+    assert f"rolled back at step {flagged} to step 30" in text and "**Which action to pick:**" in text
+
+
+def test_skip_never_freezes_after_an_lr_spike(stdlib_data, tmp_path):
+    """LR x100 for 3 steps at step 80 of 100 under skip: the damage is in the weights before any step is
+    flagged, so every later step looks like a spike. After spike.max_consecutive flags in a row the
+    detector takes the new level as normal, updates resume, and the loss falls from there."""
+    run = tmp_path / "run"
+    cfg = drill(stdlib_data, run, **{"train.max_steps": 100, "spike.inject_at_step": 80, "spike.inject_kind": "lr",
+                                     "spike.inject_batches": 3, "spike.action": "skip", "eval.every": 100})
+    train(cfg)
+    records = read_metrics(run / "metrics.jsonl")
+    skipped = sorted(r["step"] for r in records if r.get("skipped"))
+    regime = [r["step"] for r in records if r.get("spike_regime")]
+    assert skipped and regime, (skipped, regime)
+    longest, current = 0, 0  # the longest run of consecutive skipped updates
+    for a, b in zip(skipped, skipped[1:] + [None]):
+        current = current + 1 if b == a + 1 else 0
+        longest = max(longest, current + 1 if b != a + 1 else longest)
+    assert longest <= cfg.spike.max_consecutive - 1  # the documented bound
+    assert regime[0] <= skipped[0] + cfg.spike.max_consecutive - 1
+    loss = {r["step"]: r["loss"] for r in records if "loss" in r}
+    assert loss[100] < loss[83], (loss[83], loss[100])  # learning again after the drill window (steps 80-82)
+    updated = [s for s in range(regime[0], 101) if s not in skipped]
+    assert len(updated) >= 100 - regime[0] - cfg.spike.max_consecutive
 
 
 def test_skip_drops_flagged_updates(stdlib_data, tmp_path):

@@ -136,6 +136,9 @@ class SpikeConfig:
     rollback_lr_factor: float = 1.0  # LR multiplier for rollback_lr_steps steps after a rollback
     rollback_lr_steps: int = 0
     max_rollbacks: int = 3  # then fall back to skipping
+    rollback_margin_steps: int = 1  # roll back to a checkpoint from before step (flagged - this): an LR spike's
+    #                                 damaging update comes a step before the loss shows it
+    max_consecutive: int = 10  # this many flagged steps in a row are a new regime, not a spike (0 = never; <= window)
     layer_norms_every: int = 100  # per-layer-group grad norms on logging steps that are multiples of this; 0 = never
     # drills
     inject_at_step: int = 0  # 0 = no injection
@@ -301,6 +304,8 @@ def validate(cfg: Config) -> None:
         (cfg.spike.inject_kind in ("rare", "lr", "data"), f"spike.inject_kind must be rare, lr or data, got '{cfg.spike.inject_kind}'"),
         (cfg.spike.data_mode in ("constant", "out_of_range"), "spike.data_mode must be constant or out_of_range"),
         (0 < cfg.spike.min_values <= cfg.spike.window, "spike.min_values must be in [1, spike.window]"),
+        (cfg.spike.max_consecutive == 0 or cfg.spike.max_consecutive >= 2, "spike.max_consecutive must be 0 (off) or >= 2"),
+        (cfg.spike.rollback_margin_steps >= 0, "spike.rollback_margin_steps must be >= 0"),
         (cfg.eval.batches > 0, "eval.batches must be positive"),
     ]
     for ok, message in checks:

@@ -128,6 +128,20 @@ def outcome(event: Event, records: list[dict]) -> str:
     return f"did not recover within the run (last logged step {after[-1][0] if after else event.steps[-1]})"
 
 
+# Which spike.action fits which kind of spike (see train/spikes.py).
+ADVICE = {
+    "learning rate too high": "pick `rollback`: the damaging update came a step before the loss showed it, so by the time "
+                              "a spike is flagged the damage is in the weights and `skip` cannot undo it",
+    "rare-token gradient": "`skip` is enough: the damage is the flagged batch's own update, which skip drops; `rollback` "
+                           "also works but recomputes the steps since its checkpoint",
+    "data corruption": "`skip` drops the bad batch's update (ids outside the vocabulary are dropped under skip and rollback); "
+                       "find and clean the data at the logged positions",
+    "Adam second-moment blow-up": "pick `rollback` with spike.rollback_lr_factor < 1 for a few hundred steps "
+                                  "(spike.rollback_lr_steps): the optimizer state itself is what went wrong",
+    "unclassified": "`rollback` is the safe choice when the cause is unknown; `skip` when spikes are single bad batches",
+}
+
+
 def recovery_action(event: Event, records: list[dict], cfg) -> str:
     skipped = sum(1 for r in event.spikes if r.get("skipped"))
     rollbacks = [r for r in records if r.get("rollback") and event.steps[0] <= r["step"] <= event.steps[-1]]
@@ -140,6 +154,10 @@ def recovery_action(event: Event, records: list[dict], cfg) -> str:
         parts.append("the invalid batch was " + ("dropped" if cfg.spike.action != "log" else "rejected and the run stopped"))
     if not rollbacks and not skipped and not event.invalid:
         parts.append("logged only; updates were applied")
+    regimes = [r["step"] for r in records if r.get("spike_regime") and event.steps[0] <= r["step"] <= event.steps[-1] + 1]
+    if regimes:
+        parts.append(f"at step {regimes[0]}, after {cfg.spike.max_consecutive} flagged steps in a row, the detector took the new "
+                     f"level as normal and updates resumed")
     return "; ".join(parts)
 
 
@@ -221,6 +239,7 @@ def write_postmortem(run_dir: Path) -> tuple[Path, list[Event]]:
         if near:
             lines.append(f"- **Injected:** yes, the drill's batch range (steps {injected[0]['step']}-{injected[-1]['step']}).")
         lines += [f"- **Recovery action:** {recovery_action(event, records, cfg)}.",
+                  f"- **Which action to pick:** {ADVICE.get(event.classification, ADVICE['unclassified'])}.",
                   f"- **Outcome:** {outcome(event, records)}.", "",
                   "| step | loss | grad norm | LR | update/param | rare tokens | batch log-prob | max id | top token |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

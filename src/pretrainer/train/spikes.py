@@ -19,6 +19,18 @@ data window does not meet them again.
 Detection: a rolling window of the last `spike.window` loss and grad-norm values (flagged values
 left out), inactive until `spike.min_values` are in; a value above mean + `spike.sigmas` x std is a
 spike, a non-finite value is one at once. Everything stays on the device: no host sync per step.
+
+A persistent change is not a spike: after `spike.max_consecutive` flagged steps in a row (an LR
+change, a new data mix, weights an unforeseeable update already damaged), the detector takes the
+new level as normal (the window restarts from those recent values, logged as `spike_regime`), and
+that step's update is applied. So under `skip` at most max_consecutive - 1 updates in a row are
+dropped, and training never freezes. Non-finite values are never accepted.
+
+Actions: `skip` drops the flagged step's own update: right for a bad batch (rare tokens, corrupt
+data), whose damage is that update. `rollback` reloads a checkpoint from before the spike's onset:
+right for an LR spike, whose damage (the update one step *before* the loss shows it) is already in
+the weights. The target is the newest intact checkpoint at least `spike.rollback_margin_steps` + 1
+steps before the flagged one, so a checkpoint written right after the damaging update is passed over.
 """
 
 from __future__ import annotations
@@ -37,8 +49,8 @@ import torch
 from pretrainer.config import SpikeConfig
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_write_bytes
-from pretrainer.train.checkpoint import list_checkpoints
-from pretrainer.train.distributed import DistEnv, agree_max
+from pretrainer.train.checkpoint import list_checkpoints, verify_checkpoint
+from pretrainer.train.distributed import DistEnv, agree_max, broadcast_object
 
 RARE_FRACTION = 0.01  # "rare" = the rarest 1% of the vocabulary ids that occur in the training data
 MAX_COUNT_TOKENS = 200_000_000  # unigram counts from at most this many tokens, in evenly spaced chunks
@@ -158,16 +170,21 @@ class SpikeInjector:
 class Flags:
     spike: torch.Tensor  # bool, on the device
     nonfinite: torch.Tensor
+    regime: torch.Tensor  # this step ended a run of max_consecutive flags: the new level is normal now
 
 
 class SpikeMonitor:
     """Rolling mean + k sigma over loss and grad norm, all on the device (no host sync)."""
 
-    def __init__(self, window: int, min_values: int, sigmas: float, device: torch.device):
+    def __init__(self, window: int, min_values: int, sigmas: float, device: torch.device, max_consecutive: int = 0):
         self.window, self.min_values, self.sigmas = window, min_values, sigmas
+        self.max_consecutive = min(max_consecutive, window)  # 0: never re-baseline
         self.values = torch.zeros(2, window, device=device)  # row 0 loss, row 1 grad norm
         self.count = torch.zeros((), dtype=torch.long, device=device)
+        self.required = torch.full((), min_values, dtype=torch.long, device=device)  # values before detection is on
         self.position = torch.zeros((), dtype=torch.long, device=device)
+        self.recent = torch.zeros(2, window, device=device)  # the current run of flagged (finite) values
+        self.consecutive = torch.zeros((), dtype=torch.long, device=device)
 
     def update(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> Flags:
         current = torch.stack([loss.detach().float(), grad_norm.detach().float()])
@@ -177,21 +194,39 @@ class SpikeMonitor:
         mean = (self.values * valid).sum(dim=1) / n
         std = (((self.values - mean[:, None]) * valid) ** 2).sum(dim=1).div((n - 1).clamp(min=1)).sqrt()
         threshold = mean + self.sigmas * torch.maximum(std, 1e-3 * mean.abs())
-        spike = ((current > threshold).any() & (self.count >= self.min_values)) | nonfinite
+        spike = ((current > threshold).any() & (self.count >= self.required)) | nonfinite
+        # a run of finite flags: remember its values; at max_consecutive they become the new window
+        finite_spike = spike & ~nonfinite
+        slot = (self.consecutive % self.window).view(1, 1).expand(2, 1)
+        self.recent.scatter_(1, slot, torch.where(finite_spike, current, self.recent.gather(1, slot).squeeze(1)).view(2, 1))
+        self.consecutive.copy_(torch.where(finite_spike, self.consecutive + 1, torch.where(nonfinite, self.consecutive, 0)))
+        regime = (self.consecutive >= self.max_consecutive) & (self.max_consecutive > 0)
+        spike = spike & ~regime
         keep = ~spike  # flagged values stay out of the window, so a burst cannot hide itself
         slot = self.position.view(1, 1).expand(2, 1)
         self.values.scatter_(1, slot, torch.where(keep, current, self.values.gather(1, slot).squeeze(1)).view(2, 1))
         self.position.copy_((self.position + keep.long()) % self.window)
         self.count.copy_(torch.clamp(self.count + keep.long(), max=self.window))
-        return Flags(spike=spike, nonfinite=nonfinite)
+        # new regime: the window restarts from the run's values (this step's last)
+        self.values.copy_(torch.where(regime, self.recent, self.values))
+        self.count.copy_(torch.where(regime, torch.clamp(self.consecutive, max=self.window), self.count))
+        self.position.copy_(torch.where(regime, self.count % self.window, self.position))
+        self.required.copy_(torch.where(regime, self.count, self.required))  # detection stays on in the new regime
+        self.consecutive.copy_(torch.where(regime, 0, self.consecutive))
+        return Flags(spike=spike, nonfinite=nonfinite, regime=regime)
 
     def state_dict(self) -> dict:
-        return {"values": self.values.tolist(), "count": int(self.count), "position": int(self.position)}
+        return {"values": self.values.tolist(), "count": int(self.count), "position": int(self.position),
+                "recent": self.recent.tolist(), "consecutive": int(self.consecutive), "required": int(self.required)}
 
     def load_state_dict(self, state: dict) -> None:
         self.values.copy_(torch.tensor(state["values"], device=self.values.device))
         self.count.fill_(state["count"])
         self.position.fill_(state["position"])
+        if "recent" in state:  # absent in checkpoints written before regime changes existed
+            self.recent.copy_(torch.tensor(state["recent"], device=self.recent.device))
+            self.consecutive.fill_(state["consecutive"])
+            self.required.fill_(state["required"])
 
 
 def utc(timestamp: float) -> str:
@@ -239,7 +274,8 @@ class SpikeGuard:
     pending: list[Flagged] = field(default_factory=list)
 
     def __post_init__(self):
-        self.monitor = SpikeMonitor(self.cfg.window, self.cfg.min_values, self.cfg.sigmas, self.env.device)
+        self.monitor = SpikeMonitor(self.cfg.window, self.cfg.min_values, self.cfg.sigmas, self.env.device,
+                                    self.cfg.max_consecutive)
         self.injector = (SpikeInjector(self.cfg, self.unigram, self.vocab_size, self.seq_len, self.seed)
                          if self.cfg.inject_at_step else None)
 
@@ -284,22 +320,29 @@ class SpikeGuard:
             self.log({"step": step, "spike": 1.0, "spike_loss": loss.item(), "spike_grad_norm": grad_norm.item(),
                       "skipped": 1.0, "lr": lr, "elapsed_s": self.elapsed(), "time_utc": utc(time.time()),
                       **self.batch_stats, "rank_histogram": self.rank_histogram})
-            target = self.rollback_target(step)
+            target = broadcast_object(self.rollback_target(step) if self.env.is_main else None, self.env)  # rank 0 decides
             if target is not None:
                 return Verdict(roll_back_to=target)
             logged = True  # no checkpoint to go back to: the update is skipped instead
         skip = (flags.nonfinite | flags.spike if self.cfg.action != "log" else flags.nonfinite).float()
-        values = torch.stack([loss.float(), grad_norm.float(), flags.spike.float() * (not logged), skip])
+        values = torch.stack([loss.float(), grad_norm.float(), flags.spike.float() * (not logged), skip, flags.regime.float()])
         self.pending.append(Flagged(step, lr, self.elapsed(), time.time(), self.batch_stats,
                                     self.rank_histogram, values))
         return Verdict(skip=skip)
 
     def rollback_target(self, flagged_step: int) -> Path | None:
-        """The newest checkpoint before the flagged step, while rollbacks are left."""
-        good = [c for c in list_checkpoints(self.run_dir) if int(c.name.split("-")[1]) < flagged_step]
-        if not good or self.rollbacks >= self.cfg.max_rollbacks:
+        """The newest intact checkpoint from before the spike's onset (at least rollback_margin_steps + 1
+        steps before the flagged step), while rollbacks are left."""
+        if self.rollbacks >= self.cfg.max_rollbacks:
             return None
-        return good[-1]
+        before = [c for c in list_checkpoints(self.run_dir)
+                  if int(c.name.split("-")[1]) < flagged_step - self.cfg.rollback_margin_steps]
+        for checkpoint in reversed(before):
+            problem = verify_checkpoint(checkpoint)
+            if not problem:
+                return checkpoint
+            self.say(f"warning: rollback passes over damaged checkpoint {checkpoint}: {problem}")
+        return None
 
     def rolled_back(self, flagged_step: int, checkpoint: Path, to_step: int, loader) -> None:
         """After the weights went back to `to_step`: keep the data going forward, past the bad window,
@@ -316,7 +359,12 @@ class SpikeGuard:
     def flush(self) -> None:
         """On a logging step: read the flagged steps since the last one (one sync) and log them."""
         for flagged in self.pending:
-            loss, grad_norm, spiked, skipped = flagged.values.tolist()
+            loss, grad_norm, spiked, skipped, regime = flagged.values.tolist()
+            if regime:
+                self.log({"step": flagged.step, "spike_regime": 1.0, "loss_at_regime": loss, "grad_norm_at_regime": grad_norm,
+                          "elapsed_s": flagged.elapsed_s})
+                self.say(f"step {flagged.step}: {self.cfg.max_consecutive} flagged steps in a row; taking the new level "
+                         f"(loss {loss:.3f}, grad norm {grad_norm:.3f}) as normal and training on")
             if spiked:
                 self.log({"step": flagged.step, "spike": 1.0, "spike_loss": loss, "spike_grad_norm": grad_norm,
                           "skipped": skipped, "lr": flagged.lr, "elapsed_s": flagged.elapsed_s,
