@@ -1,4 +1,5 @@
-"""The exception types and every exit code, in one place.
+"""The exception types, every exit code, and the exit record's contract, in one place (and light:
+the `--nproc` launcher imports it without importing torch).
 
 Anything a user can fix (a missing file, a malformed corpus, an unknown config key) raises
 `UserError` with a one-line message naming the file and the fix; the CLI prints it as
@@ -7,12 +8,30 @@ before max_steps (budget guard, signal) raises `RunStopped` with its exit code.
 """
 
 # Exit codes (documented in the README). Schedulers read them: 4 and 5 mean "do not requeue".
+from __future__ import annotations
+
 EXIT_OK = 0
 EXIT_USER_ERROR = 2  # bad input: the message says what to fix
 EXIT_COLLECTIVE_TIMEOUT = 3  # a distributed collective timed out (a rank is stuck, dead or unreachable)
 EXIT_BUDGET_PROJECTED = 4  # budget: projected total over the cap; a checkpoint was written
 EXIT_BUDGET_SPENT = 5  # budget: spent over the cap; stopped at once, no checkpoint
 EXIT_CRASH = 1  # anything unexpected (a bug, out of memory): see the traceback
+
+
+EXIT_FILE_ENV = "PRETRAINER_EXIT_FILE"  # where a launcher wants rank 0's exit record too (train --nproc)
+SIGNAL_REPEAT_GRACE_S = 10.0  # a stop signal repeated within this many seconds is the same request
+
+
+def read_exit_record(path) -> dict | None:
+    """RUN_DIR/exit.json (written by train/stopping.py): {"reason", "exit_code", "step", ...}, or None."""
+    import json
+    from pathlib import Path
+
+    try:
+        record = json.loads(Path(path).read_text())
+        return record if isinstance(record, dict) and isinstance(record.get("exit_code"), int) else None
+    except (OSError, ValueError):
+        return None
 
 
 def exit_code_for_signal(signum: int) -> int:

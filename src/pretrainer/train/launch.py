@@ -28,8 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pretrainer.errors import EXIT_CRASH, exit_code_for_signal
-from pretrainer.train.stopping import EXIT_FILE_ENV, REPEAT_GRACE_S, read_exit_record
+from pretrainer.errors import EXIT_CRASH, EXIT_FILE_ENV, SIGNAL_REPEAT_GRACE_S, exit_code_for_signal, read_exit_record
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -84,11 +83,11 @@ def launch(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> int:
     """Run torchrun with the train arguments and return the run's exit code (RUN_DIR/exit.json's)."""
     exit_file = Path(tempfile.mkdtemp(prefix="pretrainer-exit-")) / "exit.json"
     subreaper = become_subreaper()
-    last_forwarded, launched = {"at": -REPEAT_GRACE_S - 1}, []
+    last_forwarded, launched = {"at": -SIGNAL_REPEAT_GRACE_S - 1}, []
 
     def forward(signum, frame):  # once per grace window (repeats are the same request): to torchrun, which
         now = time.monotonic()   # forwards to its workers, or, once it is gone, to the workers it left behind
-        if launched and now - last_forwarded["at"] > REPEAT_GRACE_S:
+        if launched and now - last_forwarded["at"] > SIGNAL_REPEAT_GRACE_S:
             last_forwarded["at"] = now
             signal_all([launched[0].pid] if launched[0].poll() is None else own_children(), signum)
 

@@ -19,7 +19,6 @@ RUN_DIR/exit.json is the contract with schedulers and launchers: {"reason", "exi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -30,15 +29,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pretrainer.config import BudgetConfig
-from pretrainer.errors import (EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, EXIT_COLLECTIVE_TIMEOUT, EXIT_CRASH, EXIT_OK,
-                               EXIT_USER_ERROR, RunStopped, UserError, exit_code_for_signal)
+from pretrainer.errors import (EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, EXIT_COLLECTIVE_TIMEOUT, EXIT_CRASH, EXIT_FILE_ENV,
+                               EXIT_OK, EXIT_USER_ERROR, SIGNAL_REPEAT_GRACE_S, RunStopped, UserError, exit_code_for_signal)
 from pretrainer.io import atomic_write_json
 from pretrainer.train.budget import ACTION_CODES, BudgetGuard, estimated_spend_usd
 from pretrainer.train.checkpoint import latest_checkpoint
 from pretrainer.train.distributed import DistEnv, agree_max, is_collective_timeout
 
-REPEAT_GRACE_S = 10.0  # a signal repeated within this many seconds is the same request
-EXIT_FILE_ENV = "PRETRAINER_EXIT_FILE"  # where a launcher wants the exit record too (pretrainer train --nproc)
 
 
 class StopSignal:
@@ -46,7 +43,7 @@ class StopSignal:
     step, every rank agrees, one checkpoint is written, the process exits with 128 + the signal.
 
     The same stop is often signalled several times: SLURM and pkill signal the launcher *and* every
-    worker, and torchrun forwards its own copy. A repeat within REPEAT_GRACE_S is the same request.
+    worker, and torchrun forwards its own copy. A repeat within SIGNAL_REPEAT_GRACE_S is the same request.
     Only a SIGINT after that, a deliberate second Ctrl-C, interrupts at once (no checkpoint); a
     repeated SIGTERM never does: schedulers follow it with SIGKILL when their own grace runs out."""
 
@@ -62,7 +59,7 @@ class StopSignal:
         now = time.monotonic()
         if not self.signum:
             self.signum, self.first_at = signum, now
-        elif signum == signal.SIGINT and now - self.first_at > REPEAT_GRACE_S:
+        elif signum == signal.SIGINT and now - self.first_at > SIGNAL_REPEAT_GRACE_S:
             raise KeyboardInterrupt
 
     def close(self) -> None:
@@ -98,14 +95,6 @@ def write_exit_record(run_dir: Path, reason: str, exit_code: int, step: int | No
     for path in targets:
         atomic_write_json(path, record)
     return record
-
-
-def read_exit_record(path: Path) -> dict | None:
-    try:
-        record = json.loads(Path(path).read_text())
-        return record if isinstance(record, dict) and isinstance(record.get("exit_code"), int) else None
-    except (OSError, ValueError):
-        return None
 
 
 @dataclass
