@@ -44,7 +44,7 @@ def test_metrics_csv_is_long_format_with_every_number(finished_run, tmp_path, ru
     rows = list(csv.DictReader(open(tmp_path / "report" / "metrics.csv")))
     records = read_metrics(finished_run / "metrics.jsonl")
     expected = sum(1 for r in records for k, v in r.items() if k != "step" and isinstance(v, (int, float)))
-    assert len(rows) == expected and set(rows[0]) == {"step", "name", "value"}
+    assert len(rows) == expected and set(rows[0]) == {"step", "kind", "name", "value"}
     losses = [float(r["value"]) for r in rows if r["name"] == "loss"]
     assert losses == [r["loss"] for r in records if "loss" in r]
 

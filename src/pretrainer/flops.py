@@ -64,10 +64,11 @@ def lookup_gpu(name: str) -> GPU | None:
 def gpu_from_device_name(device_name: str) -> str | None:
     """torch.cuda.get_device_name() -> a GPUS key, or None for a device we do not know (no MFU then)."""
     n = device_name.upper()
-    rules = [("B200", "b200"), ("H200", "h200"), ("H100", "h100-pcie" if "PCIE" in n else "h100-sxm"),
-             ("A100", "a100-40gb" if "40GB" in n else "a100-80gb"), ("L40S", "l40s"), ("4090", "rtx-4090"),
+    rules = [("B200", "b200"), ("H200", "h200"), ("H100 NVL", None), ("H100", "h100-pcie" if "PCIE" in n else "h100-sxm"),
+             ("A100", "a100-40gb" if "40GB" in n else "a100-80gb"), ("L40S", "l40s"), ("L40", None), ("4090", "rtx-4090"),
              ("3090", "rtx-3090"), ("L4", "l4"), ("A10", "a10")]
-    for needle, key in rules:  # order matters: "A100" contains "A10", "L40S" contains "L4"
+    for needle, key in rules:  # order matters: "A100" contains "A10", "L40S" and "L40" contain "L4"; None: not in
+        # the table (H100 NVL and L40 have their own peaks), so no MFU rather than a wrong one
         if needle in n:
             return key
     return None

@@ -141,33 +141,58 @@ def hf_config(cfg: ModelConfig, eot_id: int, dtype: str = "float32") -> dict:
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
 
+def unsupported(hf: dict) -> list[str]:
+    """Every setting of a Hugging Face config that pretrainer's model would not reproduce exactly."""
+    kind, problems = hf.get("model_type"), []
+    if kind == "llama":
+        for key in ("rope_scaling", "rope_parameters"):
+            scaling = hf.get(key) or {}
+            rope_type = scaling.get("rope_type", scaling.get("type", "default"))  # older configs say "type"
+            if rope_type != "default":
+                problems.append(f"RoPE scaling '{rope_type}' ({key}) is not supported")
+        if hf.get("hidden_act", "silu") != "silu":
+            problems.append(f"hidden_act '{hf['hidden_act']}' is not supported (the llama MLP is SwiGLU with silu)")
+        hidden, heads = hf.get("hidden_size"), hf.get("num_attention_heads")
+        if hidden and heads and hf.get("head_dim", hidden // heads) != hidden // heads:
+            problems.append(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported")
+        if hf.get("attention_bias") or hf.get("mlp_bias"):
+            problems.append("biases (attention_bias / mlp_bias) are not supported")
+    elif kind == "gpt2":
+        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+            problems.append(f"activation_function '{hf['activation_function']}' is not supported (gelu_new only)")
+        if hf.get("tie_word_embeddings", True) is False:
+            problems.append("an untied lm_head (tie_word_embeddings = false) is not supported for gpt2")
+        if hf.get("scale_attn_by_inverse_layer_idx", False):
+            problems.append("scale_attn_by_inverse_layer_idx = true is not supported")
+        if hf.get("scale_attn_weights", True) is False:
+            problems.append("scale_attn_weights = false (unscaled attention) is not supported")
+    return problems
+
+
 def model_config_from_hf(hf: dict, where: str) -> ModelConfig:
+    """Our model config for a Hugging Face llama or gpt2 config; one error listing every setting it
+    would not reproduce exactly (rather than an import whose logits silently differ)."""
     kind = hf.get("model_type")
+    if kind not in ("llama", "gpt2"):
+        raise UserError(f"{where}: model_type '{kind}' is not supported; pretrainer imports llama and gpt2")
+    problems = unsupported(hf)
+    if problems:
+        raise UserError(f"{where}: cannot import exactly: {'; '.join(problems)}")
     try:
         if kind == "llama":
             rope = hf.get("rope_parameters") or {}
-            if (hf.get("rope_scaling") or {}).get("rope_type", "default") != "default" or rope.get("rope_type", "default") != "default":
-                raise UserError(f"{where}: RoPE scaling ({rope.get('rope_type') or hf['rope_scaling']}) is not supported")
             hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
-            if hf.get("head_dim", hidden // heads) != hidden // heads:
-                raise UserError(f"{where}: head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported")
-            if hf.get("attention_bias") or hf.get("mlp_bias"):
-                raise UserError(f"{where}: Llama checkpoints with biases are not supported")
             return ModelConfig(arch="llama", vocab_size=hf["vocab_size"], seq_len=hf.get("max_position_embeddings", 2048),
                                d_model=hidden, n_layer=hf["num_hidden_layers"], n_head=heads,
                                n_kv_head=hf.get("num_key_value_heads") or heads, d_ff=hf["intermediate_size"],
                                tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                                rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
                                norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
-        if kind == "gpt2":
-            if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-                raise UserError(f"{where}: GPT-2 activation {hf['activation_function']} is not supported (gelu_new only)")
-            return ModelConfig(arch="gpt2", vocab_size=hf["vocab_size"], seq_len=hf["n_positions"], d_model=hf["n_embd"],
-                               n_layer=hf["n_layer"], n_head=hf["n_head"], n_kv_head=0, d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
-                               tie_embeddings=True, norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
+        return ModelConfig(arch="gpt2", vocab_size=hf["vocab_size"], seq_len=hf["n_positions"], d_model=hf["n_embd"],
+                           n_layer=hf["n_layer"], n_head=hf["n_head"], n_kv_head=0, d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
+                           tie_embeddings=True, norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
     except KeyError as e:
         raise UserError(f"{where}: missing {e} in the Hugging Face config") from None
-    raise UserError(f"{where}: model_type '{kind}' is not supported; pretrainer imports llama and gpt2")
 
 
 def read_hf_config(directory: Path) -> ModelConfig:

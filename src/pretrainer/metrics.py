@@ -42,12 +42,6 @@ def read_metrics(path: Path, note=None) -> list[dict]:
     return records
 
 
-def _clean(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN/inf; keep them visible as strings ("nan", "inf")
-    return value
-
-
 class MetricsLog:
     def __init__(self, path: Path, keep_through_step: int):
         self.path = Path(path)
@@ -57,7 +51,9 @@ class MetricsLog:
         self.file = open(self.path, "a")
 
     def write(self, record: dict) -> None:
-        self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        # non-finite values stay numbers (NaN, Infinity: Python's JSON reads them back as floats), so a
+        # divergence is in the data, not a string next to it
+        self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 
     def close(self) -> None:

@@ -153,7 +153,7 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
         tokenizer.save(tmp)
         dtype = token_dtype(tokenizer.vocab_size)
 
-        corpus.replaced_documents = 0  # count once, on the encoding pass
+        corpus.replaced_documents = corpus.null_documents = 0  # count once, on the encoding pass
         writers = {"train": _SplitWriter(tmp / "train.bin", dtype), "val": _SplitWriter(tmp / "val.bin", dtype)}
         known_size = all(f.kind != "parquet" for f in corpus.files)
         progress = tqdm(total=corpus.total_bytes if known_size and not max_docs else None, unit="B", unit_scale=True,
@@ -176,8 +176,10 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
                 raise UserError(f"{out}: the {name} split is empty ({doc_index} documents, --val-fraction {val_fraction}); "
                                 f"use a larger corpus or a {'larger' if name == 'val' else 'smaller'} --val-fraction")
         if corpus.replaced_documents:
-            print(f"warning: {corpus.replaced_documents} documents had invalid UTF-8, replaced with U+FFFD "
-                  f"(pass --utf8-errors=strict to reject them)", flush=True)
+            print(f"warning: {corpus.replaced_documents} documents had invalid UTF-8 or lone surrogates, replaced with "
+                  f"U+FFFD (pass --utf8-errors=strict to reject them)", flush=True)
+        if corpus.null_documents:
+            print(f"note: {corpus.null_documents} documents had no text (null) and were skipped", flush=True)
 
         manifest = {
             "format": "pretrainer-tokens-v1",
@@ -192,6 +194,7 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "seed": seed,
             "val_fraction": val_fraction,
             "utf8": {"errors": corpus.utf8_errors, "replaced_documents": corpus.replaced_documents},
+            "null_documents": corpus.null_documents,
             "splits": splits,
         }
         atomic_write_json(tmp / "manifest.json", manifest)

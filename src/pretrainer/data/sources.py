@@ -8,9 +8,13 @@ Sources (repeatable `--corpus`):
                           (e.g. hf:HuggingFaceFW/fineweb-edu:sample/10BT/*.parquet); with HF_HUB_OFFLINE=1
                           it reads the local hub cache only
 
-Invalid UTF-8 (the documented rule): with utf8_errors="replace" (default) each invalid byte sequence
-becomes U+FFFD and the number of affected documents is reported and written to the manifest; with
-"strict" the first one is an error naming the file and byte offset.
+Invalid text (the documented rule, the same for every format): with utf8_errors="replace" (default)
+each invalid UTF-8 byte sequence, and each lone UTF-16 surrogate that a JSON escape can smuggle in
+("\ud83d": half an emoji, common in scraped data), becomes U+FFFD, and the number of affected
+documents is reported and written to the manifest; with "strict" the first one is an error naming
+the file, line and offset. A UTF-8 byte-order mark at the start of a file is dropped; CRLF line
+ends are accepted. A missing text (JSONL `"text": null`, a parquet null) is skipped and counted;
+a text that is not a string (a number, a list, a binary column) is an error.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import json
+import re
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +32,8 @@ from pretrainer.errors import UserError
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 TXT_DOC_MODES = ("file", "blank-lines")
+SURROGATE = re.compile("[\ud800-\udfff]")
+BOM = "\ufeff"
 
 
 @dataclass
@@ -93,7 +100,8 @@ class Corpus:
     txt_docs: str = "file"  # "file": one document per .txt file; "blank-lines": split on blank lines
     utf8_errors: str = "replace"  # or "strict"
     files: list[CorpusFile] = field(init=False)
-    replaced_documents: int = field(init=False, default=0)
+    replaced_documents: int = field(init=False, default=0)  # documents with invalid UTF-8 or lone surrogates
+    null_documents: int = field(init=False, default=0)  # JSONL "text": null and parquet nulls, skipped
 
     def __post_init__(self):
         if self.txt_docs not in TXT_DOC_MODES:
@@ -111,14 +119,24 @@ class Corpus:
     def total_bytes(self) -> int:
         return sum(f.path.stat().st_size for f in self.files)
 
-    def _decode(self, data: bytes, where: str) -> str:
+    def _decode(self, data: bytes, where: str) -> tuple[str, bool]:
+        """-> (text, whether anything was replaced); strict: an error naming the place."""
         try:
-            return data.decode("utf-8")
+            return data.decode("utf-8"), False
         except UnicodeDecodeError as e:
             if self.utf8_errors == "strict":
                 raise UserError(f"{where}: invalid UTF-8 at byte {e.start}; fix the file or pass --utf8-errors=replace") from None
-            self.replaced_documents += 1
-            return data.decode("utf-8", errors="replace")
+            return data.decode("utf-8", errors="replace"), True
+
+    def _no_surrogates(self, text: str, where: str) -> tuple[str, bool]:
+        """Lone surrogates cannot be encoded (tokenizers fail on them): U+FFFD, or an error when strict."""
+        found = SURROGATE.search(text)
+        if found is None:
+            return text, False
+        if self.utf8_errors == "strict":
+            raise UserError(f"{where}: lone UTF-16 surrogate {found.group()!r} at character {found.start()} (half an emoji?); "
+                            f"fix the data or pass --utf8-errors=replace")
+        return SURROGATE.sub("\ufffd", text), True
 
     @staticmethod
     def _check_parquet(path: Path) -> None:
@@ -130,6 +148,12 @@ class Corpus:
             raise UserError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:160]})") from None
         if "text" not in names:
             raise UserError(f"{path}: parquet file has no 'text' column (columns: {', '.join(names[:10])})")
+        import pyarrow as pa
+
+        column = pq.ParquetFile(path).schema_arrow.field("text").type
+        if not (pa.types.is_string(column) or pa.types.is_large_string(column)
+                or (pa.types.is_dictionary(column) and pa.types.is_string(column.value_type))):
+            raise UserError(f"{path}: the 'text' column is {column}, not a string; write the documents as strings")
 
     def documents(self) -> Iterator[str]:
         for f in self.files:
@@ -142,22 +166,29 @@ class Corpus:
 
     def _read_text(self, f: CorpusFile) -> Iterator[str]:
         if f.kind == "py" or self.txt_docs == "file":
-            text = self._decode(f.path.read_bytes(), str(f.path))
+            text, replaced = self._decode(f.path.read_bytes(), str(f.path))
+            text = text.removeprefix(BOM)
             if text.strip():
+                self.replaced_documents += replaced
                 yield text
             return
         # blank-lines: stream line by line (a UTF-8 sequence never spans a newline byte)
         lines: list[str] = []
+        replaced_in_document = False
         with open(f.path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
-                line = self._decode(raw, f"{f.path}:{lineno}")
+                line, replaced = self._decode(raw, f"{f.path}:{lineno}")
+                line = line.removeprefix(BOM) if lineno == 1 else line
                 if line.strip():
                     lines.append(line)
+                    replaced_in_document |= replaced
                 elif lines:
-                    yield "".join(lines).rstrip("\n")
-                    lines = []
+                    self.replaced_documents += replaced_in_document
+                    yield "".join(lines).rstrip("\r\n")
+                    lines, replaced_in_document = [], False
         if lines:
-            yield "".join(lines).rstrip("\n")
+            self.replaced_documents += replaced_in_document
+            yield "".join(lines).rstrip("\r\n")
 
     def _read_jsonl(self, path: Path) -> Iterator[str]:
         with open(path, "rb") as fh:
@@ -165,23 +196,31 @@ class Corpus:
                 if not raw.strip():
                     continue
                 where = f"{path}:{lineno}"
+                line, replaced = self._decode(raw, where)
                 try:
-                    record = json.loads(self._decode(raw, where))
+                    record = json.loads(line.removeprefix(BOM) if lineno == 1 else line)
                 except json.JSONDecodeError as e:
                     raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
                 if not isinstance(record, dict) or "text" not in record:
                     raise UserError(f"{where}: no 'text' field; each line must be an object like {{\"text\": \"...\"}}")
+                if record["text"] is None:
+                    self.null_documents += 1
+                    continue
                 if not isinstance(record["text"], str):
                     raise UserError(f"{where}: 'text' must be a string, got {type(record['text']).__name__}")
-                if record["text"].strip():
-                    yield record["text"]
+                text, smuggled = self._no_surrogates(record["text"], where)
+                if text.strip():
+                    self.replaced_documents += replaced or smuggled
+                    yield text
 
     def _read_parquet(self, path: Path) -> Iterator[str]:
         import pyarrow.parquet as pq
 
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=["text"]):
             for text in batch.column(0).to_pylist():
-                if isinstance(text, str) and text.strip():
+                if text is None:
+                    self.null_documents += 1
+                elif text.strip():
                     yield text
 
     def describe(self) -> list[dict]:

@@ -3,7 +3,9 @@
     DIR/
       manifest.json         seed; versions; config and its sha256; hardware; tokens; final train/val
                             loss; wall time; $ spent; the final weights' reload check
-      metrics.csv           long format: step,name,value (every number in metrics.jsonl)
+      metrics.csv           long format: step,kind,name,value (every number in metrics.jsonl; kind: step,
+                            eval, event, or rolled_back for a step a rollback later recomputed;
+                            non-finite values as nan/inf)
       loss-curve.png        train and validation loss vs step
       gradnorm-curve.png    gradient norm and parameter norm vs step
       throughput.png        tokens/s vs wall-clock hour
@@ -51,22 +53,47 @@ def weights_round_trip(path: Path, scratch: Path) -> dict:
     return {"file": path.name, "sha256": sha256_file(path), "reload_resave_byte_identical": identical}
 
 
+NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}  # as older metrics.jsonl wrote them
+
+
+def number(value) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return NON_FINITE.get(value) if isinstance(value, str) else None
+
+
+def record_kinds(records: list[dict]) -> list[str]:
+    """step (a training step on the final trajectory), eval (a validation pass), rolled_back (a step
+    or pass that a rollback later ran again) or event (spikes, injections, rollbacks, budget, ...)."""
+    def kind(r: dict) -> str:
+        return "step" if "loss" in r else "eval" if "val_loss" in r else "event"
+
+    last = {(r["step"], kind(r)): i for i, r in enumerate(records) if kind(r) != "event"}
+    return [kind(r) if kind(r) == "event" or last[(r["step"], kind(r))] == i else "rolled_back" for i, r in enumerate(records)]
+
+
 def write_metrics_csv(records: list[dict], path: Path) -> int:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["step", "name", "value"])
+    writer.writerow(["step", "kind", "name", "value"])
     rows = 0
-    for record in records:
+    for record, kind in zip(records, record_kinds(records)):
         for name, value in record.items():
-            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                writer.writerow([record.get("step", ""), name, repr(float(value))])
+            if name != "step" and (x := number(value)) is not None:
+                writer.writerow([record.get("step", ""), kind, name, repr(x)])
                 rows += 1
     atomic_write_bytes(path, buffer.getvalue().encode())
     return rows
 
 
 def _series(records: list[dict], name: str, x: str = "step") -> tuple[list[float], list[float]]:
-    points = [(r[x], r[name]) for r in records if isinstance(r.get(name), (int, float)) and x in r]
+    """(x, value) of one metric along the final trajectory: steps a rollback recomputed appear once
+    (the later run), so a rolled-back run is not drawn backwards."""
+    kinds = record_kinds(records)
+    points = sorted((r[x], v) for r, kind in zip(records, kinds)
+                    if kind in ("step", "eval") and x in r and (v := number(r.get(name))) is not None)
     return [p[0] for p in points], [p[1] for p in points]
 
 

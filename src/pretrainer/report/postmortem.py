@@ -27,7 +27,7 @@ from pretrainer.train.optim import lr_at
 RULES = """\
 | classification | rule (the first that holds) |
 | --- | --- |
-| data corruption | token ids outside the vocabulary were seen, or one token makes up >= 50% of a flagged batch (a constant / repeated-token batch) |
+| data corruption | token ids outside the vocabulary were seen, or one token's share of a flagged batch is at least halfway from this run's typical top-token share (the median over the logged steps before the event) to 100% (a constant / repeated-token batch); e.g. typical 40% -> 70% |
 | learning rate too high | the LR used at or up to 2 steps before the event is more than 1.5x the schedule's (optim.* in config.toml) |
 | rare-token gradient | a flagged batch is >= 5% rare tokens (the rarest 1% of the training vocabulary) or its mean unigram log-probability is >= 3 nats below the run's typical batch |
 | Adam second-moment blow-up | the update/parameter ratio at the event is >= 5x its median over the preceding steps while batch and LR look normal: a large step from a tiny second-moment estimate |
@@ -84,11 +84,18 @@ def classify(event: Event, records: list[dict], cfg) -> None:
         event.evidence.append(f"token ids up to {worst} >= model.vocab_size {cfg.model.vocab_size}: rejected before the embedding")
         return
     top = max((r.get("top_token_fraction", 0.0) for r in event.spikes), default=0.0)
-    if top >= 0.5:
-        event.classification, event.rule = "data corruption", "one token is >= 50% of a flagged batch"
+    shares = [r["top_token_fraction"] for r in before if "top_token_fraction" in r]
+    typical_top = float(np.median(shares)) if shares else 0.0  # code: a space token can be ~40% of every batch
+    top_threshold = typical_top + (1.0 - typical_top) / 2
+    if top >= top_threshold:
+        event.classification = "data corruption"
+        event.rule = (f"one token's share of a flagged batch >= {top_threshold:.0%}, halfway from this run's typical "
+                      f"top-token share ({typical_top:.0%}, median of {len(shares)} steps before) to 100%")
         event.evidence.append(f"the most common token is {top:.0%} of a flagged batch (a repeated-token batch); token ids were "
                               f"valid (max {max(r.get('max_token_id', 0) for r in event.spikes)} < {cfg.model.vocab_size})")
         return
+    event.evidence.append(f"top-token share {top:.0%}, below the corruption threshold {top_threshold:.0%} "
+                          f"(this run's typical {typical_top:.0%})")
     lr_rows = [r for r in records[:event.last + 1] if "lr" in r and "loss" in r and event.steps[0] - 2 <= r["step"] <= event.steps[-1]]
     ratios_lr = [(r["step"], r["lr"], lr_at(r["step"] - 1, cfg.optim, cfg.train.max_steps)) for r in lr_rows]
     high = [(s, used, planned) for s, used, planned in ratios_lr if planned > 0 and used > 1.5 * planned]

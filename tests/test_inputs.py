@@ -1,0 +1,205 @@
+"""Data in, reports out (issue 11): real-world input accidents are handled and counted, or rejected
+in one line; reports keep divergence visible and never draw a rolled-back run backwards."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import DOCS, tiny_config
+from pretrainer.data.prepare import prepare
+from pretrainer.data.sources import Corpus
+from pretrainer.errors import UserError
+from pretrainer.flops import gpu_from_device_name
+from pretrainer.metrics import MetricsLog, read_metrics
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+# --- 1: a lone surrogate (half an emoji, JSON-escaped) ---
+
+@pytest.mark.parametrize("tokenizer", ["gpt2", "bpe:300"])
+def test_a_lone_surrogate_is_replaced_and_counted(tokenizer, tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    lines = [json.dumps({"text": d}) for d in DOCS[:60]] + ['{"text": "hello \\ud83d world"}']
+    path.write_text("\n".join(lines) + "\n")
+    prepare(Corpus([str(path)]), tokenizer, tmp_path / "out", val_fraction=0.1, seed=0, workers=1)
+    assert manifest(tmp_path / "out")["utf8"]["replaced_documents"] == 1
+
+
+def test_a_lone_surrogate_is_one_line_error_when_strict(tmp_path, run_cli):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": "hello \\ud83d world"}\n')
+    code, _, err = run_cli("prepare", "--corpus", path, "--out", tmp_path / "out", "--utf8-errors", "strict")
+    errors = [line for line in err.splitlines() if "error:" in line]  # (stderr also carries the progress bar)
+    assert code == 2 and len(errors) == 1 and f"{path}:2: lone UTF-16 surrogate" in errors[0] and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+# --- 5: parquet and JSONL agree: nulls skipped and counted, non-strings rejected ---
+
+def test_nulls_are_skipped_and_counted_the_same_in_parquet_and_jsonl(tmp_path):
+    texts = DOCS[:50] + [None, None]
+    pq.write_table(pa.table({"text": pa.array(texts, pa.string())}), tmp_path / "a.parquet")
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    for name in ("a.parquet", "b.jsonl"):
+        out = tmp_path / f"out-{name}"
+        prepare(Corpus([str(tmp_path / name)]), "bpe:300", out, val_fraction=0.1, seed=0, workers=1)
+        info = manifest(out)
+        assert info["null_documents"] == 2
+        assert info["splits"]["train"]["documents"] + info["splits"]["val"]["documents"] == 50
+
+
+@pytest.mark.parametrize("column", [pa.array([1, 2, 3]), pa.array([b"a", b"b", b"c"]), pa.array([["a"], ["b"], ["c"]])])
+def test_a_parquet_text_column_that_is_not_strings_is_rejected(column, tmp_path):
+    pq.write_table(pa.table({"text": column}), tmp_path / "bad.parquet")
+    with pytest.raises(UserError, match=r"bad.parquet: the 'text' column is .*, not a string"):
+        Corpus([str(tmp_path / "bad.parquet")])
+
+
+# --- 10: CRLF, byte-order marks, counting documents not lines ---
+
+def test_crlf_documents_do_not_end_in_carriage_returns(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"first doc\r\nline two\r\n\r\nsecond doc\r\n")
+    docs = list(Corpus([str(tmp_path / "a.txt")], txt_docs="blank-lines").documents())
+    assert docs == ["first doc\r\nline two", "second doc"]
+
+
+def test_a_byte_order_mark_is_dropped(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes("\ufeff".encode() + b'{"text": "one"}\n{"text": "two"}\n')
+    (tmp_path / "b.txt").write_bytes("\ufeff".encode() + b"three")
+    assert list(Corpus([str(tmp_path / "a.jsonl"), str(tmp_path / "b.txt")]).documents()) == ["one", "two", "three"]
+
+
+def test_replaced_documents_counts_documents_not_lines(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"bad \xff one\nbad \xfe two\n\ngood\n")
+    corpus = Corpus([str(tmp_path / "a.txt")], txt_docs="blank-lines")
+    assert len(list(corpus.documents())) == 2 and corpus.replaced_documents == 1
+
+
+def test_gpus_without_a_table_row_get_no_peak_instead_of_a_wrong_one():
+    assert gpu_from_device_name("NVIDIA H100 NVL") is None and gpu_from_device_name("NVIDIA L40") is None
+    assert gpu_from_device_name("NVIDIA H100 80GB HBM3") == "h100-sxm" and gpu_from_device_name("NVIDIA L40S") == "l40s"
+
+
+# --- 7: metrics.csv keeps divergence, tells steps from events, and plots never run backwards ---
+
+def test_non_finite_values_stay_numbers_in_metrics_and_csv(tmp_path):
+    from pretrainer.report.export import write_metrics_csv
+
+    log = MetricsLog(tmp_path / "metrics.jsonl", keep_through_step=0)
+    log.write({"step": 1, "loss": 5.0, "grad_norm": 1.0})
+    log.write({"step": 2, "loss": float("nan"), "grad_norm": float("inf")})
+    log.close()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert math.isnan(records[1]["loss"]) and records[1]["grad_norm"] == float("inf")
+    write_metrics_csv(records, tmp_path / "metrics.csv")
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert {(r["step"], r["name"], r["value"]) for r in rows} >= {("2", "loss", "nan"), ("2", "grad_norm", "inf")}
+
+
+def test_a_rolled_back_run_has_unique_rows_and_plots_forward(stdlib_data, tmp_path):
+    from pretrainer.report.export import _series, write_metrics_csv
+    from pretrainer.train.loop import train
+
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 60, "train.micro_batch": 16, "optim.lr": 1e-2, "eval.every": 60,
+                                           "ckpt.every": 10, "spike.window": 32, "spike.min_values": 16,
+                                           "spike.inject_at_step": 40, "spike.action": "rollback"}))
+    records = read_metrics(run / "metrics.jsonl")
+    assert any(r.get("rollback") for r in records)
+    write_metrics_csv(records, tmp_path / "metrics.csv")
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    final = [(r["step"], r["kind"], r["name"]) for r in rows if r["kind"] in ("step", "eval")]
+    assert len(final) == len(set(final))  # one value per step and name on the final trajectory
+    assert {r["kind"] for r in rows} == {"step", "eval", "event", "rolled_back"}
+    steps, _ = _series(records, "loss")
+    assert steps == list(range(1, 61))  # not drawn backwards after the rollback
+
+
+# --- 8: a torn last line of metrics.jsonl (a kill or a full disk) breaks nothing ---
+
+def test_a_torn_last_metrics_line_is_ignored_by_postmortem_export_and_resume(stdlib_data, tmp_path, run_cli):
+    from pretrainer.train.loop import train
+
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 20, "eval.every": 10}))
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 21, "loss": 3.1, "gra')
+    assert run_cli("postmortem", run)[0] == 0
+    assert run_cli("export", run, "--out", tmp_path / "report")[0] == 0
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 30, "eval.every": 10}))  # resume past it
+    steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert steps == list(range(1, 31))
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(UserError, match=r"metrics.jsonl:2: not valid JSON in the middle"):
+        read_metrics(run / "metrics.jsonl")
+
+
+# --- 4: post-mortem rules are relative to the run's own statistics ---
+
+def test_repeated_token_rule_is_relative_to_the_runs_typical_batches(monkeypatch):
+    """GPT-2 on Python source: a space token is ~40-55% of every batch. A natural spike in such a run is
+    not "data corruption" (the old flat 50% rule said it was); a constant-token batch still is, and the
+    thresholds used are stated."""
+    from types import SimpleNamespace
+
+    from pretrainer.report import postmortem
+
+    monkeypatch.setattr(postmortem, "lr_at", lambda *args: 0.0)  # the LR rule is not under test here
+    cfg = SimpleNamespace(model=SimpleNamespace(vocab_size=50257), optim=None, train=SimpleNamespace(max_steps=100))
+    normal = [{"step": s, "loss": 3.0, "lr": 0.0, "top_token_fraction": 0.40 + 0.01 * (s % 16), "batch_log_prob": -6.0,
+               "rare_fraction": 0.0, "update_to_param": 1e-3} for s in range(1, 41)]
+    for top in (0.56, 1.0):
+        spike = {"step": 41, "spike": 1.0, "loss": 9.0, "top_token_fraction": top, "max_token_id": 220, "rare_fraction": 0.0,
+                 "batch_log_prob": -6.0, "lr": 0.0}
+        event = postmortem.find_events(normal + [spike])[0]
+        postmortem.classify(event, normal + [spike], cfg)
+        if top < 1.0:
+            assert event.classification != "data corruption"
+            assert "below the corruption threshold 74% (this run's typical 47%)" in " ".join(event.evidence)
+        else:
+            assert event.classification == "data corruption" and "typical top-token share (47%" in event.rule
+
+
+# --- 2: Hugging Face import refuses, in one error, what it would not reproduce exactly ---
+
+LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+         "intermediate_size": 128, "max_position_embeddings": 64}
+GPT2 = {"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4}
+
+
+@pytest.mark.parametrize("config, reasons", [
+    ({**LLAMA, "rope_scaling": {"type": "linear", "factor": 2.0}}, ["RoPE scaling 'linear'"]),
+    ({**LLAMA, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, ["RoPE scaling 'linear'"]),
+    ({**LLAMA, "hidden_act": "gelu"}, ["hidden_act 'gelu'"]),
+    ({**LLAMA, "hidden_act": "gelu", "rope_scaling": {"type": "dynamic"}, "attention_bias": True},
+     ["RoPE scaling 'dynamic'", "hidden_act 'gelu'", "biases"]),
+    ({**GPT2, "tie_word_embeddings": False}, ["untied lm_head"]),
+    ({**GPT2, "scale_attn_by_inverse_layer_idx": True}, ["scale_attn_by_inverse_layer_idx"]),
+    ({**GPT2, "scale_attn_weights": False, "tie_word_embeddings": False}, ["scale_attn_weights = false", "untied lm_head"]),
+])
+def test_hf_import_refuses_what_it_cannot_reproduce_listing_every_reason(config, reasons):
+    from pretrainer.hf import model_config_from_hf
+
+    with pytest.raises(UserError) as refused:
+        model_config_from_hf(config, "config.json")
+    message = str(refused.value)
+    assert message.startswith("config.json: cannot import exactly:") and "\n" not in message
+    assert all(reason in message for reason in reasons), message
+    assert "(default)" not in message
+
+
+def test_hf_import_still_accepts_what_it_reproduces():
+    from pretrainer.hf import model_config_from_hf
+
+    assert model_config_from_hf({**LLAMA, "hidden_act": "silu", "rope_scaling": {"rope_type": "default"}}, "c").arch == "llama"
+    assert model_config_from_hf({**GPT2, "activation_function": "gelu_new", "tie_word_embeddings": True}, "c").arch == "gpt2"
