@@ -203,3 +203,132 @@ def test_hf_import_still_accepts_what_it_reproduces():
 
     assert model_config_from_hf({**LLAMA, "hidden_act": "silu", "rope_scaling": {"rope_type": "default"}}, "c").arch == "llama"
     assert model_config_from_hf({**GPT2, "activation_function": "gelu_new", "tie_word_embeddings": True}, "c").arch == "gpt2"
+
+
+# --- 3: a large .txt streams (flat memory): in pieces that encode exactly as the whole; auto splits huge files ---
+
+CODE = "".join(f"def f{i}(x):\n    '''doc {i}'''\n\n        return  x  *  {i}\n\n\n" for i in range(400))
+
+
+@pytest.mark.parametrize("which", ["gpt2", "bpe"])
+def test_a_document_read_in_pieces_encodes_exactly_as_the_whole(which, stdlib_data, tmp_path, monkeypatch):
+    from pretrainer.data import sources
+    from pretrainer.data.tokenizer import Tokenizer, tokenizer_from_spec
+
+    monkeypatch.setattr(sources, "PIECE_BYTES", 500)
+    (tmp_path / "big.txt").write_text(CODE)
+    pieces = list(Corpus([str(tmp_path / "big.txt")], txt_docs="file").documents())
+    assert len(pieces) > 20 and all(isinstance(p, sources.Piece) for p in pieces[:-1]) and "".join(pieces) == CODE
+    tokenizer = tokenizer_from_spec("gpt2") if which == "gpt2" else Tokenizer.load(stdlib_data)
+    assert [i for p in pieces for i in tokenizer.encode(p)] == tokenizer.encode(CODE)
+
+
+def test_a_streamed_document_stays_one_document(tmp_path, monkeypatch):
+    from pretrainer.data import sources
+
+    from test_prepare import split_documents
+
+    monkeypatch.setattr(sources, "PIECE_BYTES", 500)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "big.txt").write_text(CODE)
+    for i, doc in enumerate(DOCS[:40]):
+        (tmp_path / "corpus" / f"small{i}.txt").write_text(doc)
+    prepare(Corpus([str(tmp_path / "corpus")], txt_docs="file"), "gpt2", tmp_path / "out", val_fraction=0.1, seed=0, workers=2)
+    info = manifest(tmp_path / "out")
+    assert info["splits"]["train"]["documents"] + info["splits"]["val"]["documents"] == 41
+    assert CODE in split_documents(tmp_path / "out", "train") + split_documents(tmp_path / "out", "val")
+
+
+def test_auto_splits_a_huge_txt_at_blank_lines(tmp_path, monkeypatch, capsys):
+    from pretrainer.data import sources
+
+    monkeypatch.setattr(sources, "AUTO_SPLIT_BYTES", 1000)
+    (tmp_path / "dump.txt").write_text("\n\n".join(DOCS[:100]))
+    prepare(Corpus([str(tmp_path / "dump.txt")]), "gpt2", tmp_path / "out", val_fraction=0.1, seed=0, workers=1)
+    info = manifest(tmp_path / "out")
+    assert info["splits"]["train"]["documents"] + info["splits"]["val"]["documents"] == 100
+    assert info["auto_split_files"] == [str(tmp_path / "dump.txt")] and "split into documents at blank lines" in capsys.readouterr().out
+
+
+# --- 10: exact duplicates never straddle the splits; a trained BPE sees the train split only ---
+
+def test_exact_duplicates_are_dropped_counted_and_never_straddle(tmp_path):
+    from test_prepare import split_documents
+
+    docs = DOCS[:80] + DOCS[:30]  # 30 exact duplicates
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    prepare(Corpus([str(tmp_path / "c.jsonl")]), "bpe:300", tmp_path / "out", val_fraction=0.2, seed=0, workers=1)
+    info = manifest(tmp_path / "out")
+    train, val = split_documents(tmp_path / "out", "train"), split_documents(tmp_path / "out", "val")
+    assert info["duplicate_documents"] == 30 and sorted(train + val) == sorted(DOCS[:80])
+    assert not set(train) & set(val)
+
+
+def test_a_trained_bpe_learns_from_the_train_split_only(tmp_path, monkeypatch):
+    from pretrainer.data import prepare as prepare_module
+
+    from test_prepare import split_documents
+
+    seen: list[str] = []
+    real = prepare_module.tokenizer_from_spec
+
+    def spy(spec, texts=None):
+        if texts is not None:
+            texts = list(texts)
+            seen.extend(texts)
+        return real(spec, texts) if texts is not None else real(spec)
+
+    monkeypatch.setattr(prepare_module, "tokenizer_from_spec", spy)
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    prepare(Corpus([str(tmp_path / "c.jsonl")]), "bpe:300", tmp_path / "out", val_fraction=0.2, seed=0, workers=1)
+    val = split_documents(tmp_path / "out", "val")
+    assert val and seen and not set(seen) & set(val)
+    assert sorted(seen) == sorted(split_documents(tmp_path / "out", "train"))
+
+
+# --- 9: provenance: which files were read, which data trained the model, stable tokenizer hashes ---
+
+def test_the_manifest_lists_only_the_files_read_with_hashes_and_counts(tmp_path):
+    import hashlib
+
+    (tmp_path / "c").mkdir()
+    for name, docs in (("a.jsonl", DOCS[:30]), ("b.jsonl", DOCS[30:60]), ("c.jsonl", DOCS[60:90])):
+        (tmp_path / "c" / name).write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    prepare(Corpus([str(tmp_path / "c")]), "bpe:300", tmp_path / "out", val_fraction=0.2, seed=0, workers=1, max_docs=45)
+    source = manifest(tmp_path / "out")["sources"][0]
+    assert [Path(f["path"]).name for f in source["files"]] == ["a.jsonl", "b.jsonl"]  # c.jsonl was never read
+    assert [f["documents"] for f in source["files"]] == [30, 15] and source["documents"] == 45
+    a = source["files"][0]
+    assert a["sha256"] == hashlib.sha256(Path(a["path"]).read_bytes()).hexdigest() and a["bytes"] == Path(a["path"]).stat().st_size
+
+
+def test_the_stdlib_corpus_records_its_python_version(stdlib_data):
+    import platform
+
+    assert manifest(stdlib_data)["sources"][0]["python_version"] == platform.python_version()
+
+
+def test_state_json_and_the_report_say_which_data_trained_the_model(stdlib_data, tmp_path, run_cli):
+    from pretrainer.train.checkpoint import latest_checkpoint
+    from pretrainer.train.loop import train
+
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 5, "eval.every": 0}))
+    state = json.loads((latest_checkpoint(run) / "state.json").read_text())
+    data = state["dataset"]
+    assert "cursor" in json.dumps(state["data"])  # the data position (a different thing) is still there
+    info = manifest(stdlib_data)
+    assert data["tokenizer"]["sha256"] == info["tokenizer"]["sha256"]
+    assert {k: v["sha256"] for k, v in data["splits"].items()} == {k: v["sha256"] for k, v in info["splits"].items()}
+    assert run_cli("export", run, "--out", tmp_path / "report")[0] == 0
+    assert json.loads((tmp_path / "report" / "manifest.json").read_text())["dataset"] == data
+
+
+def test_the_gpt2_tokenizer_hash_does_not_depend_on_tiktoken():
+    """The pattern text is ours (tiktoken's r50k text has changed between releases), so the hash is
+    the same whatever tiktoken is installed: the ranks' sha256 is pinned, and so is this."""
+    from pretrainer.data.tokenizer import GPT2_PATTERN, tokenizer_from_spec
+
+    tokenizer = tokenizer_from_spec("gpt2")
+    assert tokenizer.pattern == GPT2_PATTERN
+    assert tokenizer.sha256 == "4df7bb94a1a523aa042a1eb792e7a825e5c99d3a46f80f858a7c13ddb36adaa5"

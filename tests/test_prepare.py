@@ -87,6 +87,11 @@ def test_hf_source_reads_the_hub_cache_offline(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == 100
+    # provenance: the snapshot revision and the files read; offline, a warning that only the cache was seen
+    hub = manifest["sources"][0]["hub"]
+    assert hub["revision"] == commit and hub["files"] == ["sample/10BT/000_00000.parquet"] and hub["offline"] is True
+    assert "offline (HF_HUB_OFFLINE): used the 1 cached files of someorg/somedata@0123456789ab" in result.stdout
+    assert manifest["sources"][0]["files"][0]["documents"] == 100
 
 
 def test_token_dtype_widens_past_65536():
@@ -153,8 +158,8 @@ def test_invalid_utf8_is_replaced_and_counted_by_default(tmp_path: Path):
     _latin1(tmp_path / "docs")
     (tmp_path / "docs" / "ok.txt").write_text("plain ascii document\n")
     out = tmp_path / "out"
-    prepare(Corpus([str(tmp_path / "docs")]), "bpe:260", out, val_fraction=0.5, seed=3, workers=1)  # seed 3 splits the two
+    prepare(Corpus([str(tmp_path / "docs")]), "bpe:260", out, val_fraction=0.5, seed=19, workers=1)  # seed 19 splits the two
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["utf8"] == {"errors": "replace", "replaced_documents": 1}
+    assert manifest["utf8"] == {"errors": "replace", "replaced_documents": 1}  # (by content: see is_val_document)
     texts = split_documents(out, "train") + split_documents(out, "val")
     assert "caf\ufffd cr\ufffdme\n" in texts

@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.005, help="fraction of documents held out for validation")
     p.add_argument("--seed", type=int, default=0, help="seed of the document-level validation split")
     p.add_argument("--workers", type=int, default=0, help="tokenizer processes (default: CPU count, at most 8)")
-    p.add_argument("--txt-docs", default="file", choices=["file", "blank-lines"], help=".txt documents: one per file, or split on blank lines")
+    p.add_argument("--txt-docs", default="auto", choices=["auto", "file", "blank-lines"],
+                   help=".txt documents: one per file, split on blank lines, or auto (one per file; files over 64 MiB "
+                        "are split on blank lines)")
     p.add_argument("--utf8-errors", default="replace", choices=["replace", "strict"],
                    help="invalid UTF-8: replace with U+FFFD and count (default), or reject with an error")
     p.add_argument("--max-docs", type=int, default=0, help="use only the first N documents (0 = all)")

@@ -34,6 +34,17 @@ class DataDir:
     def vocab_size(self) -> int:
         return self.manifest["tokenizer"]["vocab_size"]
 
+    def provenance(self) -> dict:
+        """Which data trains a model, for state.json and the report: the manifest's hash, the
+        tokenizer's and each split's sha256 and counts."""
+        from pretrainer.io import sha256_file
+
+        tokenizer = self.manifest["tokenizer"]
+        return {"dir": str(self.path.resolve()), "manifest_sha256": sha256_file(self.path / "manifest.json"),
+                "tokenizer": {k: tokenizer.get(k) for k in ("name", "vocab_size", "sha256")},
+                "splits": {name: {k: info.get(k) for k in ("sha256", "tokens", "documents")}
+                           for name, info in self.manifest["splits"].items()}}
+
     def tokens(self, split: str) -> np.ndarray:
         info = self.manifest["splits"][split]
         return np.memmap(self.path / info["file"], dtype=np.dtype(self.manifest["dtype"]), mode="r")

@@ -7,9 +7,12 @@
       manifest.json         tokenizer id/hash, dtype, per-split document and token counts, sha256 of
                             each file, sources, the command and the pretrainer version
 
-The validation split is by document: document i goes to val when a hash of (seed, i) falls below
-val_fraction, so the split is deterministic, independent of worker count, and needs no shuffle
-buffer. Everything is written to a temp directory beside OUT and renamed only when complete.
+The validation split is by document content: a document goes to val when a hash of (seed, its
+content hash) falls below val_fraction, so the split is deterministic, independent of worker
+count, needs no shuffle buffer, and an exact duplicate could never land in the other split; exact
+duplicates are dropped anyway (counted in the manifest; the set of content hashes costs 8-16 bytes
+per document). A document streamed in pieces (see sources.Piece) is keyed by its first piece and
+not deduplicated. A trained BPE learns from the train split only. Everything is written to a temp directory beside OUT and renamed only when complete.
 Memory stays flat: documents stream from the sources, at most 2 x workers batches are in flight.
 Workers are spawned processes: a script that calls prepare() with workers > 1 needs the usual
 `if __name__ == "__main__":` guard (the CLI has it).
@@ -32,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pretrainer import __version__
-from pretrainer.data.sources import Corpus
+from pretrainer.data.sources import Corpus, Piece
 from pretrainer.data.tokenizer import Tokenizer, tokenizer_from_spec
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_directory, atomic_write_json
@@ -45,21 +48,77 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def is_val_document(seed: int, index: int, val_fraction: float) -> bool:
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+def content_key(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def is_val_document(seed: int, key: int, val_fraction: float) -> bool:
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64 < val_fraction
 
 
-def _batches(docs: Iterator[str]) -> Iterator[list[str]]:
-    batch, chars = [], 0
-    for doc in docs:
-        batch.append(doc)
-        chars += len(doc)
+class KeySet:
+    """A set of 64-bit content keys in one numpy array (open addressing, at most half full): 8-16
+    bytes per document, where a Python set of ints takes ~70."""
+
+    def __init__(self, capacity: int = 1 << 16):
+        self.slots, self.used = np.zeros(capacity, dtype=np.uint64), 0
+
+    def add(self, key: int) -> bool:
+        """Insert; False when the key was already there."""
+        key = np.uint64(key | 1)  # 0 marks an empty slot
+        mask = len(self.slots) - 1
+        i = int(key) & mask
+        while self.slots[i]:
+            if self.slots[i] == key:
+                return False
+            i = (i + 1) & mask
+        self.slots[i] = key
+        self.used += 1
+        if 2 * self.used > len(self.slots):
+            old, self.slots, self.used = self.slots[self.slots != 0], np.zeros(2 * len(self.slots), dtype=np.uint64), 0
+            for k in old.tolist():
+                self.add(k)
+        return True
+
+
+class KeyedDocuments:
+    """(text, content key) for each item of a document stream, exact duplicates of whole documents
+    dropped (and counted), stopping after max_docs documents (0: all)."""
+
+    def __init__(self, docs: Iterator[str], max_docs: int = 0):
+        self.docs, self.max_docs = docs, max_docs
+        self.duplicates, self.documents = 0, 0
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        seen = KeySet()
+        key = None  # of the document whose pieces are being streamed
+        for text in self.docs:
+            if key is None:
+                key = content_key(text)
+                if not isinstance(text, Piece) and not seen.add(key):
+                    self.duplicates += 1
+                    key = None
+                    continue
+            yield text, key
+            if not isinstance(text, Piece):
+                self.documents += 1
+                key = None
+                if self.max_docs and self.documents >= self.max_docs:
+                    return  # before reading another document from the sources
+
+
+def _batches(items: Iterator[tuple[str, int]]) -> Iterator[tuple[list[str], list[int]]]:
+    batch, keys, chars = [], [], 0
+    for text, key in items:
+        batch.append(text)
+        keys.append(key)
+        chars += len(text)
         if chars >= BATCH_CHARS:
-            yield batch
-            batch, chars = [], 0
+            yield batch, keys
+            batch, keys, chars = [], [], 0
     if batch:
-        yield batch
+        yield batch, keys
 
 
 def _first_chars(docs: Iterator[str], limit: int) -> Iterator[str]:
@@ -80,29 +139,33 @@ def _init_worker(tokenizer_dir: str) -> None:
 
 
 def _encode_batch(texts: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, int]:
-    """-> (all tokens with an end-of-text after each document, per-document lengths, utf-8 bytes)."""
+    """-> (all tokens with an end-of-text after each document, per-item lengths, utf-8 bytes).
+    A Piece (a document the next item continues) gets no end-of-text."""
     tok = tokenizer or _worker_tokenizer
-    ids = tok.encode_batch(texts)
-    lengths = np.array([len(x) + 1 for x in ids], dtype=np.int64)
-    flat = np.fromiter(itertools.chain.from_iterable(x + [tok.eot_id] for x in ids), dtype=np.int64, count=int(lengths.sum()))
+    ids = [x if isinstance(t, Piece) else x + [tok.eot_id] for t, x in zip(texts, tok.encode_batch(texts))]
+    lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
     return flat, lengths, sum(len(t.encode("utf-8")) for t in texts)
 
 
-def _encode_stream(batches: Iterator[list[str]], tokenizer: Tokenizer, tokenizer_dir: Path, workers: int):
+def _encode_stream(batches: Iterator[tuple[list[str], list[int]]], tokenizer: Tokenizer, tokenizer_dir: Path, workers: int):
+    """-> ((tokens, lengths, bytes), keys, document ends) per batch, in order."""
     if workers <= 1:
-        for batch in batches:
-            yield _encode_batch(batch, tokenizer)
+        for texts, keys in batches:
+            yield _encode_batch(texts, tokenizer), keys, [not isinstance(t, Piece) for t in texts]
         return
     # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy mid-state
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
         pending = deque()
-        for batch in batches:
-            pending.append(pool.submit(_encode_batch, batch))
+        for texts, keys in batches:
+            pending.append((pool.submit(_encode_batch, texts), keys, [not isinstance(t, Piece) for t in texts]))
             if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
+                future, keys, ends = pending.popleft()
+                yield future.result(), keys, ends
         while pending:
-            yield pending.popleft().result()
+            future, keys, ends = pending.popleft()
+            yield future.result(), keys, ends
 
 
 class _SplitWriter:
@@ -112,11 +175,11 @@ class _SplitWriter:
         self.sha = hashlib.sha256()
         self.documents = self.tokens = 0
 
-    def write(self, tokens: np.ndarray) -> None:
+    def write(self, tokens: np.ndarray, document_end: bool = True) -> None:
         data = tokens.astype(self.dtype).tobytes()
         self.file.write(data)
         self.sha.update(data)
-        self.documents += 1
+        self.documents += document_end
         self.tokens += len(tokens)
 
     def close(self) -> dict:
@@ -135,19 +198,19 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
         raise UserError(f"{out}: output directory already exists; choose another --out or pass --force to replace it")
     workers = workers or min(os.cpu_count() or 1, 8)
 
-    def documents() -> Iterator[str]:
-        docs = corpus.documents()
-        return itertools.islice(docs, max_docs) if max_docs > 0 else docs
+    def documents() -> KeyedDocuments:
+        return KeyedDocuments(corpus.documents(), max_docs)
 
-    first = next(documents(), None)
+    first = next(iter(documents()), None)
     if first is None:
         raise UserError(f"{', '.join(corpus.specs)}: empty corpus (no non-blank documents)")
 
     with atomic_directory(out) as tmp:  # renamed to `out` only when complete (--force: the old one goes only then)
         started = time.time()
         if tokenizer_spec.startswith("bpe:"):
-            print(f"training {tokenizer_spec} on the corpus ...", flush=True)
-            tokenizer = tokenizer_from_spec(tokenizer_spec, _first_chars(documents(), BPE_TRAIN_CHARS))
+            print(f"training {tokenizer_spec} on the train split ...", flush=True)
+            train_texts = (text for text, key in documents() if not is_val_document(seed, key, val_fraction))
+            tokenizer = tokenizer_from_spec(tokenizer_spec, _first_chars(train_texts, BPE_TRAIN_CHARS))
         else:
             tokenizer = tokenizer_from_spec(tokenizer_spec)
         tokenizer.save(tmp)
@@ -159,12 +222,13 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
         progress = tqdm(total=corpus.total_bytes if known_size and not max_docs else None, unit="B", unit_scale=True,
                         desc="tokenizing", mininterval=1.0, dynamic_ncols=True)
         doc_index, max_token = 0, 0
-        for flat, lengths, n_bytes in _encode_stream(_batches(documents()), tokenizer, tmp, workers):
+        keyed = documents()
+        for (flat, lengths, n_bytes), keys, ends in _encode_stream(_batches(iter(keyed)), tokenizer, tmp, workers):
             offsets = np.concatenate([[0], np.cumsum(lengths)])
-            for start, end in zip(offsets[:-1], offsets[1:]):
-                split = "val" if is_val_document(seed, doc_index, val_fraction) else "train"
-                writers[split].write(flat[start:end])
-                doc_index += 1
+            for start, end, key, document_end in zip(offsets[:-1], offsets[1:], keys, ends):
+                split = "val" if is_val_document(seed, key, val_fraction) else "train"
+                writers[split].write(flat[start:end], document_end)
+                doc_index += document_end
             max_token = max(max_token, int(flat.max()))
             progress.update(n_bytes)
             n_tokens = writers["train"].tokens + writers["val"].tokens
@@ -180,6 +244,15 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
                   f"U+FFFD (pass --utf8-errors=strict to reject them)", flush=True)
         if corpus.null_documents:
             print(f"note: {corpus.null_documents} documents had no text (null) and were skipped", flush=True)
+        if keyed.duplicates:
+            print(f"note: {keyed.duplicates} exact duplicate documents were dropped", flush=True)
+        for spec, hub in corpus.hub.items():
+            if hub["offline"]:
+                print(f"warning: {spec}: offline (HF_HUB_OFFLINE): used the {len(hub['files'])} cached files of "
+                      f"{hub['repo']}@{hub['revision'][:12]}; files the hub has beyond this cache were not seen", flush=True)
+        for path in corpus.auto_split_files:
+            print(f"note: {path} is over 64 MiB: split into documents at blank lines (--txt-docs=file keeps it whole)",
+                  flush=True)
 
         manifest = {
             "format": "pretrainer-tokens-v1",
@@ -195,6 +268,9 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "val_fraction": val_fraction,
             "utf8": {"errors": corpus.utf8_errors, "replaced_documents": corpus.replaced_documents},
             "null_documents": corpus.null_documents,
+            "duplicate_documents": keyed.duplicates,
+            "split_by": "content hash (exact duplicates dropped)",
+            "auto_split_files": corpus.auto_split_files,
             "splits": splits,
         }
         atomic_write_json(tmp / "manifest.json", manifest)

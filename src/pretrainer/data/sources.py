@@ -31,7 +31,15 @@ from pathlib import Path
 from pretrainer.errors import UserError
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
-TXT_DOC_MODES = ("file", "blank-lines")
+TXT_DOC_MODES = ("auto", "file", "blank-lines")
+AUTO_SPLIT_BYTES = 64 * 2**20  # auto: a .txt larger than this is split at blank lines (no one document is that long)
+PIECE_BYTES = 4 * 2**20  # a longer document is read and encoded in pieces of about this size (flat memory)
+
+
+class Piece(str):
+    """Part of a document that the next item continues: no end-of-text after it. Pieces are cut
+    after a newline that is followed by a non-space character, a boundary of every pre-tokenisation
+    pattern used here, so a document encodes to the same ids in pieces as whole."""
 SURROGATE = re.compile("[\ud800-\udfff]")
 BOM = "\ufeff"
 
@@ -53,7 +61,9 @@ def _kind(path: Path) -> str | None:
     return {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower())
 
 
-def _hf_files(spec: str) -> list[Path]:
+def _hf_files(spec: str) -> tuple[list[Path], dict]:
+    """The parquet files of a hub dataset matching the glob, and what was read: repo, revision (the
+    snapshot's commit), pattern, whether the hub was offline (then only the local cache is seen)."""
     repo_id, _, pattern = spec[len("hf:"):].partition(":")
     pattern = pattern or "*.parquet"
     if repo_id.count("/") != 1:
@@ -67,14 +77,18 @@ def _hf_files(spec: str) -> list[Path]:
     files = sorted(p for p in local.rglob("*.parquet") if fnmatch.fnmatch(p.relative_to(local).as_posix(), pattern))
     if not files:
         raise UserError(f"--corpus {spec}: no parquet files match '{pattern}' in {repo_id}")
-    return files
+    from huggingface_hub import constants
+
+    return files, {"repo": repo_id, "revision": local.name, "pattern": pattern, "offline": bool(constants.HF_HUB_OFFLINE),
+                   "files": [p.relative_to(local).as_posix() for p in files]}
 
 
 def resolve_files(spec: str) -> list[CorpusFile]:
     if spec == "stdlib":
         return [CorpusFile(p, "py", spec) for p in stdlib_files()]
     if spec.startswith("hf:"):
-        return [CorpusFile(p, "parquet", spec) for p in _hf_files(spec)]
+        files, _ = _hf_files(spec)
+        return [CorpusFile(p, "parquet", spec) for p in files]
     path = Path(spec)
     if any(ch in spec for ch in "*?["):
         candidates = [Path(p) for p in sorted(glob.glob(spec, recursive=True))]
@@ -97,11 +111,15 @@ class Corpus:
     """The documents of one or more sources, in a fixed order, read lazily."""
 
     specs: list[str]
-    txt_docs: str = "file"  # "file": one document per .txt file; "blank-lines": split on blank lines
+    txt_docs: str = "auto"  # "file": one document per .txt file; "blank-lines": split on blank lines;
+    #                         "auto": file, except for files over AUTO_SPLIT_BYTES (split at blank lines)
     utf8_errors: str = "replace"  # or "strict"
     files: list[CorpusFile] = field(init=False)
     replaced_documents: int = field(init=False, default=0)  # documents with invalid UTF-8 or lone surrogates
     null_documents: int = field(init=False, default=0)  # JSONL "text": null and parquet nulls, skipped
+    auto_split_files: list[str] = field(init=False, default_factory=list)  # auto: large .txt split at blank lines
+    hub: dict[str, dict] = field(init=False, default_factory=dict)  # hf: spec -> repo, revision, files, offline
+    read_documents: dict[str, int] = field(init=False, default_factory=dict)  # documents per file actually read
 
     def __post_init__(self):
         if self.txt_docs not in TXT_DOC_MODES:
@@ -110,7 +128,13 @@ class Corpus:
             raise UserError(f"--utf8-errors {self.utf8_errors}: use replace or strict")
         if not self.specs:
             raise UserError("no --corpus given; e.g. --corpus stdlib")
-        self.files = [f for spec in self.specs for f in resolve_files(spec)]
+        self.files = []
+        for spec in self.specs:
+            if spec.startswith("hf:"):
+                files, self.hub[spec] = _hf_files(spec)
+                self.files += [CorpusFile(p, "parquet", spec) for p in files]
+            else:
+                self.files += resolve_files(spec)
         for f in self.files:
             if f.kind == "parquet":
                 self._check_parquet(f.path)
@@ -156,21 +180,32 @@ class Corpus:
             raise UserError(f"{path}: the 'text' column is {column}, not a string; write the documents as strings")
 
     def documents(self) -> Iterator[str]:
+        """Every document, file by file; counts what it read in read_documents (reset per pass)."""
+        self.read_documents = {}
         for f in self.files:
-            if f.kind in ("py", "txt"):
-                yield from self._read_text(f)
-            elif f.kind == "jsonl":
-                yield from self._read_jsonl(f.path)
-            else:
-                yield from self._read_parquet(f.path)
+            self.read_documents[str(f.path)] = 0
+            reader = (self._read_text(f) if f.kind in ("py", "txt") else self._read_jsonl(f.path) if f.kind == "jsonl"
+                      else self._read_parquet(f.path))
+            for doc in reader:
+                self.read_documents[str(f.path)] += not isinstance(doc, Piece)
+                yield doc
 
     def _read_text(self, f: CorpusFile) -> Iterator[str]:
-        if f.kind == "py" or self.txt_docs == "file":
+        size = f.path.stat().st_size
+        mode = "file" if f.kind == "py" else self.txt_docs
+        if mode == "auto":
+            mode = "blank-lines" if size > AUTO_SPLIT_BYTES else "file"
+            if mode == "blank-lines" and str(f.path) not in self.auto_split_files:
+                self.auto_split_files.append(str(f.path))
+        if mode == "file" and size <= PIECE_BYTES:
             text, replaced = self._decode(f.path.read_bytes(), str(f.path))
             text = text.removeprefix(BOM)
             if text.strip():
                 self.replaced_documents += replaced
                 yield text
+            return
+        if mode == "file":  # one long document, streamed in pieces
+            yield from self._read_pieces(f.path)
             return
         # blank-lines: stream line by line (a UTF-8 sequence never spans a newline byte)
         lines: list[str] = []
@@ -189,6 +224,26 @@ class Corpus:
         if lines:
             self.replaced_documents += replaced_in_document
             yield "".join(lines).rstrip("\r\n")
+
+    def _read_pieces(self, path: Path) -> Iterator[str]:
+        """One document in Pieces of about PIECE_BYTES, cut only where a line starts with a non-space
+        character (see Piece); memory is bounded by the piece size and the longest line."""
+        lines: list[str] = []
+        size, replaced_any, has_text = 0, False, False
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                line, replaced = self._decode(raw, f"{path}:{lineno}")
+                line = line.removeprefix(BOM) if lineno == 1 else line
+                if size >= PIECE_BYTES and line[:1] and not line[:1].isspace() and has_text:
+                    yield Piece("".join(lines))
+                    lines, size = [], 0
+                lines.append(line)
+                size += len(raw)
+                replaced_any |= replaced
+                has_text |= bool(line.strip())
+        if has_text:
+            self.replaced_documents += replaced_any
+            yield "".join(lines)  # the last piece ends the document
 
     def _read_jsonl(self, path: Path) -> Iterator[str]:
         with open(path, "rb") as fh:
@@ -224,8 +279,23 @@ class Corpus:
                     yield text
 
     def describe(self) -> list[dict]:
+        """Provenance per source, for the manifest: the files actually read (a --max-docs run stops
+        early) with their size, sha256 and documents; the Python version for stdlib (it defines that
+        corpus); the hub revision and file list for hf:."""
+        import platform
+
+        from pretrainer.io import sha256_file
+
         out = []
         for spec in self.specs:
-            files = [f for f in self.files if f.source == spec]
-            out.append({"spec": spec, "files": len(files), "bytes": sum(f.path.stat().st_size for f in files)})
+            read = [f for f in self.files if f.source == spec and str(f.path) in self.read_documents]
+            entry = {"spec": spec, "documents": sum(self.read_documents[str(f.path)] for f in read),
+                     "bytes": sum(f.path.stat().st_size for f in read),
+                     "files": [{"path": str(f.path), "bytes": f.path.stat().st_size, "sha256": sha256_file(f.path),
+                                "documents": self.read_documents[str(f.path)]} for f in read]}
+            if spec == "stdlib":
+                entry["python_version"] = platform.python_version()
+            if spec in self.hub:
+                entry["hub"] = self.hub[spec]
+            out.append(entry)
         return out

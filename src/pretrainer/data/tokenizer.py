@@ -29,11 +29,10 @@ from pretrainer.io import atomic_write_bytes, sha256_file
 
 EOT = "<|endoftext|>"
 
-# GPT-2's pre-tokenisation regex (tiktoken's r50k pattern).
-try:
-    from tiktoken_ext.openai_public import r50k_pat_str as GPT2_PATTERN
-except ImportError:  # pragma: no cover - older tiktoken layouts
-    GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# GPT-2's pre-tokenisation regex, written here rather than taken from tiktoken (whose r50k text has
+# changed between releases without changing what it matches): the tokenizer's sha256 covers the
+# pattern text, so it must not depend on the installed tiktoken.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 # The GPT-4 style split pattern (digits in groups of up to 3, whitespace runs kept together),
 # better than GPT-2's for code, where indentation is most of the bytes.

@@ -187,6 +187,7 @@ def export_report(run_dir: Path, out: Path) -> dict:
             "config": state["config"],
             "config_toml_sha256": hashlib.sha256(config_path.read_bytes()).hexdigest() if config_path.is_file() else None,
             "config_sha256": state["config_sha256"],
+            "dataset": state.get("dataset"),  # tokenizer and split sha256: which data trained the model
             "hardware": state.get("hardware", {}),
             "steps": state["step"],
             "tokens": state["tokens"],

@@ -100,7 +100,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
             state.load_state_dict(resume.state)
-        run_info = run_metadata(cfg, env, hardware_info(device, env.world_size))  # state.json: what produced the run
+        run_info = run_metadata(cfg, env, hardware_info(device, env.world_size), data)  # state.json: what produced the run
 
         def save() -> None:  # a collective: every rank gathers, rank 0 writes
             write_checkpoint(run_dir, state.step, wrapped, model, optimizer, cfg.ckpt.keep, env,
@@ -287,9 +287,10 @@ def build_training_model(cfg: Config, env: DistEnv, amp_dtype: torch.dtype | Non
     return model, wrapped, optimizer
 
 
-def run_metadata(cfg: Config, env: DistEnv, hardware: dict) -> dict:
-    """What produced the checkpoints, saved in every state.json next to the trainer state."""
-    return {"tokens_per_step": tokens_per_step(cfg, env.world_size), "world_size": env.world_size,
+def run_metadata(cfg: Config, env: DistEnv, hardware: dict, data: DataDir) -> dict:
+    """What produced the checkpoints, saved in every state.json next to the trainer state: the data
+    (tokenizer and split hashes), the config and its hash, the world, the hardware, the versions."""
+    return {"dataset": data.provenance(), "tokens_per_step": tokens_per_step(cfg, env.world_size), "world_size": env.world_size,
             "strategy": cfg.parallel.strategy if env.world_size > 1 else "single", "hardware": hardware,
             "config": to_dict(cfg), "config_sha256": config_hash(cfg), "pretrainer_version": __version__,
             "torch_version": torch.__version__, "python_version": platform.python_version()}
