@@ -125,6 +125,15 @@ def test_a_rolled_back_run_has_unique_rows_and_plots_forward(stdlib_data, tmp_pa
     assert steps == list(range(1, 61))  # not drawn backwards after the rollback
 
 
+def test_steps_abandoned_by_a_rollback_are_not_plotted_even_if_never_rerun():
+    from pretrainer.report.export import _series, record_kinds
+
+    records = [{"step": s, "loss": 5.0 - 0.1 * s} for s in range(1, 6)] + [{"step": 5, "rollback": 1.0, "to_step": 2},
+                                                                          {"step": 3, "loss": 9.0}, {"loss": 1.0}]
+    assert record_kinds(records) == ["step", "step", "rolled_back", "rolled_back", "rolled_back", "event", "step", "event"]
+    assert _series(records, "loss") == ([1, 2, 3], [4.9, 4.8, 9.0])
+
+
 # --- 8: a torn last line of metrics.jsonl (a kill or a full disk) breaks nothing ---
 
 def test_a_torn_last_metrics_line_is_ignored_by_postmortem_export_and_resume(stdlib_data, tmp_path, run_cli):
@@ -202,25 +211,33 @@ def test_hf_import_still_accepts_what_it_reproduces():
     from pretrainer.hf import model_config_from_hf
 
     assert model_config_from_hf({**LLAMA, "hidden_act": "silu", "rope_scaling": {"rope_type": "default"}}, "c").arch == "llama"
+    assert model_config_from_hf({**LLAMA, "hidden_act": "swish", "head_dim": None, "rope_scaling": None}, "c").d_model == 64
     assert model_config_from_hf({**GPT2, "activation_function": "gelu_new", "tie_word_embeddings": True}, "c").arch == "gpt2"
 
 
 # --- 3: a large .txt streams (flat memory): in pieces that encode exactly as the whole; auto splits huge files ---
 
-CODE = "".join(f"def f{i}(x):\n    '''doc {i}'''\n\n        return  x  *  {i}\n\n\n" for i in range(400))
+CODE = "".join(f"import m{i}\nx{i} = {i}\ndef f{i}(x):\n    return  x  *  {i}\n\n\n" for i in range(400))
+PROSE = "".join(f"alpha beta gamma {i}\n\nbeta\n \t\u3000mixed\r\nx\n\n\ny {i}\n\tindented\nlast\n" for i in range(300))
+LOG = "".join(f"2026-11-21 12:00:{i % 60:02d} INFO step {i}\n  detail {i}\nwarn\n" for i in range(600))  # no blank line
 
 
 @pytest.mark.parametrize("which", ["gpt2", "bpe"])
-def test_a_document_read_in_pieces_encodes_exactly_as_the_whole(which, stdlib_data, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, mode", [("CODE", "file"), ("PROSE", "file"), ("LOG", "blank-lines")])
+def test_a_document_read_in_pieces_encodes_exactly_as_the_whole(which, name, mode, stdlib_data, tmp_path, monkeypatch):
+    """Pieces are cut only where no pre-tokenisation pattern can join across the cut: prose with blank
+    lines, CRLF, tabs and unicode spaces; code; a log with no blank line at all (blank-lines mode)."""
     from pretrainer.data import sources
     from pretrainer.data.tokenizer import Tokenizer, tokenizer_from_spec
 
-    monkeypatch.setattr(sources, "PIECE_BYTES", 500)
-    (tmp_path / "big.txt").write_text(CODE)
-    pieces = list(Corpus([str(tmp_path / "big.txt")], txt_docs="file").documents())
-    assert len(pieces) > 20 and all(isinstance(p, sources.Piece) for p in pieces[:-1]) and "".join(pieces) == CODE
+    text = {"CODE": CODE, "PROSE": PROSE, "LOG": LOG}[name]
+    monkeypatch.setattr(sources, "PIECE_BYTES", 300)
+    (tmp_path / "big.txt").write_bytes(text.encode())
+    pieces = list(Corpus([str(tmp_path / "big.txt")], txt_docs=mode).documents())
+    assert len(pieces) > 20 and all(isinstance(p, sources.Piece) for p in pieces[:-1])
+    assert "".join(pieces) == (text if mode == "file" else text.rstrip("\r\n"))
     tokenizer = tokenizer_from_spec("gpt2") if which == "gpt2" else Tokenizer.load(stdlib_data)
-    assert [i for p in pieces for i in tokenizer.encode(p)] == tokenizer.encode(CODE)
+    assert [i for p in pieces for i in tokenizer.encode(p)] == tokenizer.encode("".join(pieces))
 
 
 def test_a_streamed_document_stays_one_document(tmp_path, monkeypatch):

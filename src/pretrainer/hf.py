@@ -150,10 +150,10 @@ def unsupported(hf: dict) -> list[str]:
             rope_type = scaling.get("rope_type", scaling.get("type", "default"))  # older configs say "type"
             if rope_type != "default":
                 problems.append(f"RoPE scaling '{rope_type}' ({key}) is not supported")
-        if hf.get("hidden_act", "silu") != "silu":
+        if hf.get("hidden_act", "silu") not in ("silu", "swish"):  # transformers maps both to SiLU
             problems.append(f"hidden_act '{hf['hidden_act']}' is not supported (the llama MLP is SwiGLU with silu)")
         hidden, heads = hf.get("hidden_size"), hf.get("num_attention_heads")
-        if hidden and heads and hf.get("head_dim", hidden // heads) != hidden // heads:
+        if hidden and heads and (hf.get("head_dim") or hidden // heads) != hidden // heads:  # null: the default
             problems.append(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported")
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             problems.append("biases (attention_bias / mlp_bias) are not supported")

@@ -62,11 +62,14 @@ class KeySet:
     bytes per document, where a Python set of ints takes ~70."""
 
     def __init__(self, capacity: int = 1 << 16):
-        self.slots, self.used = np.zeros(capacity, dtype=np.uint64), 0
+        self.slots, self.used, self.has_zero = np.zeros(capacity, dtype=np.uint64), 0, False
 
     def add(self, key: int) -> bool:
         """Insert; False when the key was already there."""
-        key = np.uint64(key | 1)  # 0 marks an empty slot
+        if key == 0:  # 0 marks an empty slot, so the key 0 is kept aside
+            new, self.has_zero = not self.has_zero, True
+            return new
+        key = np.uint64(key)
         mask = len(self.slots) - 1
         i = int(key) & mask
         while self.slots[i]:

@@ -37,9 +37,15 @@ PIECE_BYTES = 4 * 2**20  # a longer document is read and encoded in pieces of ab
 
 
 class Piece(str):
-    """Part of a document that the next item continues: no end-of-text after it. Pieces are cut
-    after a newline that is followed by a non-space character, a boundary of every pre-tokenisation
-    pattern used here, so a document encodes to the same ids in pieces as whole."""
+    """Part of a document that the next item continues: no end-of-text after it. Pieces are cut only
+    between a line with text and a line that starts with a non-space character (safe_cut): a
+    boundary of every pre-tokenisation pattern used here, so a document encodes to the same ids in
+    pieces as whole. (After a blank line it is not: GPT-2's pattern splits "\n\nx" as "\n", "\n", "x"
+    but a piece ending in "\n\n" as one token.)"""
+
+
+def safe_cut(previous_line: str, line: str) -> bool:
+    return bool(previous_line.strip()) and line[:1] != "" and not line[:1].isspace()
 SURROGATE = re.compile("[\ud800-\udfff]")
 BOM = "\ufeff"
 
@@ -132,9 +138,11 @@ class Corpus:
         for spec in self.specs:
             if spec.startswith("hf:"):
                 files, self.hub[spec] = _hf_files(spec)
-                self.files += [CorpusFile(p, "parquet", spec) for p in files]
+                found = [CorpusFile(p, "parquet", spec) for p in files]
             else:
-                self.files += resolve_files(spec)
+                found = resolve_files(spec)
+            listed = {f.path.resolve() for f in self.files}
+            self.files += [f for f in found if f.path.resolve() not in listed]  # a file named twice is read once
         for f in self.files:
             if f.kind == "parquet":
                 self._check_parquet(f.path)
@@ -207,20 +215,25 @@ class Corpus:
         if mode == "file":  # one long document, streamed in pieces
             yield from self._read_pieces(f.path)
             return
-        # blank-lines: stream line by line (a UTF-8 sequence never spans a newline byte)
+        # blank-lines: stream line by line (a UTF-8 sequence never spans a newline byte); a document
+        # with no blank line for PIECE_BYTES (a log, a CSV) goes on in Pieces, so memory stays flat
         lines: list[str] = []
-        replaced_in_document = False
+        size, replaced_in_document = 0, False
         with open(f.path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
                 line, replaced = self._decode(raw, f"{f.path}:{lineno}")
                 line = line.removeprefix(BOM) if lineno == 1 else line
                 if line.strip():
+                    if size >= PIECE_BYTES and safe_cut(lines[-1], line):
+                        yield Piece("".join(lines))
+                        lines, size = [], 0
                     lines.append(line)
+                    size += len(raw)
                     replaced_in_document |= replaced
                 elif lines:
                     self.replaced_documents += replaced_in_document
                     yield "".join(lines).rstrip("\r\n")
-                    lines, replaced_in_document = [], False
+                    lines, size, replaced_in_document = [], 0, False
         if lines:
             self.replaced_documents += replaced_in_document
             yield "".join(lines).rstrip("\r\n")
@@ -234,7 +247,7 @@ class Corpus:
             for lineno, raw in enumerate(fh, 1):
                 line, replaced = self._decode(raw, f"{path}:{lineno}")
                 line = line.removeprefix(BOM) if lineno == 1 else line
-                if size >= PIECE_BYTES and line[:1] and not line[:1].isspace() and has_text:
+                if size >= PIECE_BYTES and lines and safe_cut(lines[-1], line) and has_text:
                     yield Piece("".join(lines))
                     lines, size = [], 0
                 lines.append(line)
@@ -248,12 +261,13 @@ class Corpus:
     def _read_jsonl(self, path: Path) -> Iterator[str]:
         with open(path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
+                raw = raw.removeprefix(BOM.encode()) if lineno == 1 else raw
                 if not raw.strip():
                     continue
                 where = f"{path}:{lineno}"
                 line, replaced = self._decode(raw, where)
                 try:
-                    record = json.loads(line.removeprefix(BOM) if lineno == 1 else line)
+                    record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
                 if not isinstance(record, dict) or "text" not in record:
@@ -265,23 +279,33 @@ class Corpus:
                     raise UserError(f"{where}: 'text' must be a string, got {type(record['text']).__name__}")
                 text, smuggled = self._no_surrogates(record["text"], where)
                 if text.strip():
-                    self.replaced_documents += replaced or smuggled
+                    self.replaced_documents += (replaced and "\ufffd" in text) or smuggled  # bad bytes elsewhere don't count
                     yield text
 
     def _read_parquet(self, path: Path) -> Iterator[str]:
+        """Read as bytes and decoded here: parquet "strings" can hold invalid UTF-8 too."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
+        row = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=["text"]):
-            for text in batch.column(0).to_pylist():
-                if text is None:
+            column = batch.column(0)
+            if pa.types.is_dictionary(column.type):
+                column = column.dictionary_decode()
+            for raw in column.cast(pa.large_binary()).to_pylist():
+                row += 1
+                if raw is None:
                     self.null_documents += 1
-                elif text.strip():
+                    continue
+                text, replaced = self._decode(raw, f"{path}: row {row}")
+                if text.strip():
+                    self.replaced_documents += replaced
                     yield text
 
     def describe(self) -> list[dict]:
         """Provenance per source, for the manifest: the files actually read (a --max-docs run stops
-        early) with their size, sha256 and documents; the Python version for stdlib (it defines that
-        corpus); the hub revision and file list for hf:."""
+        early) with their size, sha256 and documents read (before exact duplicates are dropped); the
+        Python version for stdlib (it defines that corpus); the hub revision and file list for hf:."""
         import platform
 
         from pretrainer.io import sha256_file

@@ -68,10 +68,17 @@ def record_kinds(records: list[dict]) -> list[str]:
     """step (a training step on the final trajectory), eval (a validation pass), rolled_back (a step
     or pass that a rollback later ran again) or event (spikes, injections, rollbacks, budget, ...)."""
     def kind(r: dict) -> str:
-        return "step" if "loss" in r else "eval" if "val_loss" in r else "event"
+        return "event" if "step" not in r else "step" if "loss" in r else "eval" if "val_loss" in r else "event"
 
-    last = {(r["step"], kind(r)): i for i, r in enumerate(records) if kind(r) != "event"}
-    return [kind(r) if kind(r) == "event" or last[(r["step"], kind(r))] == i else "rolled_back" for i, r in enumerate(records)]
+    kinds = [kind(r) for r in records]
+    last = {(r["step"], k): i for i, (r, k) in enumerate(zip(records, kinds)) if k != "event"}
+    kinds = [k if k == "event" or last[(r["step"], k)] == i else "rolled_back" for i, (r, k) in enumerate(zip(records, kinds))]
+    for position, r in enumerate(records):  # a rollback abandons what ran past its target, re-run or not
+        if r.get("rollback") and "to_step" in r:
+            for i in range(position):
+                if kinds[i] != "event" and records[i]["step"] > r["to_step"]:
+                    kinds[i] = "rolled_back"
+    return kinds
 
 
 def write_metrics_csv(records: list[dict], path: Path) -> int:
