@@ -212,51 +212,34 @@ class Corpus:
                 self.replaced_documents += replaced
                 yield text
             return
-        if mode == "file":  # one long document, streamed in pieces
-            yield from self._read_pieces(f.path)
-            return
-        # blank-lines: stream line by line (a UTF-8 sequence never spans a newline byte); a document
-        # with no blank line for PIECE_BYTES (a log, a CSV) goes on in Pieces, so memory stays flat
-        lines: list[str] = []
-        size, replaced_in_document = 0, False
-        with open(f.path, "rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                line, replaced = self._decode(raw, f"{f.path}:{lineno}")
-                line = line.removeprefix(BOM) if lineno == 1 else line
-                if line.strip():
-                    if size >= PIECE_BYTES and safe_cut(lines[-1], line):
-                        yield Piece("".join(lines))
-                        lines, size = [], 0
-                    lines.append(line)
-                    size += len(raw)
-                    replaced_in_document |= replaced
-                elif lines:
-                    self.replaced_documents += replaced_in_document
-                    yield "".join(lines).rstrip("\r\n")
-                    lines, size, replaced_in_document = [], 0, False
-        if lines:
-            self.replaced_documents += replaced_in_document
-            yield "".join(lines).rstrip("\r\n")
+        yield from self._stream_lines(f.path, split_at_blank_lines=mode == "blank-lines")
 
-    def _read_pieces(self, path: Path) -> Iterator[str]:
-        """One document in Pieces of about PIECE_BYTES, cut only where a line starts with a non-space
-        character (see Piece); memory is bounded by the piece size and the longest line."""
+    def _stream_lines(self, path: Path, split_at_blank_lines: bool) -> Iterator[str]:
+        """Stream a text file line by line (a UTF-8 sequence never spans a newline byte): documents end
+        at blank lines (or at the end of the file), and a document longer than PIECE_BYTES goes out in
+        Pieces (see safe_cut), so memory is bounded by the piece size and the longest line."""
         lines: list[str] = []
-        size, replaced_any, has_text = 0, False, False
+        size, replaced_in_document, has_text = 0, False, False
         with open(path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
                 line, replaced = self._decode(raw, f"{path}:{lineno}")
                 line = line.removeprefix(BOM) if lineno == 1 else line
-                if size >= PIECE_BYTES and lines and safe_cut(lines[-1], line) and has_text:
+                if split_at_blank_lines and not line.strip():
+                    if has_text:
+                        self.replaced_documents += replaced_in_document
+                        yield "".join(lines).rstrip("\r\n")
+                    lines, size, replaced_in_document, has_text = [], 0, False, False
+                    continue
+                if size >= PIECE_BYTES and lines and safe_cut(lines[-1], line):
                     yield Piece("".join(lines))
                     lines, size = [], 0
                 lines.append(line)
                 size += len(raw)
-                replaced_any |= replaced
+                replaced_in_document |= replaced
                 has_text |= bool(line.strip())
-        if has_text:
-            self.replaced_documents += replaced_any
-            yield "".join(lines)  # the last piece ends the document
+        if has_text:  # the last piece ends the document
+            self.replaced_documents += replaced_in_document
+            yield "".join(lines).rstrip("\r\n") if split_at_blank_lines else "".join(lines)
 
     def _read_jsonl(self, path: Path) -> Iterator[str]:
         with open(path, "rb") as fh:

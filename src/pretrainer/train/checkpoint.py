@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_directory, atomic_write_json, sha256_file
-from pretrainer.train.distributed import DistEnv, barrier, broadcast_object, full_state, load_full_state
+from pretrainer.train.distributed import DistEnv, barrier, broadcast_object, full_state, load_full_state, on_rank0
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
 MARKER = "COMPLETE"
@@ -46,6 +46,10 @@ class DamagedCheckpoint(UserError):
 
 def checkpoints_root(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(CHECKPOINT_NAME.match(Path(path).name).group(1))
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -216,7 +220,7 @@ def read_resume_checkpoint(run_dir: Path, resume: str, say) -> tuple[Path, dict,
         except DamagedCheckpoint as e:
             say(f"warning: damaged checkpoint {e}; falling back to the one before it")
             continue
-        retire_after(run_dir, int(path.name.split("-")[1]), "damaged")
+        retire_after(run_dir, checkpoint_step(path), "damaged")
         return found
     if candidates:
         raise UserError(f"{checkpoints_root(run_dir)}: none of the {len(candidates)} checkpoints is intact (see the warnings); "
@@ -236,28 +240,24 @@ def write_checkpoint(run_dir: Path, step: int, wrapped: torch.nn.Module, model: 
 
 def restore_checkpoint(path: Path, wrapped: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                        env: DistEnv) -> dict:
-    """Roll back: a checkpoint (verified, read on rank 0) into a running, possibly wrapped or sharded
-    model and its optimizer; every rank receives its part. Newer checkpoints belong to the abandoned
-    trajectory and are deleted, so a later resume cannot pick them. -> the checkpoint's trainer state."""
-    weights = optimizer_state = state = None
-    problem = ""
-    if env.is_main:
-        try:
-            weights, optimizer_state, state = read_intact(path)
-            retire_after(path.parent.parent, state["step"], "rolled-back")
-        except Exception as e:  # said on every rank below: the others must not wait in a broadcast
-            problem = str(e)
-    problem, state = broadcast_object((problem, state), env)
-    if problem:
-        raise DamagedCheckpoint(problem)
+    """Roll back: a checkpoint (verified when it was picked, read on rank 0) into a running, possibly
+    wrapped or sharded model and its optimizer; every rank receives its part. Newer checkpoints belong
+    to the abandoned trajectory and are deleted, so a later resume cannot pick them. -> the
+    checkpoint's trainer state."""
+    def read() -> tuple[dict, dict, dict]:
+        loaded = load_checkpoint(path)
+        retire_after(path.parent.parent, loaded[2]["step"], "rolled-back")
+        return loaded
+
+    weights, optimizer_state, state = on_rank0(read, env, f"{path}: cannot roll back to it") or (None, None, None)
     load_full_state(wrapped, model, optimizer, weights, optimizer_state, env)
-    return state
+    return broadcast_object(state, env)
 
 
 def retire_after(run_dir: Path, step: int, why: str) -> None:
     """Checkpoints newer than `step` leave the resume path: "rolled-back" ones (damaged weights of an
     abandoned trajectory) are deleted, "damaged" ones renamed step-N.damaged for inspection."""
-    for newer in [c for c in list_checkpoints(run_dir) if int(c.name.split("-")[1]) > step]:
+    for newer in [c for c in list_checkpoints(run_dir) if checkpoint_step(c) > step]:
         if why == "damaged":
             target = newer.with_name(f"{newer.name}.damaged")
             shutil.rmtree(target, ignore_errors=True)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -24,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from pretrainer.device import resolve_device
+from pretrainer.errors import UserError
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -143,6 +146,21 @@ def broadcast_object(value, env: DistEnv):
     box = [value if env.is_main else None]
     dist.broadcast_object_list(box, src=0, device=env.device if env.device.type == "cuda" else None)
     return box[0]
+
+
+def on_rank0(work: Callable[[], Any], env: DistEnv, where: str) -> Any:
+    """work() on rank 0 only -> its result there, None elsewhere. A failure is raised on every rank as
+    one UserError line, so no rank waits in a collective for one that gave up."""
+    result, problem = None, ""
+    if env.is_main:
+        try:
+            result = work()
+        except Exception as e:
+            problem = str(e) if isinstance(e, UserError) else f"{where} ({type(e).__name__}: {e})"
+    problem = broadcast_object(problem, env)
+    if problem:
+        raise UserError(problem)
+    return result
 
 
 def is_collective_timeout(error: BaseException) -> bool:

@@ -41,8 +41,8 @@ from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.budget import launch_cost_check
 from pretrainer.train.checkpoint import (latest_checkpoint, read_resume_checkpoint, restore_checkpoint, weights_problem,
                                          write_checkpoint)
-from pretrainer.train.distributed import (DistEnv, agree_max, barrier, broadcast_object, full_tensor, gradient_sync, init_distributed, load_full_state,
-                                          mean_across_ranks, shutdown, wrap_model)
+from pretrainer.train.distributed import (DistEnv, agree_max, barrier, broadcast_object, full_tensor, gradient_sync, init_distributed,
+                                          load_full_state, mean_across_ranks, on_rank0, shutdown, wrap_model)
 from pretrainer.train.optim import build_optimizer, lr_at
 from pretrainer.train.spikes import SpikeGuard, UnigramStats, unigram_counts
 from pretrainer.train.state import RunClock, TrainerState
@@ -239,15 +239,8 @@ class Resume:
 def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
     """The checkpoint train.resume picks (None: start fresh), verified and read on rank 0 only (past
     any damaged newer ones); every rank gets its trainer state. A changed model is refused."""
-    found, problem = None, ""
-    if env.is_main:
-        try:
-            found = read_resume_checkpoint(run_dir, cfg.train.resume, say)
-        except Exception as e:  # said on every rank below: the others must not wait in a broadcast
-            problem = str(e) if isinstance(e, UserError) else f"{run_dir}: cannot read a checkpoint ({type(e).__name__}: {e})"
-    checkpoint, state, problem = broadcast_object((found[0], found[3], "") if found else (None, None, problem), env)
-    if problem:
-        raise UserError(problem)
+    found = on_rank0(lambda: read_resume_checkpoint(run_dir, cfg.train.resume, say), env, f"{run_dir}: cannot read a checkpoint")
+    checkpoint, state = broadcast_object((found[0], found[3]) if found else (None, None), env)
     if checkpoint is None:
         return None
     changed = resume_changes(cfg, state["config"], checkpoint)
@@ -266,16 +259,14 @@ def build_training_model(cfg: Config, env: DistEnv, amp_dtype: torch.dtype | Non
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg)
     where = str(resume.checkpoint) if resume else f"init.from={cfg.init.from_}"
-    weights, problem = None, ""
-    if env.is_main:  # rank 0 reads; a failure is said on every rank, so none waits in a broadcast
-        try:
-            weights = resume.weights if resume else load_init_weights() if load_init_weights else None
-            problem = weights_problem(model, weights, where) if weights is not None else ""
-        except Exception as e:
-            problem = str(e) if isinstance(e, UserError) else f"{where}: cannot read the weights ({type(e).__name__}: {e})"
-    problem = broadcast_object(problem, env)
-    if problem:
-        raise UserError(problem)
+    def read_weights() -> dict | None:  # the checkpoint's, else init.from's; checked name by name, shape by shape
+        weights = resume.weights if resume else load_init_weights() if load_init_weights else None
+        problem = weights_problem(model, weights, where) if weights is not None else ""
+        if problem:
+            raise UserError(problem)
+        return weights
+
+    weights = on_rank0(read_weights, env, f"{where}: cannot read the weights")
     model.to(env.device)
     model.checkpoint_blocks = cfg.train.activation_checkpointing  # torchtitan's order: checkpointing, compile, shard
     wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)

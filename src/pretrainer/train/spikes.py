@@ -49,7 +49,7 @@ import torch
 from pretrainer.config import SpikeConfig
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_write_bytes
-from pretrainer.train.checkpoint import list_checkpoints, verify_checkpoint
+from pretrainer.train.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 from pretrainer.train.distributed import DistEnv, agree_max, broadcast_object
 
 RARE_FRACTION = 0.01  # "rare" = the rarest 1% of the vocabulary ids that occur in the training data
@@ -335,8 +335,7 @@ class SpikeGuard:
         steps before the flagged step), while rollbacks are left."""
         if self.rollbacks >= self.cfg.max_rollbacks:
             return None
-        before = [c for c in list_checkpoints(self.run_dir)
-                  if int(c.name.split("-")[1]) < flagged_step - self.cfg.rollback_margin_steps]
+        before = [c for c in list_checkpoints(self.run_dir) if checkpoint_step(c) < flagged_step - self.cfg.rollback_margin_steps]
         for checkpoint in reversed(before):
             problem = verify_checkpoint(checkpoint)
             if not problem:
