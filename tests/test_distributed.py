@@ -58,11 +58,19 @@ def single(stdlib_data, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_data, tmp_path):
     run = tmp_path / "run"
-    out = torchrun(2, *tiny_overrides(stdlib_data, run, **settings(**{"parallel.strategy": strategy})))
+    # logging every 4th step, with the host-sync audit on the 3 steps between (issue 12: none may sync)
+    out = torchrun(2, *tiny_overrides(stdlib_data, run, **settings(**{"parallel.strategy": strategy, "log.every": 4,
+                                                                      "train.audit_syncs": True})))
     assert "tokens per step: 512 = 4 micro-batch x 64 seq_len x 1 grad_accum x 2 ranks" in out.stdout
-    assert_same_run(run, single)
+    two_ranks, one = losses(run), losses(single)
+    assert list(two_ranks) == list(range(4, STEPS + 1, 4))
+    for step in two_ranks:
+        assert abs(two_ranks[step] - one[step]) < 1e-5, (step, two_ranks[step], one[step])
+    wa, wb = (load_file(latest_checkpoint(r) / "model.safetensors") for r in (run, single))
+    assert wa.keys() == wb.keys() and all((wa[key] - wb[key]).abs().max().item() < 1e-5 for key in wa)
     records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
-    assert [r["tokens"] for r in records] == [512 * s for s in range(1, STEPS + 1)]
+    assert [r["tokens"] for r in records] == [512 * s for s in range(4, STEPS + 1, 4)]
+    assert [r["host_syncs_per_step"] for r in records] == [0.0] * len(records)
 
 
 def sequences_seen(run: Path) -> Counter:

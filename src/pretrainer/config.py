@@ -70,6 +70,12 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
     dtype: str = "auto"  # "auto" (bfloat16 autocast on CUDA, float32 on CPU), "float32", "bfloat16"
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    audit_syncs: bool = False  # count host syncs outside logging steps (logged as host_syncs; CUDA: sync debug mode)
+    # the throughput watchdog: after watchdog_steps steps of this process, below either minimum -> diagnose (and stop)
+    min_mfu: float = 0.0  # e.g. 0.30; needs the device's peak (known GPUs, or budget.peak_tflops); 0 = off
+    min_tokens_per_s: float = 0.0  # 0 = off
+    watchdog_steps: int = 100  # steps (compile, warm-up) before the check
+    watchdog_action: str = "warn"  # "warn" (one line of diagnosis) or "stop" (checkpoint, exit 6)
 
 
 @dataclass
@@ -300,6 +306,9 @@ def validate(cfg: Config) -> None:
         (not cfg.budget.cap_usd or cfg.budget.usd_per_gpu_hour > 0,
          "budget.cap_usd needs budget.usd_per_gpu_hour (the estimate, and the fallback when budget.json is missing or stale)"),
         (0 < cfg.budget.mfu <= 1, "budget.mfu must be in (0, 1]"),
+        (cfg.train.watchdog_action in ("warn", "stop"), f"train.watchdog_action must be warn or stop, got '{cfg.train.watchdog_action}'"),
+        (cfg.train.min_mfu >= 0 and cfg.train.min_tokens_per_s >= 0 and cfg.train.watchdog_steps >= 1,
+         "train.min_mfu and train.min_tokens_per_s must be >= 0 and train.watchdog_steps >= 1"),
         (cfg.spike.action in ("log", "skip", "rollback"), f"spike.action must be log, skip or rollback, got '{cfg.spike.action}'"),
         (cfg.spike.inject_kind in ("rare", "lr", "data"), f"spike.inject_kind must be rare, lr or data, got '{cfg.spike.inject_kind}'"),
         (cfg.spike.data_mode in ("constant", "out_of_range"), "spike.data_mode must be constant or out_of_range"),

@@ -146,15 +146,11 @@ def parameter_norm(model) -> torch.Tensor:
     return l2_norm(model.parameters())
 
 
-def update_norm(model, before: list[torch.Tensor]) -> torch.Tensor:
-    return l2_norm(p.detach() - b for p, b in zip(model.parameters(), before))
-
-
-def weight_norms(model, before: list[torch.Tensor]) -> dict[str, float]:
-    """The parameter norm and the update's size relative to it (`before`: the weights before the step).
-    Collectives under FSDP2: every rank calls it."""
-    param_norm = parameter_norm(model).item()
-    return {"param_norm": param_norm, "update_to_param": update_norm(model, before).item() / max(param_norm, 1e-12)}
+def weight_norms(model, update_norm: torch.Tensor) -> dict[str, float]:
+    """The parameter norm and the update's size relative to it (`update_norm`: ||delta theta|| of the
+    step, see optim.adamw_update_norm). Collectives under FSDP2: every rank calls it."""
+    param_norm, update = torch.stack([parameter_norm(model), update_norm.to(torch.float32)]).tolist()
+    return {"param_norm": param_norm, "update_to_param": update / max(param_norm, 1e-12)}
 
 
 def layer_group_grad_norms(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -178,6 +174,10 @@ class Throughput:
 
     def restart(self) -> None:
         self.started = time.time()
+
+    def interval_s(self) -> float:
+        """Seconds since the interval began (read before rate(), which starts the next one)."""
+        return time.time() - self.started
 
     def rate(self, tokens: int) -> dict[str, float]:
         now = time.time()

@@ -19,6 +19,7 @@ from typing import Any
 from dataclasses import dataclass
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -37,6 +38,7 @@ class DistEnv:
     world_size: int
     local_rank: int
     device: torch.device
+    control_group: Any = None  # host-side (gloo) group for the loop's per-step flags; None: the default group
 
     @property
     def is_main(self) -> bool:
@@ -56,7 +58,10 @@ def init_distributed(device_name: str, timeout_s: float) -> DistEnv:
             # NCCL watchdog (mode 3, the default): mode 2 aborts the communicator only. A user's setting wins.
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    return DistEnv(rank, world_size, local_rank, device)
+    control_group = None
+    if world_size > 1 and device.type == "cuda":  # flags agreed on the host: no CUDA stream, so no device sync
+        control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return DistEnv(rank, world_size, local_rank, device, control_group)
 
 
 def shutdown() -> None:
@@ -77,7 +82,10 @@ def wrap_model(model: nn.Module, strategy: str, env: DistEnv, amp_dtype: torch.d
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+        # gradients live in the all-reduce buckets (no second copy: 4 bytes per parameter saved); the RoPE
+        # tables are the same on every rank, so buffers are not re-broadcast before every forward
+        return DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+                                       gradient_as_bucket_view=True, broadcast_buffers=False)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -144,7 +152,7 @@ def broadcast_object(value, env: DistEnv):
     if env.world_size == 1:
         return value
     box = [value if env.is_main else None]
-    dist.broadcast_object_list(box, src=0, device=env.device if env.device.type == "cuda" else None)
+    dist.broadcast_object_list(box, src=0, group=env.control_group)  # pickled through host memory (gloo)
     return box[0]
 
 
@@ -169,9 +177,13 @@ def is_collective_timeout(error: BaseException) -> bool:
 
 
 def agree_max(values: list[int], env: DistEnv) -> list[int]:
-    """Element-wise largest over ranks (a stop request seen by any rank stops all of them)."""
+    """Element-wise largest over ranks (a stop request seen by any rank stops all of them).
+
+    The flags live in host memory and go through a gloo group, never through the GPU: the call
+    blocks this rank's host until every rank's host arrives, but never waits for queued GPU work,
+    so the loop can call it every step without a device->host sync."""
     if env.world_size == 1:
-        return list(values)
-    flags = torch.tensor(values, dtype=torch.int64, device=env.device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return [int(v) for v in values]
+    flags = np.asarray(values, dtype=np.int64)
+    dist.all_reduce(torch.from_numpy(flags), op=dist.ReduceOp.MAX, group=env.control_group)  # in place, into `flags`
     return flags.tolist()

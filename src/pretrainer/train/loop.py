@@ -43,7 +43,8 @@ from pretrainer.train.checkpoint import (latest_checkpoint, read_resume_checkpoi
                                          write_checkpoint)
 from pretrainer.train.distributed import (DistEnv, agree_max, barrier, broadcast_object, full_tensor, gradient_sync, init_distributed,
                                           load_full_state, mean_across_ranks, on_rank0, shutdown, wrap_model)
-from pretrainer.train.optim import build_optimizer, lr_at
+from pretrainer.train.optim import adamw_update_norm, build_optimizer, lr_at
+from pretrainer.train.perf import HostSyncAudit, ThroughputWatchdog, attention_backend
 from pretrainer.train.spikes import SpikeGuard, UnigramStats, unigram_counts
 from pretrainer.train.state import RunClock, TrainerState
 from pretrainer.train.stopping import StopSignal, Stopper, exit_status, write_exit_record
@@ -67,8 +68,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
 
         # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---
-        model, wrapped, optimizer = build_training_model(cfg, env, amp_dtype, resume, load_source)
-        compiled = torch.compile(wrapped) if cfg.train.compile else wrapped  # checkpoints read `model`: no _orig_mod. prefix
+        model, wrapped, optimizer, attention = build_training_model(cfg, env, amp_dtype, resume, load_source)
 
         # --- data: every rank reads its own slice of each global step ---
         grad_accum, step_tokens = cfg.train.grad_accum, tokens_per_step(cfg, env.world_size)
@@ -82,7 +82,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         max_steps = cfg.train.max_steps
         end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
         start_step, elapsed_before = (resume.state["step"], resume.state["elapsed_s"]) if resume else (0, 0.0)
-        describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, say)
+        describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say)
         if start_step >= end_step:
             say(f"nothing to do: the run is already at step {start_step}")
             return {"step": start_step, "tokens": resume.state["tokens"] if resume else 0}
@@ -105,9 +105,10 @@ def train(cfg: Config, clock=time.time) -> dict:
         def save() -> None:  # a collective: every rank gathers, rank 0 writes
             write_checkpoint(run_dir, state.step, wrapped, model, optimizer, cfg.ckpt.keep, env,
                              lambda: {**state.state_dict(), **run_info})
+            state.saved_step = state.step
 
         def validate() -> float:  # every rank, the same batches
-            val_loss = evaluate(compiled, val_batches, device, amp_dtype)
+            val_loss = evaluate(wrapped, val_batches, device, amp_dtype)
             run_log.write({"step": state.step, "val_loss": val_loss, "tokens": state.tokens, "elapsed_s": run_clock.elapsed()})
             say(f"step {state.step}: val loss {val_loss:.4f}")
             return val_loss
@@ -117,19 +118,37 @@ def train(cfg: Config, clock=time.time) -> dict:
         progress = tqdm(total=max_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
                         mininterval=1.0, disable=not env.is_main)
         speed = Throughput(state.tokens, model_flops_per_token, peak_tflops, env.world_size)  # tokens/s and MFU
+        watchdog = ThroughputWatchdog(cfg.train, state.step, say, run_log.write)  # too slow after warm-up: diagnose (stop)
+        syncs = HostSyncAudit(device, cfg.train.audit_syncs or watchdog.active, cfg.train.compile)  # host waits per step
+        audited_steps = data_wait_s = 0.0
         stopper.start(state.step, run_clock.started)
         while state.step < end_step:
             step = state.step + 1  # the step about to run, 1-based as in every log
             logging_step = step % cfg.log.every == 0 or step == end_step
+            syncs.watch(not logging_step and (cfg.train.audit_syncs or watchdog.audits(step, cfg.log.every)))
+            audited_steps += syncs.enabled and not logging_step
             cursor = loader.cursor
+            data_started = time.perf_counter()
             micro_batches = loader.next_step()
+            data_wait_s += time.perf_counter() - data_started
             micro_batches, lr = spikes.before_step(step, cursor, micro_batches, lr_at(state.step, cfg.optim, max_steps),
                                                    loader.sequences_per_step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            if spikes.reject_batch(step, cursor, micro_batches):  # ids outside the vocabulary never reach the embedding
+
+            # the step's one agreement across ranks, on the host (no device sync): stop (signal, budget, too slow), bad token ids
+            budget_action, signum, slow, out_of_vocab = agree_max(
+                stopper.local_view(state.step, run_clock.elapsed(), max_steps, cfg.parallel.hang_drill_step)
+                + [watchdog.stop_wanted, spikes.out_of_vocab(micro_batches)], env)
+            request = stopper.request(state.step, budget_action, signum, slow, watchdog.message)
+            if request is not None:
+                loader.cursor = cursor  # this batch was not trained on: a resume reads it first
+                if request.checkpoint and state.saved_step != state.step:
+                    save()
+                raise RunStopped(request.message, request.exit_code, request.reason)
+            if out_of_vocab:  # ids outside the vocabulary never reach the embedding: an error, or the batch is dropped
+                spikes.reject(step, cursor, micro_batches)
                 continue
-            before = [p.detach().clone() for p in model.parameters()] if logging_step else None  # for the update/param ratio
 
             # forward/backward over grad_accum micro-batches, gradients reduced across ranks on the last one only
             loss_sum = torch.zeros((), device=device)
@@ -137,7 +156,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 with gradient_sync(wrapped, strategy, env, sync=micro_step == grad_accum - 1):
                     with autocast(device, amp_dtype):
-                        _, loss = compiled(x, y)
+                        _, loss = wrapped(x, y)
                     (loss / grad_accum).backward()
                 loss_sum += loss.detach()
             group_norms = (layer_group_grad_norms(model) if logging_step and cfg.spike.layer_norms_every
@@ -159,36 +178,41 @@ def train(cfg: Config, clock=time.time) -> dict:
             optimizer.zero_grad(set_to_none=True)
             state.advance(step_tokens)
             progress.update(1)
+            syncs.watch(False)  # logging, evaluation and checkpoints below may sync
             if sequences:
                 sequences.write({"step": step, "ids": [i for micro in loader.last_step_ids for i in micro]})
 
             if logging_step:  # the same steps on every rank: the norms below may be collectives
-                elapsed, throughput = run_clock.elapsed(), speed.rate(state.tokens)
-                last_loss = step_loss.item()  # .item() syncs: only on logging steps
+                last_loss, last_grad_norm = torch.stack([step_loss, grad_norm]).tolist()  # the host waits for the device: logging steps only
+                elapsed, interval_s, throughput = run_clock.elapsed(), speed.interval_s(), speed.rate(state.tokens)  # after the wait
+                perf = {"data_wait_fraction": data_wait_s / max(interval_s, 1e-9)}
+                if audited_steps:
+                    perf["host_syncs_per_step"] = syncs.take() / audited_steps
+                data_wait_s = audited_steps = 0.0
                 spikes.flush()  # the flagged steps since the last log
-                record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": grad_norm.item(), **weight_norms(model, before),
+                record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": last_grad_norm,
+                          **weight_norms(model, adamw_update_norm(optimizer, verdict.skip)),
                           "tokens": state.tokens, **throughput, "elapsed_s": elapsed, "epoch": loader.epoch,
-                          **spikes.batch_stats, **{f"grad_norm/{name}": value.item() for name, value in group_norms.items()}}
+                          **perf, **spikes.batch_forensics(spikes.batch, histogram=False),
+                          **{f"grad_norm/{name}": value.item() for name, value in group_norms.items()}}
                 if device.type == "cuda":
                     record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
                 if cfg.budget.cap_usd or cfg.budget.usd_per_gpu_hour:
                     record["spent_usd"] = stopper.spent_usd(elapsed)
                 run_log.write(record)
                 progress.set_postfix_str(f"loss {last_loss:.4f}, {throughput['tokens_per_s']:,.0f} tok/s", refresh=False)
-                del before
+                watchdog.check(step, throughput, {**perf, "compile": cfg.train.compile, "attention": attention,
+                                                  "activation_checkpointing": cfg.train.activation_checkpointing})
 
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
                 last_val = validate()
                 speed.restart()  # tokens/s measures training, not evaluation
+                data_wait_s = 0.0
 
-            request = stopper.poll(step, run_clock.elapsed(), max_steps, cfg.parallel.hang_drill_step)  # agreed by all ranks
-            if request is not None:
-                if request.checkpoint:
-                    save()
-                raise RunStopped(request.message, request.exit_code, request.reason)
             if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
                 save()
                 speed.restart()
+                data_wait_s = 0.0
 
         progress.close()
         say(f"{'stopped early (train.stop_at_step)' if state.step < max_steps else 'finished'} at step {state.step}: "
@@ -250,9 +274,9 @@ def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
 
 
 def build_training_model(cfg: Config, env: DistEnv, amp_dtype: torch.dtype | None, resume: Resume | None,
-                         load_init_weights) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer]:
-    """-> (the plain model, the model the step runs: DDP/FSDP2 under torchrun or the model itself, AdamW),
-    ready to continue. Every rank seeds alike, so random inits agree; weights (the checkpoint's, else
+                         load_init_weights) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, str]:
+    """-> (the plain model, the model the step runs: DDP/FSDP2 under torchrun or the model itself, AdamW,
+    the attention kernel SDPA picks for the run's shape), ready to continue. Every rank seeds alike, so random inits agree; weights (the checkpoint's, else
     init.from's) are read on rank 0 and broadcast into the wrapped model, each rank keeping its part."""
     random.seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
@@ -268,14 +292,18 @@ def build_training_model(cfg: Config, env: DistEnv, amp_dtype: torch.dtype | Non
 
     weights = on_rank0(read_weights, env, f"{where}: cannot read the weights")
     model.to(env.device)
+    attention = attention_backend(model, cfg.model.seq_len, env.device, amp_dtype)  # before sharding: on plain tensors
     model.checkpoint_blocks = cfg.train.activation_checkpointing  # torchtitan's order: checkpointing, compile, shard
+    if cfg.train.compile:  # each block in place (state-dict names unchanged); FSDP's hooks stay outside the graphs
+        for block in model.layers:
+            block.compile()
     wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
     optimizer = build_optimizer(model, cfg.optim, env.device.type)
     if resume is not None or load_init_weights is not None:  # AdamW moments too when resuming (name-keyed)
         load_full_state(wrapped, model, optimizer if resume else None, weights, resume.optimizer_state if resume else None, env)
     if resume is not None:  # the host copies are in the model and optimizer now: free them
         resume.weights = resume.optimizer_state = None
-    return model, wrapped, optimizer
+    return model, wrapped, optimizer, attention
 
 
 def run_metadata(cfg: Config, env: DistEnv, hardware: dict, data: DataDir) -> dict:
@@ -288,7 +316,7 @@ def run_metadata(cfg: Config, env: DistEnv, hardware: dict, data: DataDir) -> di
 
 
 def describe(cfg: Config, model: torch.nn.Module, data: DataDir, loader: SequenceLoader, env: DistEnv,
-             amp_dtype: torch.dtype | None, resume: Resume | None, start_step: int, say) -> None:
+             amp_dtype: torch.dtype | None, resume: Resume | None, start_step: int, attention: str, say) -> None:
     """The run in four lines: model, data, tokens per step, where it starts."""
     counts = count_parameters(model)
     checkpoint = resume.checkpoint if resume else None
@@ -297,7 +325,9 @@ def describe(cfg: Config, model: torch.nn.Module, data: DataDir, loader: Sequenc
     say(f"data: {data.path} ({loader.n_sequences:,} train sequences of {cfg.model.seq_len}, tokenizer {data.tokenizer.name})")
     say(f"tokens per step: {tokens_per_step(cfg, env.world_size):,} = {cfg.train.micro_batch} micro-batch x "
         f"{cfg.model.seq_len} seq_len x {cfg.train.grad_accum} grad_accum x {env.world_size} ranks; device {env.device}, "
-        f"{'bf16 autocast' if amp_dtype else 'float32'}" + (f", {cfg.parallel.strategy}" if env.world_size > 1 else ""))
+        f"{'bf16 autocast' if amp_dtype else 'float32'}, attention {attention}" + (", compiled per block" if cfg.train.compile else "")
+        + (", activation checkpointing" if cfg.train.activation_checkpointing else "")
+        + (f", {cfg.parallel.strategy}" if env.world_size > 1 else ""))
     say(f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
         f"{cfg.train.max_steps}; run dir {cfg.run.dir}")
 

@@ -3,7 +3,8 @@ rollback), and the batch forensics that `pretrainer postmortem` reads. The train
 one object, `SpikeGuard`, and asks it three questions per step:
 
     micro_batches, lr = guard.before_step(step, cursor, micro_batches, lr)   # drills, post-rollback LR
-    if guard.reject_batch(step, cursor, micro_batches): continue              # ids outside the vocab
+    flag = guard.out_of_vocab(micro_batches)      # ids outside the vocab? agreed across ranks, then
+    guard.reject(step, cursor, micro_batches)     # on every rank when any rank saw one
     verdict = guard.check(step, loss, grad_norm, lr)                          # skip? roll back where?
 
 Injection (`spike.inject_at_step = N`, for `spike.inject_batches` optimizer steps):
@@ -18,7 +19,8 @@ data window does not meet them again.
 
 Detection: a rolling window of the last `spike.window` loss and grad-norm values (flagged values
 left out), inactive until `spike.min_values` are in; a value above mean + `spike.sigmas` x std is a
-spike, a non-finite value is one at once. Everything stays on the device: no host sync per step.
+spike, a non-finite value is one at once. Everything stays on the device: no host sync per step
+(except under action=rollback, which must decide before the update: it reads one flag per step).
 
 A persistent change is not a spike: after `spike.max_consecutive` flagged steps in a row (an LR
 change, a new data mix, weights an unforeseeable update already damaged), the detector takes the
@@ -240,8 +242,7 @@ class Flagged:
     lr: float
     elapsed_s: float
     wall_time: float
-    batch_stats: dict
-    rank_histogram: list
+    batch: list | None  # the step's micro-batches (host tensors, rank 0): forensics only if it was flagged
     values: torch.Tensor  # [loss, grad norm, flagged (and not yet logged), update skipped]
 
 
@@ -269,8 +270,7 @@ class SpikeGuard:
     elapsed: Callable[[], float]
     rollbacks: int = 0
     rollback_lr_until: int = -1  # steps <= this run at rollback_lr_factor x the LR (after a rollback)
-    batch_stats: dict = field(default_factory=dict)  # of the current batch, rank 0 only
-    rank_histogram: list = field(default_factory=list)
+    batch: list | None = None  # the current step's micro-batches, rank 0 only
     pending: list[Flagged] = field(default_factory=list)
 
     def __post_init__(self):
@@ -291,25 +291,39 @@ class SpikeGuard:
             lr *= self.cfg.rollback_lr_factor
         return micro_batches, lr
 
-    def reject_batch(self, step: int, cursor: int, micro_batches: list) -> bool:
-        """Token ids outside the vocabulary never reach the embedding: under action=log the run stops
-        with an error, otherwise the batch is dropped (all ranks agree). The batch is on the CPU: no
-        device sync. Keeps the batch's statistics for the step's records."""
-        batch_ids = torch.cat([t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:])]).numpy()
-        invalid = int(batch_ids.max()) >= self.vocab_size or int(batch_ids.min()) < 0
-        if agree_max([int(invalid)], self.env)[0]:
-            self.log({"step": step, "invalid_tokens": 1.0, "max_token_id": int(batch_ids.max()), "data_cursor": cursor,
-                      "elapsed_s": self.elapsed()})
-            if self.cfg.action == "log":
-                raise UserError(f"step {step}: token ids up to {int(batch_ids.max())} >= model.vocab_size {self.vocab_size} in "
-                                f"the batch at data position {cursor}: corrupted data, rejected before the embedding "
-                                f"(spike.action = skip or rollback drops such batches)")
-            self.say(f"step {step}: batch with token ids outside the vocabulary dropped")
-            return True
-        if self.env.is_main:
-            valid = batch_ids[(batch_ids >= 0) & (batch_ids < self.vocab_size)]
-            self.batch_stats, self.rank_histogram = self.unigram.batch_stats(batch_ids), self.unigram.rank_histogram(valid)
-        return False
+    def out_of_vocab(self, micro_batches: list) -> int:
+        """1 if this rank's batch holds token ids outside the vocabulary (checked on the host copy: no
+        device sync). The loop agrees on it across ranks, then calls `reject` when any rank saw one.
+        Rank 0 keeps the batch for the statistics of a flagged or logged step."""
+        self.batch = micro_batches if self.env.is_main else None
+        batch_ids = self._ids(micro_batches)
+        return int(int(batch_ids.max()) >= self.vocab_size or int(batch_ids.min()) < 0)
+
+    @staticmethod
+    def _ids(micro_batches: list) -> np.ndarray:
+        return torch.cat([t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:])]).numpy()
+
+    def reject(self, step: int, cursor: int, micro_batches: list) -> None:
+        """A batch with ids outside the vocabulary on some rank never reaches the embedding: under
+        action=log the run stops with an error, otherwise every rank drops the batch."""
+        max_id = int(self._ids(micro_batches).max())
+        self.log({"step": step, "invalid_tokens": 1.0, "max_token_id": max_id, "data_cursor": cursor,
+                  "elapsed_s": self.elapsed()})
+        if self.cfg.action == "log":
+            ids = f"token ids up to {max_id}" if max_id >= self.vocab_size else "token ids (on another rank)"
+            raise UserError(f"step {step}: {ids} >= model.vocab_size {self.vocab_size} in the batch at data position {cursor}: "
+                            f"corrupted data, rejected before the embedding (spike.action = skip or rollback drops such batches)")
+        self.say(f"step {step}: batch with token ids outside the vocabulary dropped")
+
+    def batch_forensics(self, micro_batches: list | None, histogram: bool = True) -> dict:
+        """The statistics of a batch against the training distribution (rank 0; computed only for the
+        steps that are logged or flagged, so ranks do not drift apart doing host work every step)."""
+        if micro_batches is None:
+            return {}
+        batch_ids = self._ids(micro_batches)
+        valid = batch_ids[(batch_ids >= 0) & (batch_ids < self.vocab_size)]
+        stats = self.unigram.batch_stats(batch_ids)
+        return {**stats, "rank_histogram": self.unigram.rank_histogram(valid)} if histogram else stats
 
     def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> Verdict:
         """Flag the step on the device (no sync), and say what to do with its update. `loss` must be the
@@ -319,15 +333,14 @@ class SpikeGuard:
         if self.cfg.action == "rollback" and bool(flags.spike):  # rollback decides at once: a host sync per step
             self.log({"step": step, "spike": 1.0, "spike_loss": loss.item(), "spike_grad_norm": grad_norm.item(),
                       "skipped": 1.0, "lr": lr, "elapsed_s": self.elapsed(), "time_utc": utc(time.time()),
-                      **self.batch_stats, "rank_histogram": self.rank_histogram})
+                      **self.batch_forensics(self.batch)})
             target = broadcast_object(self.rollback_target(step) if self.env.is_main else None, self.env)  # rank 0 decides
             if target is not None:
                 return Verdict(roll_back_to=target)
             logged = True  # no checkpoint to go back to: the update is skipped instead
         skip = (flags.nonfinite | flags.spike if self.cfg.action != "log" else flags.nonfinite).float()
         values = torch.stack([loss.float(), grad_norm.float(), flags.spike.float() * (not logged), skip, flags.regime.float()])
-        self.pending.append(Flagged(step, lr, self.elapsed(), time.time(), self.batch_stats,
-                                    self.rank_histogram, values))
+        self.pending.append(Flagged(step, lr, self.elapsed(), time.time(), self.batch, values))
         return Verdict(skip=skip)
 
     def rollback_target(self, flagged_step: int) -> Path | None:
@@ -367,7 +380,7 @@ class SpikeGuard:
             if spiked:
                 self.log({"step": flagged.step, "spike": 1.0, "spike_loss": loss, "spike_grad_norm": grad_norm,
                           "skipped": skipped, "lr": flagged.lr, "elapsed_s": flagged.elapsed_s,
-                          "time_utc": utc(flagged.wall_time), **flagged.batch_stats, "rank_histogram": flagged.rank_histogram})
+                          "time_utc": utc(flagged.wall_time), **self.batch_forensics(flagged.batch)})
                 self.say(f"spike at step {flagged.step}: loss {loss:.3f}, grad norm {grad_norm:.3f}"
                          + (" (update skipped)" if skipped else ""))
         self.pending.clear()

@@ -39,6 +39,7 @@ class RunClock:
 class TrainerState:
     def __init__(self, loader: SequenceLoader, spikes: SpikeGuard, clock: RunClock, spent_usd: Callable[[float], float]):
         self.step, self.tokens = 0, 0
+        self.saved_step = -1  # the step of the newest checkpoint this run wrote or restored (not itself saved)
         self.loader, self.spikes, self.clock = loader, spikes, clock
         self.spent_usd = spent_usd  # $ spent after a number of seconds (the budget guard's reading or estimate)
 
@@ -53,6 +54,7 @@ class TrainerState:
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.tokens, self.clock.before = state["step"], state["tokens"], state["elapsed_s"]
+        self.saved_step = self.step
         self.loader.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         if "spike" in state:
@@ -61,4 +63,5 @@ class TrainerState:
     def rewind(self, state: dict) -> None:
         """Back to a checkpoint's step, tokens and RNG; the data cursor and the clock go on."""
         self.step, self.tokens = state["step"], state["tokens"]
+        self.saved_step = self.step
         set_rng_state(state["rng"])

@@ -2,18 +2,19 @@
 
     signals = StopSignal(); signals.install()          # at once: a signal during setup is kept too
     stopper = Stopper(cfg.budget, env, signals, clock, log, say)
-    request = stopper.poll(step, elapsed, max_steps)   # once per step: None, or why to stop
+    budget_action, signum, *_ = agree_max(stopper.local_view(step, elapsed, max_steps) + other_flags, env)
+    request = stopper.request(step, budget_action, signum)   # once per step: None, or why to stop
     write_exit_record(run_dir, *exit_status(error), step, error)   # RUN_DIR/exit.json, at every exit
 
 Two sources of a stop: a signal on any rank (spot preemption, scancel, pkill, Ctrl-C) and the
-budget guard on rank 0 (budget.json or the $ estimate, see budget.py). Each step every rank
-contributes its view to one small all-reduce (max), so all ranks stop at the same step and write
-one checkpoint together.
+budget guard on rank 0 (budget.json or the $ estimate, see budget.py). Before each step every rank
+contributes its view to the loop's one small host-side all-reduce (max; distributed.agree_max, no
+device sync), so all ranks stop at the same step and write one checkpoint together.
 
 RUN_DIR/exit.json is the contract with schedulers and launchers: {"reason", "exit_code", "step",
 "checkpoint", "message", "time_utc"}, written atomically by rank 0 however the process ends:
   finished 0 | error 2 (bad input) or 1 (crash) | collective_timeout 3 | budget_stop 4 |
-  budget_halt 5 | signal 128+N (143 SIGTERM, 130 SIGINT; "checkpoint" says whether one was written)
+  budget_halt 5 | throughput_stop 6 (train.watchdog_action = "stop") | signal 128+N (143 SIGTERM, 130 SIGINT; "checkpoint" says whether one was written)
 `pretrainer train --nproc N` exits with that code, not torchrun's.
 """
 
@@ -30,11 +31,11 @@ from pathlib import Path
 
 from pretrainer.config import BudgetConfig
 from pretrainer.errors import (EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, EXIT_COLLECTIVE_TIMEOUT, EXIT_CRASH, EXIT_FILE_ENV,
-                               EXIT_OK, EXIT_USER_ERROR, SIGNAL_REPEAT_GRACE_S, RunStopped, UserError, exit_code_for_signal)
+                               EXIT_OK, EXIT_SLOW, EXIT_USER_ERROR, SIGNAL_REPEAT_GRACE_S, RunStopped, UserError, exit_code_for_signal)
 from pretrainer.io import atomic_write_json
 from pretrainer.train.budget import ACTION_CODES, BudgetGuard, estimated_spend_usd
 from pretrainer.train.checkpoint import latest_checkpoint
-from pretrainer.train.distributed import DistEnv, agree_max, is_collective_timeout
+from pretrainer.train.distributed import DistEnv, is_collective_timeout
 
 
 
@@ -122,11 +123,14 @@ class Stopper:
             return self.reading.spent_usd
         return estimated_spend_usd(self.budget.usd_per_gpu_hour, self.env.world_size, elapsed_s)
 
-    def poll(self, step: int, elapsed_s: float, max_steps: int, hang_drill_step: int = 0) -> StopRequest | None:
-        if step == hang_drill_step and self.env.rank == self.env.world_size - 1 > 0:
-            self.hang()  # the drill: this rank stops answering before the agreement below
+    def local_view(self, step: int, elapsed_s: float, max_steps: int, hang_drill_step: int = 0) -> list[int]:
+        """This rank's side of the stop decision after `step` completed steps: [budget action code,
+        signal number]. The loop agrees on it across ranks (with its other per-step flags) and passes
+        the agreed values to `request`."""
+        if hang_drill_step and step == hang_drill_step and self.env.rank == self.env.world_size - 1 > 0:
+            self.hang()  # the drill: this rank stops answering before the agreement
         budget_action = ACTION_CODES["ok"]
-        if self.guard is not None:
+        if self.guard is not None and step > self.first_step:  # after a step of this process: its time projects the rest
             step_time = (time.time() - self.started) / max(step - self.first_step, 1)
             decision = self.guard.check(elapsed_s, (max_steps - step) * step_time)
             if decision is not None:
@@ -141,7 +145,10 @@ class Stopper:
                     self.log({"step": step, f"budget_{decision.action}": 1.0, "spent_usd": decision.reading.spent_usd,
                               "projected_usd": decision.reading.projected_total_usd})
                 budget_action = ACTION_CODES[decision.action]
-        budget_action, signum = agree_max([budget_action, self.signal.signum], self.env)  # one tiny all-reduce per step
+        return [budget_action, self.signal.signum]
+
+    def request(self, step: int, budget_action: int, signum: int, slow: int = 0, slow_message: str = "") -> StopRequest | None:
+        """From the agreed [budget action, signal, watchdog]: None, or why to stop after `step` completed steps."""
         cap = f"budget.cap_usd ${self.budget.cap_usd:.2f}"
         if budget_action == ACTION_CODES["halt"]:
             return StopRequest("budget_halt", f"budget: spent over {cap} at step {step}; stopped without a checkpoint",
@@ -150,6 +157,9 @@ class Stopper:
         if budget_action == ACTION_CODES["stop"]:
             return StopRequest("budget_stop", f"budget: projected cost over {cap}: {resume}", EXIT_BUDGET_PROJECTED,
                                checkpoint=True)
+        if slow:
+            return StopRequest("throughput_stop", f"{slow_message or 'watchdog: throughput below the minimum'}: {resume}",
+                               EXIT_SLOW, checkpoint=True)
         if signum:
             return StopRequest("signal", f"signal {signal.Signals(signum).name}: {resume}", exit_code_for_signal(signum),
                                checkpoint=True)

@@ -1,0 +1,146 @@
+"""What the training speed depends on, measured while the run trains: host syncs, the attention
+kernel SDPA really picks, time spent waiting for data, and the throughput watchdog.
+
+    syncs = HostSyncAudit(device, enabled)     # counts the host waiting for the device
+    syncs.watch(not logging_step)               # at the top of each step; watch(False) before logging
+    syncs.take() -> syncs counted since the last take
+    attention_backend(model, seq_len, device, amp_dtype) -> "flash", "efficient", "cudnn", "math", ...
+    watchdog = ThroughputWatchdog(cfg.train, ...); watchdog.check(step, throughput, diagnosis)
+
+A host sync (`.item()`, `bool(tensor)`, a device->host copy) makes the CPU wait until the GPU has
+finished everything queued, so it cannot queue the next step meanwhile: the GPU idles for the
+host's whole per-step overhead. The loop does none outside logging steps; the audit proves it.
+On CUDA it uses CUDA's sync debug mode (cheap, and it sees compiled code too). On CPU, where host
+and device are one, it counts `_local_scalar_dense` (what .item() and friends dispatch to) with a
+TorchDispatchMode: that checks the loop's logic, in eager mode only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pretrainer.config import TrainConfig
+
+SCALAR_READ = torch.ops.aten._local_scalar_dense.default
+
+
+class _ScalarReads(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is SCALAR_READ:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class HostSyncAudit:
+    """Counts host syncs while watching. Off (`enabled` False): every call is free."""
+
+    def __init__(self, device: torch.device, enabled: bool, compiled: bool = False):
+        self.device = device
+        self.supported = device.type == "cuda" or not compiled  # a dispatch mode and torch.compile do not mix
+        self.enabled = enabled and self.supported
+        self.count, self._active = 0, None
+
+    def watch(self, on: bool) -> None:
+        on = on and self.enabled
+        if on == (self._active is not None):
+            return
+        if on:
+            if self.device.type == "cuda":
+                self._active = warnings.catch_warnings(record=True)
+                self._records = self._active.__enter__()
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+            else:
+                self._active = _ScalarReads()
+                self._active.__enter__()
+        else:
+            if self.device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+                self.count += sum("synchroniz" in str(w.message) for w in self._records)
+            else:
+                self.count += self._active.count
+            self._active.__exit__(None, None, None)
+            self._active = None
+
+    def take(self) -> int:
+        count, self.count = self.count, 0
+        return count
+
+
+def attention_backend(model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None) -> str:
+    """The SDPA kernel the first block's attention actually runs for one sequence of the run's shape:
+    what PyTorch chose, not what we hope it chose (a mask, a dtype or a head size can rule flash out)."""
+    from pretrainer.device import autocast
+
+    seen: Counter = Counter()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__ if hasattr(func, "__name__") else str(func)
+            if "scaled_dot_product" in name or name.startswith(("bmm", "baddbmm")):
+                seen[name.split(".")[0]] += 1
+            return func(*args, **(kwargs or {}))
+
+    block = model.layers[0]
+    x = torch.zeros(1, seq_len, model.cfg.d_model, device=device)
+    rope = (model.rope_cos, model.rope_sin) if model.cfg.arch == "llama" else None
+    with torch.no_grad(), autocast(device, amp_dtype), Record():
+        block.attn(block.attn_norm(x), rope, None)
+    for kernel, name in (("flash", "flash"), ("efficient", "efficient"), ("cudnn", "cudnn"), ("math", "math")):
+        if any(name in op for op in seen):
+            return kernel
+    return "math" if seen else "unknown"
+
+
+class ThroughputWatchdog:
+    """The lab rule "if MFU is below 0.30 at hour 1, stop and diagnose", as a check: once
+    `train.watchdog_steps` steps have run in this process (compile and warm-up are behind), the
+    throughput of the latest logging interval is compared with train.min_mfu / train.min_tokens_per_s.
+    Below it: one line of diagnosis, and with train.watchdog_action = "stop" the run stops (every rank
+    agrees through the loop's per-step flags: `stop_wanted`) with a checkpoint and exit code 6."""
+
+    def __init__(self, cfg: TrainConfig, first_step: int, say, log):
+        self.cfg, self.say, self.log = cfg, say, log
+        self.active = bool(cfg.min_mfu or cfg.min_tokens_per_s)
+        self.check_from = first_step + cfg.watchdog_steps
+        self.done = False
+        self.stop_wanted, self.message = 0, ""
+
+    def audits(self, step: int, log_every: int) -> bool:
+        """Should the host-sync audit run at this step? In the logging interval before the check."""
+        return self.active and not self.done and self.check_from - log_every < step <= self.check_from + log_every
+
+    def check(self, step: int, throughput: dict, diagnosis: dict) -> None:
+        if not self.active or self.done or step < self.check_from:
+            return
+        self.done = True
+        mfu, tokens_per_s = throughput.get("mfu"), throughput["tokens_per_s"]
+        low = []
+        if self.cfg.min_mfu and mfu is not None and mfu < self.cfg.min_mfu:
+            low.append(f"MFU {mfu:.3f} < train.min_mfu {self.cfg.min_mfu:g}")
+        if self.cfg.min_mfu and mfu is None:
+            self.say("watchdog: train.min_mfu is set but the device's peak is unknown (set budget.peak_tflops); MFU not checked")
+        if self.cfg.min_tokens_per_s and tokens_per_s < self.cfg.min_tokens_per_s:
+            low.append(f"{tokens_per_s:,.0f} tokens/s < train.min_tokens_per_s {self.cfg.min_tokens_per_s:,.0f}")
+        if not low:
+            self.say(f"watchdog: step {step}: throughput ok ({tokens_per_s:,.0f} tokens/s"
+                     + (f", MFU {mfu:.3f})" if mfu is not None else ")"))
+            return
+        syncs = diagnosis.get("host_syncs_per_step")
+        line = (f"watchdog: step {step}: {'; '.join(low)}. compile {'on' if diagnosis['compile'] else 'off'}, attention "
+                f"{diagnosis['attention']}, data wait {diagnosis['data_wait_fraction']:.1%} of step time, host syncs per "
+                f"step {'n/a' if syncs is None else f'{syncs:g}'}, activation checkpointing "
+                f"{'on' if diagnosis['activation_checkpointing'] else 'off'}")
+        self.say(line)
+        self.log({"step": step, "watchdog_slow": 1.0, **throughput,
+                  **{f"watchdog/{k}": float(v) for k, v in diagnosis.items() if isinstance(v, (int, float))}})
+        if self.cfg.watchdog_action == "stop":
+            self.stop_wanted, self.message = 1, line
