@@ -54,8 +54,10 @@ def test_causal_and_initial_loss_near_uniform(kw):
     idx = torch.randint(0, 97, (2, 16))
     changed = idx.clone()
     changed[:, 10:] = (changed[:, 10:] + 1) % 97
-    a, loss = model(idx, torch.randint(0, 97, (2, 16)))
+    a, _ = model(idx)
+    no_logits, loss = model(idx, torch.randint(0, 97, (2, 16)))
     b, _ = model(changed)
+    assert no_logits is None  # with targets only the loss: the logits are never kept
     torch.testing.assert_close(a[:, :10], b[:, :10])
     assert not torch.allclose(a[:, 10:], b[:, 10:])
     assert abs(loss.item() - math.log(97)) < 0.1  # small init -> near-uniform predictions
@@ -90,3 +92,33 @@ def test_sampling_is_deterministic_given_a_seed():
     assert torch.equal(runs[0], runs[1])
     other = generate(model, prompt, 20, temperature=0.9, top_k=10, generator=torch.Generator().manual_seed(8))
     assert not torch.equal(runs[0], other)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16-autocast"])
+def test_fused_chunked_loss_matches_cross_entropy_of_full_logits(dtype, monkeypatch):
+    """model/loss.py against F.cross_entropy(linear(h).float()): the loss and both gradients, over
+    several chunks (forced small), with ignored targets, in fp32 and under bf16 autocast."""
+    import torch.nn.functional as F
+
+    from pretrainer.model import loss as fused
+
+    monkeypatch.setattr(fused, "LOSS_CHUNK_ELEMENTS", 7 * 50)  # 7 tokens per chunk at vocab 50: 5 chunks of 32 tokens
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 16, 24, requires_grad=True)
+    weight = (0.3 * torch.randn(50, 24)).requires_grad_()
+    targets = torch.randint(0, 50, (2, 16))
+    targets[0, :5] = fused.IGNORE_INDEX
+    with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        expected = F.cross_entropy(F.linear(hidden, weight).float().flatten(0, 1), targets.flatten(),
+                                   ignore_index=fused.IGNORE_INDEX)
+    expected_grads = torch.autograd.grad(expected, (hidden, weight))
+    with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        got = fused.linear_cross_entropy(hidden, weight, targets)
+    got_grads = torch.autograd.grad(2.0 * got, (hidden, weight))  # the incoming gradient scales both
+    tolerance = {"rtol": 2e-2, "atol": 2e-3} if dtype else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(got, expected, **tolerance)
+    for g, e in zip(got_grads, expected_grads):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, 2.0 * e, **tolerance)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        torch.testing.assert_close  # evaluation: the same loss, no gradient work(fused.linear_cross_entropy(hidden, weight, targets), got.detach(), rtol=1e-6, atol=1e-6)

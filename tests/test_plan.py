@@ -82,9 +82,19 @@ def test_memory_estimate_by_hand():
     plan = make_plan(cfg, gpus=4, gpu="h100-sxm")
     m, params = plan["memory_per_gpu_bytes"], 88_942_080
     assert (m["weights"], m["gradients"], m["adamw"]) == (4 * params // 4, 4 * params // 4, 8 * params // 4)
-    per_layer = 18 * 768 + 6 * 256 + 8 * 2048  # bytes per token per layer (bf16 activations, fp32 residual)
-    per_token = 8 * per_layer + 10 * 50257 + 4 * 768
+    per_layer = 30 * 768 + 4 * 256 + 8 * 2048 + 4 * 12 + 8  # bytes per token per layer (bf16 activations, fp32 residual)
+    per_token = 8 * per_layer + 10 * 768 + 12
     assert m["activations"] == 2 * 1024 * per_token
-    fixed = 16 * params // 4 + int(1.5 * 2**30)
+    assert m["loss_gradient"] == 4 * 50257 * 768 and m["ddp_buckets"] == 0
+    fixed = 16 * params // 4 + int(1.5 * 2**30) + m["bf16_weights"] + m["loss_gradient"] + m["loss_chunk"]
+    assert m["total"] == fixed + m["activations"] and m["fits"]
     assert m["max_micro_batch"] == int((80e9 - fixed) // (1024 * per_token))
     assert m["max_micro_batch_checkpointed"] > m["max_micro_batch"]
+
+
+def test_the_1b_config_under_ddp_fits_80gb_with_every_item_counted(run_cli):
+    """Issue 12: 8 x H100 80 GB, micro-batch 8 at seq 2048, DDP: the estimate names every item."""
+    code, out, _ = run_cli("plan", CONFIGS / "llama3-1b.toml", "--gpus", "8", "--gpu", "h100-sxm")
+    assert code == 0
+    assert "DDP buckets: views, +0" in out and "bf16 weight copies" in out and "(output gradient)" in out
+    assert "at micro-batch 8 -> total" in out and "(fits in 80 GB)" in out

@@ -4,14 +4,24 @@ $ cost, energy, and memory per GPU.
 Parameters are counted on a model built on the meta device (no memory), so the plan and the
 trainer share one source of truth for every number.
 
-Memory per GPU (bytes; P parameters, sharded over the GPUs under FSDP, replicated under DDP):
-  weights 4P (fp32 master), gradients 4P, AdamW moments 8P, plus ~1.5 GiB of CUDA context.
-  Activations per token in bf16, per layer (d = d_model, k = KV width, f = d_ff):
-    18d + 6k + 8f (llama: fp32 residual + norm outputs, q/k/v before and after RoPE, attention
-    output with flash/SDPA (no score matrix kept), four SwiGLU tensors) or 18d + 6k + 4f (gpt2),
-  plus 10 x vocab for the logits (bf16 logits, their fp32 copy, the softmax kept for backward).
+Memory per GPU (bytes; P parameters, M of them in matmuls; sharded over the GPUs under FSDP,
+replicated under DDP), everything the trainer allocates:
+  weights 4P (fp32 master), gradients 4P (DDP keeps them in its all-reduce buckets:
+  gradient_as_bucket_view, no second copy), AdamW moments 8P, ~1.5 GiB of CUDA context;
+  bf16 autocast keeps a bf16 copy of each matmul weight for the backward (2M; under FSDP the
+  all-gathered bf16 weights instead, two blocks at a time with prefetch);
+  the fused loss (model/loss.py) keeps the output projection's fp32 gradient (4 x vocab x d) from
+  the forward to the backward, and makes logits one chunk at a time (6 bytes x LOSS_CHUNK_ELEMENTS,
+  plus the bf16 weight, 2 x vocab x d): no full logits, ever;
+  on logging steps the update/param ratio needs ~8 bytes x the largest parameter, after the
+  backward (when activations are gone): it counts only if it exceeds them.
+  Activations saved for the backward, per token in bf16 autocast (d = d_model, k = KV width,
+  f = d_ff, h = heads), per layer: llama 30d + 4k + 8f + 4h + 8, gpt2 24d + 4f + 4h + 16 (the fp32
+  residual stream and norm inputs, bf16 matmul inputs, q/k/v and the attention output with
+  flash/SDPA: no score matrix, the MLP tensors); after the layers 10d + 12 (llama) or 6d + 16.
   With activation checkpointing per block only each block's fp32 input (4d) is kept, and one
-  block is recomputed at a time.
+  block is recomputed at a time. The coefficients are measured (tests/test_gpu_ready.py checks
+  them against the tensors a CPU step really saves, within 10%).
 These are estimates to choose a micro-batch; the trainer logs the measured peak.
 """
 
@@ -26,6 +36,7 @@ from pretrainer.resolve import resolve, resolve_d_ff, tokens_per_step
 from pretrainer.errors import UserError
 from pretrainer.flops import GPU, GPUS, flops_per_token, flops_per_token_6n, lookup_gpu, training_seconds
 from pretrainer.model import Transformer, count_parameters
+from pretrainer.model.loss import LOSS_CHUNK_ELEMENTS
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: ~20 training tokens per (total) parameter
 CUDA_OVERHEAD_BYTES = int(1.5 * 2**30)
@@ -33,29 +44,49 @@ CUDA_OVERHEAD_BYTES = int(1.5 * 2**30)
 
 def activation_bytes_per_token(cfg: Config) -> dict:
     m = cfg.model
-    kv = (m.n_kv_head or m.n_head) * (m.d_model // m.n_head)
-    per_layer = 18 * m.d_model + 6 * kv + (8 if m.arch == "llama" else 4) * resolve_d_ff(m)
-    logits = 10 * m.vocab_size
-    return {"full": m.n_layer * per_layer + logits + 4 * m.d_model,
-            "checkpointed": m.n_layer * 4 * m.d_model + per_layer + logits + 4 * m.d_model}
+    d, h, f = m.d_model, m.n_head, resolve_d_ff(m)
+    kv = (m.n_kv_head or m.n_head) * (d // m.n_head)
+    if m.arch == "llama":
+        per_layer, after_layers = 30 * d + 4 * kv + 8 * f + 4 * h + 8, 10 * d + 12
+    else:
+        per_layer, after_layers = 24 * d + 4 * f + 4 * h + 16, 6 * d + 16
+    return {"full": m.n_layer * per_layer + after_layers,
+            "checkpointed": m.n_layer * 4 * d + per_layer + after_layers}
 
 
-def memory_per_gpu(cfg: Config, params: int, gpus: int, strategy: str, gpu_memory_gb: float | None) -> dict:
-    shards = gpus if strategy == "fsdp" else 1
-    states = {"weights": 4 * params // shards, "gradients": 4 * params // shards, "adamw": 8 * params // shards}
+def memory_per_gpu(cfg: Config, params: int, matmul_params: int, gpus: int, strategy: str, gpu_memory_gb: float | None) -> dict:
+    """Bytes per GPU at the step's peak, item by item (see the module docstring), for the configured
+    micro-batch, with and without activation checkpointing."""
+    m = cfg.model
+    shards = gpus if strategy == "fsdp" and gpus > 1 else 1
+    block_params = (matmul_params - m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)) / max(m.n_layer, 1)
+    out = {"weights": 4 * params // shards, "gradients": 4 * params // shards, "adamw": 8 * params // shards,
+           "ddp_buckets": 0,  # gradient_as_bucket_view: the gradients are the buckets
+           "bf16_weights": int(2 * 2 * block_params) if shards > 1 else 2 * matmul_params,  # FSDP: 2 gathered blocks
+           "loss_gradient": 4 * m.vocab_size * m.d_model,
+           "loss_chunk": 6 * min(LOSS_CHUNK_ELEMENTS, m.vocab_size * cfg.train.micro_batch * m.seq_len) + 2 * m.vocab_size * m.d_model,
+           "cuda_overhead": CUDA_OVERHEAD_BYTES}
+    states = out["weights"] + out["gradients"] + out["adamw"] + out["cuda_overhead"]
+    largest = m.vocab_size * m.d_model  # the token embedding
+    logging_peak = states + 8 * largest // shards
     per_token = activation_bytes_per_token(cfg)
-    per_sequence = {k: v * cfg.model.seq_len for k, v in per_token.items()}
-    fixed = sum(states.values()) + CUDA_OVERHEAD_BYTES
-    out = {**states, "cuda_overhead": CUDA_OVERHEAD_BYTES,
-           "activations": per_sequence["full"] * cfg.train.micro_batch,
-           "activations_checkpointed": per_sequence["checkpointed"] * cfg.train.micro_batch}
-    out["total"] = fixed + out["activations"]
-    out["total_checkpointed"] = fixed + out["activations_checkpointed"]
+    tokens = cfg.train.micro_batch * m.seq_len
+    fixed = states + out["bf16_weights"] + out["loss_gradient"] + out["loss_chunk"]
+    for key, name in (("full", ""), ("checkpointed", "_checkpointed")):
+        out[f"activations{name}"] = per_token[key] * tokens
+        out[f"total{name}"] = max(fixed + out[f"activations{name}"], logging_peak)
+        if gpu_memory_gb:
+            out[f"max_micro_batch{name}"] = max(0, int((gpu_memory_gb * 1e9 - fixed) // (per_token[key] * m.seq_len)))
     if gpu_memory_gb:
-        free = gpu_memory_gb * 1e9 - fixed
-        out["max_micro_batch"] = max(0, int(free // per_sequence["full"]))
-        out["max_micro_batch_checkpointed"] = max(0, int(free // per_sequence["checkpointed"]))
+        out["fits"] = out["total"] <= gpu_memory_gb * 1e9
+        out["fits_checkpointed"] = out["total_checkpointed"] <= gpu_memory_gb * 1e9
     return out
+
+
+def matmul_parameter_count(model: Transformer) -> int:
+    """Parameters that enter matmuls (autocast keeps a bf16 copy of each): the Linear weights, the
+    output projection included (tied or not)."""
+    return sum(module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear))
 
 
 def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM,
@@ -78,7 +109,8 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
 
     cfg = resolve(cfg, world_size=gpus)  # the same derivations as train: vocab, d_ff, grad_accum from global_batch
     with torch.device("meta"):
-        counts = count_parameters(Transformer(cfg.model))
+        model = Transformer(cfg.model)
+        counts, matmul_params = count_parameters(model), matmul_parameter_count(model)
     flops = flops_per_token(cfg.model, counts["non_embedding"])
     per_token = flops["total"] if flops_convention == "full" else flops_per_token_6n(counts["non_embedding"])
     step_tokens = tokens_per_step(cfg, gpus)
@@ -107,7 +139,7 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
         "gpu": {"key": gpu, "name": known.name if known else gpu, "count": gpus, "peak_bf16_tflops": peak,
                 "memory_gb": memory_gb, "board_power_w": watts},
         "strategy": cfg.parallel.strategy,
-        "memory_per_gpu_bytes": memory_per_gpu(cfg, counts["total"], gpus, cfg.parallel.strategy, memory_gb),
+        "memory_per_gpu_bytes": memory_per_gpu(cfg, counts["total"], matmul_params, gpus, cfg.parallel.strategy, memory_gb),
     }
     if peak:
         seconds = training_seconds(training_flops, gpus, peak, mfu)
@@ -150,10 +182,14 @@ def format_plan(plan: dict) -> str:
         rows.append(("wall time, cost", "give --gpu NAME (or --peak-tflops) to estimate"))
     m = plan["memory_per_gpu_bytes"]
     rows += [
-        ("memory per GPU", f"weights {gib(m['weights'])}, gradients {gib(m['gradients'])}, AdamW {gib(m['adamw'])} "
-                           f"({plan['strategy']}), CUDA context {gib(m['cuda_overhead'])}"),
-        ("  activations", f"{gib(m['activations'])} at micro-batch {t['micro_batch']} -> total {gib(m['total'])}"),
-        ("  with act. checkpointing", f"{gib(m['activations_checkpointed'])} -> total {gib(m['total_checkpointed'])}"),
+        ("memory per GPU", f"weights {gib(m['weights'])}, gradients {gib(m['gradients'])} (DDP buckets: views, +0), AdamW "
+                           f"{gib(m['adamw'])} ({plan['strategy']}), CUDA context {gib(m['cuda_overhead'])}"),
+        ("  bf16 weights, loss", f"{gib(m['bf16_weights'])} bf16 weight copies; fused loss {gib(m['loss_gradient'])} "
+                                 f"(output gradient) + {gib(m['loss_chunk'])} (one chunk of logits)"),
+        ("  activations", f"{gib(m['activations'])} at micro-batch {t['micro_batch']} -> total {gib(m['total'])}"
+                          + (f" ({'fits' if m['fits'] else 'does NOT fit'} in {g['memory_gb']:g} GB)" if "fits" in m else "")),
+        ("  with act. checkpointing", f"{gib(m['activations_checkpointed'])} -> total {gib(m['total_checkpointed'])}"
+                                      + (f" ({'fits' if m['fits_checkpointed'] else 'does NOT fit'})" if "fits" in m else "")),
     ]
     if "max_micro_batch" in m:
         rows.append(("  largest micro-batch", f"{m['max_micro_batch']} ({m['max_micro_batch_checkpointed']} with activation "

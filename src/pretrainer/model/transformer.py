@@ -26,9 +26,9 @@ import torch.utils.checkpoint
 from torch import nn
 
 from pretrainer.config import ModelConfig
+from pretrainer.model.loss import IGNORE_INDEX, linear_cross_entropy  # noqa: F401 (IGNORE_INDEX: re-exported)
 from pretrainer.resolve import resolve_d_ff
 
-IGNORE_INDEX = -1  # targets with this id do not count in the loss (padding, masked prompts)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,14 +88,12 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        if self.n_kv_head != self.n_head:  # grouped-query attention: each kv head serves n_head/n_kv_head query heads
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        gqa = self.n_kv_head != self.n_head  # each kv head serves n_head/n_kv_head query heads: SDPA reads them, no copies
         if start == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:  # decoding after a prefix: query i (absolute start + i) sees keys 0..start + i
             visible = torch.arange(k.size(2), device=x.device)[None, :] <= (start + torch.arange(T, device=x.device))[:, None]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -171,7 +169,9 @@ class Transformer(nn.Module):
                 module.reset_parameters()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None):
-        """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy over targets != IGNORE_INDEX or None)."""
+        """idx (B, T) token ids -> (logits (B, T, vocab), None) without targets; with targets (B, T) ->
+        (None, mean cross-entropy over targets != IGNORE_INDEX): the loss is computed by the fused,
+        chunked output projection (model/loss.py), so the full logits are never made or kept."""
         T = idx.size(1)
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.cfg.seq_len:
@@ -187,11 +187,9 @@ class Transformer(nn.Module):
                 x = block(x, rope, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
-        logits = self.lm_head(self.norm(x))
-        loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
-        return logits, loss
+            return None, linear_cross_entropy(self.norm(x), self.lm_head.weight, targets)
+        return self.lm_head(self.norm(x)), None
 
     def new_kv_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         attn = self.layers[0].attn

@@ -1,13 +1,22 @@
-"""train.micro_batch = auto: the largest micro-batch that survives a few full training steps on CUDA.
+"""train.micro_batch = auto: the largest micro-batch whose full training steps fit in GPU memory.
 
-The search builds its own copy of the model (with the run's activation checkpointing) on one
-device, under a forked RNG so the run's initialisation is unchanged. It needs no collective, so
-an out-of-memory error on one rank cannot deadlock the others; the ranks then agree on the
-smallest result. Candidates are the divisors of the per-rank batch (global_batch / world_size),
-largest first, so the global batch is kept exactly and grad_accum absorbs the difference.
+Each try runs TRIAL_STEPS real steps (forward, backward, AdamW) of the run's own configuration:
+the same model with its activation checkpointing and per-block compile, the same autocast and the
+same fused loss. DDP wraps nothing that costs memory here (gradients live in its buckets:
+gradient_as_bucket_view), so one device measures what a DDP rank needs; FSDP is refused (its
+memory depends on the other ranks). No collective runs during the search, so an out-of-memory
+error on one rank cannot deadlock the others; the ranks then agree on the smallest result.
+
+Candidates are the divisors of the per-rank batch (global_batch / world_size), so the global batch
+is kept exactly and grad_accum absorbs the difference. The search grows from the smallest (each
+try about double the last) until one does not fit, then bisects between the largest that fit and
+the smallest that did not: few out-of-memory errors, each try's memory released before the next.
 """
 
 from __future__ import annotations
+
+import gc
+from collections.abc import Callable
 
 import torch
 
@@ -20,41 +29,70 @@ from pretrainer.train.optim import build_optimizer
 TRIAL_STEPS = 3
 
 
+def largest_that_fits(candidates: list[int], fits: Callable[[int], bool]) -> int:
+    """The largest of the ascending `candidates` for which fits() holds (0 if none), assuming that what
+    fits is a prefix: grow by doubling, then bisect."""
+    good, bad, index = -1, len(candidates), 0  # candidates[good] fits, candidates[bad] does not
+    while index < len(candidates):
+        if not fits(candidates[index]):
+            bad = index
+            break
+        good = index
+        doubled = [i for i in range(index + 1, len(candidates)) if candidates[i] >= 2 * candidates[index]]
+        index = doubled[0] if doubled else len(candidates) - 1 if index < len(candidates) - 1 else len(candidates)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if fits(candidates[middle]):
+            good = middle
+        else:
+            bad = middle
+    return candidates[good] if good >= 0 else 0
+
+
+def trial_fits(cfg: Config, micro_batch: int, device: torch.device, amp_dtype: torch.dtype | None, say) -> bool:
+    """TRIAL_STEPS full steps at this micro-batch -> did they fit? Everything the try allocated is freed
+    before returning, whatever happened."""
+    try:
+        model = Transformer(cfg.model).to(device)
+        model.checkpoint_blocks = cfg.train.activation_checkpointing
+        if cfg.train.compile:
+            for block in model.layers:
+                block.compile()
+        optimizer = build_optimizer(model, cfg.optim, device.type)
+        for _ in range(TRIAL_STEPS):
+            ids = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len + 1), device=device)
+            with autocast(device, amp_dtype):
+                loss = model(ids[:, :-1], ids[:, 1:])[1]
+            loss.backward()
+            del loss
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return True
+    except torch.OutOfMemoryError:
+        say(f"micro-batch {micro_batch}: out of memory")
+        return False
+    finally:  # the exception's traceback holds the try's frames: drop them before emptying the cache
+        model = optimizer = ids = None
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def find_micro_batch(cfg: Config, per_rank_batch: int, device: torch.device, amp_dtype: torch.dtype | None,
-                     say=print) -> int:
-    if device.type != "cuda":
+                     say=print, fits: Callable[[int], bool] | None = None) -> int:
+    """`fits` replaces the real trial (tests simulate a memory limit on CPU with it)."""
+    if fits is None and device.type != "cuda":
         raise UserError("train.micro_batch = auto searches GPU memory and needs CUDA; on CPU set a number, e.g. --train.micro_batch=8")
     if cfg.parallel.strategy == "fsdp":
         raise UserError("train.micro_batch = auto is not supported with parallel.strategy = fsdp; set train.micro_batch")
-    candidates = [b for b in range(per_rank_batch, 0, -1) if per_rank_batch % b == 0]
-    found = 0
-    with torch.random.fork_rng(devices=[device]):
-        model = Transformer(cfg.model).to(device)
-        model.checkpoint_blocks = cfg.train.activation_checkpointing
-        for micro_batch in candidates:
-            optimizer = build_optimizer(model, cfg.optim, device.type)
-            try:
-                for _ in range(TRIAL_STEPS):
-                    ids = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len + 1), device=device)
-                    with autocast(device, amp_dtype):
-                        _, loss = model(ids[:, :-1], ids[:, 1:])
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                torch.cuda.synchronize(device)
-                found = micro_batch
-            except torch.cuda.OutOfMemoryError:
-                say(f"micro-batch {micro_batch}: out of memory")
-            finally:
-                del optimizer
-                model.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
-            if found:
-                break
-        del model
-        torch.cuda.empty_cache()
+    candidates = [b for b in range(1, per_rank_batch + 1) if per_rank_batch % b == 0]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's initialisation is unchanged
+        found = largest_that_fits(candidates, fits or (lambda b: trial_fits(cfg, b, device, amp_dtype, say)))
     if not found:
         raise UserError(f"train.micro_batch = auto: even a micro-batch of 1 sequence of {cfg.model.seq_len} does not fit; "
                         f"use parallel.strategy = fsdp, a shorter model.seq_len or a smaller model")
-    say(f"micro-batch auto: {found} sequences fit ({TRIAL_STEPS} full steps)")
+    say(f"micro-batch auto: {found} sequences fit ({TRIAL_STEPS} full steps{', compiled' if cfg.train.compile else ''}"
+        f"{', activation checkpointing' if cfg.train.activation_checkpointing else ''})")
     return found

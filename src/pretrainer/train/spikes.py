@@ -52,7 +52,7 @@ from pretrainer.config import SpikeConfig
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_write_bytes
 from pretrainer.train.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
-from pretrainer.train.distributed import DistEnv, agree_max, broadcast_object
+from pretrainer.train.distributed import DistEnv, broadcast_object
 
 RARE_FRACTION = 0.01  # "rare" = the rarest 1% of the vocabulary ids that occur in the training data
 MAX_COUNT_TOKENS = 200_000_000  # unigram counts from at most this many tokens, in evenly spaced chunks

@@ -1,0 +1,75 @@
+"""The output projection and the cross-entropy in one pass, chunked over tokens, so the full logits
+(tokens x vocab, in bf16 and again in fp32 for the softmax) never exist at once.
+
+At vocab 131,072 and 16K tokens per micro-batch the plain way (`F.cross_entropy(lm_head(h).float())`)
+keeps 8 GiB of fp32 logits (plus a 4 GiB bf16 copy) alive from the forward to the backward. Here
+the forward walks the tokens in chunks of at most LOSS_CHUNK_ELEMENTS / vocab: logits of the chunk,
+its loss, and at once its gradient (softmax - one-hot), turned into the gradients of the hidden
+states and of the weight. Only those two are kept for the backward, which just scales them by the
+incoming gradient. Same FLOPs as the plain way (the gradient matmuls move from the backward into the
+forward), and the same math: the mean over the targets that are not IGNORE_INDEX.
+"""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE_INDEX = -1  # targets with this id do not count in the loss (padding, masked prompts)
+LOSS_CHUNK_ELEMENTS = 2**26  # logits per chunk: ~0.8 GB of temporaries (12 bytes per element)
+
+
+def loss_chunk_tokens(vocab_size: int) -> int:
+    return max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
+
+
+def _chunked(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, compute_dtype: torch.dtype, grads: bool):
+    """-> (mean loss, gradient of the summed loss wrt hidden and wrt weight (None, None without grads), count)."""
+    chunk = loss_chunk_tokens(weight.size(0))
+    with torch.autocast(hidden.device.type, enabled=False):  # the casts are explicit: autocast's dtype, made once
+        h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
+        grad_hidden = torch.empty_like(h) if grads else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads else None
+        loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        counted = targets != IGNORE_INDEX
+        for start in range(0, h.size(0), chunk):
+            h_chunk, t_chunk, keep = h[start:start + chunk], targets[start:start + chunk], counted[start:start + chunk]
+            logits = (h_chunk @ w.t()).float()
+            log_z = torch.logsumexp(logits, dim=-1)
+            rows, safe_targets = torch.arange(len(t_chunk), device=h.device), t_chunk.clamp(min=0)
+            loss_sum += ((log_z - logits[rows, safe_targets]) * keep).sum()
+            if grads:  # d(summed loss)/d(logits) = softmax - one-hot, made in place of the logits
+                grad_logits = logits.sub_(log_z[:, None]).exp_()
+                grad_logits[rows, safe_targets] -= 1.0
+                grad_logits *= keep[:, None]
+                grad_logits = grad_logits.to(compute_dtype)
+                grad_hidden[start:start + chunk] = grad_logits @ w
+                grad_weight += (grad_logits.t() @ h_chunk).float()
+        count = counted.sum().clamp(min=1).float()
+    return loss_sum / count, grad_hidden, grad_weight, count
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, compute_dtype: torch.dtype):
+        loss, grad_hidden, grad_weight, count = _chunked(hidden, weight, targets, compute_dtype, grads=True)
+        ctx.save_for_backward(grad_hidden, grad_weight, count)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_hidden, grad_weight, count = ctx.saved_tensors
+        scale = grad_loss / count
+        return (grad_hidden * scale).to(ctx.dtypes[0]), (grad_weight * scale).to(ctx.dtypes[1]), None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """mean cross-entropy of softmax(hidden @ weight.T) against targets (IGNORE_INDEX left out), without
+    materialising the logits. hidden (..., d), weight (vocab, d), targets (...). Under autocast the
+    matmuls run in its dtype, the softmax in fp32, as `F.cross_entropy(linear(hidden).float())` does."""
+    device_type = hidden.device.type
+    compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    hidden, targets = hidden.flatten(0, -2), targets.flatten()
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):  # evaluation: the loss alone
+        return _chunked(hidden, weight, targets, compute_dtype, grads=False)[0]
+    return _LinearCrossEntropy.apply(hidden, weight, targets, compute_dtype)
