@@ -9,10 +9,13 @@ number of workers; MB/s of each and their ratio (target: pretrainer >= 0.90 x ra
   --tokenizer gpt2 --workers N` runs, in this process: read and parse, hash each document for the
   validation split and de-duplication, encode in N spawned worker processes, write train.bin and
   val.bin (fsync, sha256) and the manifest.
-- raw tiktoken: the least a tokenizing pass does: read and parse the same file in this process (JSONL:
-  each line's "text"; .txt: pieces cut at blank lines), `encode_ordinary_batch(batch, num_threads=N)`
-  over batches of N x 1M characters, an end-of-text token after each document, uint16 tokens
-  written to one file and fsynced, as prepare does.
+- raw tiktoken: the least a tokenizing pass does: read and parse the same documents in this process,
+  `encode_ordinary_batch(batch, num_threads=N)` over batches of N x 1M characters, an end-of-text
+  token after each document, uint16 tokens written to one file and fsynced, as prepare does.
+
+Documents: a JSONL line's "text"; in a .txt, the paragraphs between blank lines (for both sides:
+prepare's --txt-docs blank-lines, which it uses anyway for a .txt over 64 MiB; a smaller one would be
+a single document, which prepare cannot split into train and val).
 
 Both load the GPT-2 ranks from pretrainer's offline cache (`pretrainer fetch-gpt2`) inside the timed
 part, and neither pays the interpreter's start-up (the CLI adds that once). Runs alternate (pretrainer,
@@ -44,7 +47,7 @@ from pretrainer.data.sources import Corpus, stdlib_files
 from pretrainer.data.tokenizer import load_gpt2
 from pretrainer.errors import UserError
 
-PIECE_CHARS = 1 << 20  # per worker per batch, as prepare's BATCH_CHARS
+BATCH_CHARS = 1 << 20  # per worker per batch, as prepare's BATCH_CHARS
 
 
 def make_jsonl(path: Path, megabytes: float) -> None:
@@ -61,23 +64,22 @@ def make_jsonl(path: Path, megabytes: float) -> None:
 
 
 def documents(path: Path):
-    """-> (text, ends a document) in file order."""
-    if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
+    """The file's documents, as prepare reads them (JSONL "text"; .txt paragraphs between blank lines)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        if path.suffix == ".jsonl":
             for line in f:
-                if line.strip():
-                    text = json.loads(line)["text"]
-                    if text:
-                        yield text, True
-        return
-    with open(path, encoding="utf-8", errors="replace") as f:  # .txt: one document, cut into pieces at blank lines
-        rest = ""
-        while chunk := f.read(PIECE_CHARS):
-            text = rest + chunk
-            cut = text.rfind("\n\n") + 2 if "\n\n" in text else len(text)
-            piece, rest = text[:cut], text[cut:]
-            yield piece, False
-        yield rest, True
+                if line.strip() and (text := json.loads(line)["text"]):
+                    yield text
+            return
+        paragraph: list[str] = []
+        for line in f:
+            if line.strip():
+                paragraph.append(line)
+            elif paragraph:
+                yield "".join(paragraph).rstrip("\r\n")
+                paragraph = []
+        if paragraph:
+            yield "".join(paragraph).rstrip("\r\n")
 
 
 def raw_tiktoken(path: Path, out: Path, workers: int) -> int:
@@ -85,17 +87,16 @@ def raw_tiktoken(path: Path, out: Path, workers: int) -> int:
     encoding = load_gpt2().encoding
     eot, tokens = encoding.eot_token, 0
 
-    def encode(batch: list[tuple[str, bool]]) -> np.ndarray:
-        ids = encoding.encode_ordinary_batch([text for text, _ in batch], num_threads=workers)
-        return np.fromiter(itertools.chain.from_iterable(x + [eot] if end else x for x, (_, end) in zip(ids, batch)),
-                           dtype=np.uint16)
+    def encode(batch: list[str]) -> np.ndarray:
+        ids = encoding.encode_ordinary_batch(batch, num_threads=workers)
+        return np.fromiter(itertools.chain.from_iterable(x + [eot] for x in ids), dtype=np.uint16)
 
     with open(out, "wb") as sink:
         batch, chars = [], 0
-        for text, end in documents(path):
-            batch.append((text, end))
+        for text in documents(path):
+            batch.append(text)
             chars += len(text)
-            if chars >= workers * PIECE_CHARS:
+            if chars >= workers * BATCH_CHARS:
                 tokens += sink.write(encode(batch).tobytes()) // 2
                 batch, chars = [], 0
         if batch:
@@ -108,7 +109,7 @@ def raw_tiktoken(path: Path, out: Path, workers: int) -> int:
 def pretrainer_prepare(path: Path, out: Path, workers: int) -> int:
     """`pretrainer prepare --corpus PATH --tokenizer gpt2 --workers N`. -> tokens written (both splits)."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress bar
-        manifest = prepare(Corpus([str(path)]), "gpt2", out, workers=workers)
+        manifest = prepare(Corpus([str(path)], txt_docs="blank-lines"), "gpt2", out, workers=workers)
     return sum(split["tokens"] for split in manifest["splits"].values())
 
 
@@ -165,7 +166,7 @@ def main() -> int:
     same = tokens["pretrainer prepare"] == tokens["raw tiktoken"]
     if not same:
         print(f"note: token counts differ by {tokens['pretrainer prepare'] - tokens['raw tiktoken']:+,} (prepare drops exact "
-              f"duplicate documents and cuts .txt pieces at other places)")
+              f"duplicate documents)")
     return 1 if args.make_jsonl and not same else 0
 
 
