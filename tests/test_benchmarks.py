@@ -1,0 +1,67 @@
+"""The throughput and prepare-speed benchmarks run end to end in --smoke mode (the numbers are not checked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from pretrainer.config import load_config
+from pretrainer.data.loader import open_data_dir
+from pretrainer.resolve import resolve
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+# Stands in for nanoGPT's train.py (nanoGPT is never part of this repo): checks what the benchmark
+# set up and prints nanoGPT's log line with 10 ms per iteration, so the nanoGPT row's tokens/s is known.
+FAKE_NANOGPT_TRAIN = """
+import pickle, sys
+settings = dict(arg[2:].split("=", 1) for arg in sys.argv[1:])
+assert open(f"data/{settings['dataset']}/train.bin", "rb").read(2)
+assert pickle.load(open(f"data/{settings['dataset']}/meta.pkl", "rb"))["vocab_size"] == 1024
+for i in range(int(settings["max_iters"]) + 1):
+    print(f"iter {i}: loss 6.9000, time 10.00ms, mfu -100.00%")
+"""
+
+
+def run_script(name: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCHMARKS / name), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_throughput_smoke(stdlib_data, tmp_path):
+    """One process: bare loop, trainer and (a stand-in) nanoGPT, a combined variant, two micro-batches."""
+    (tmp_path / "train.py").write_text(FAKE_NANOGPT_TRAIN)
+    (tmp_path / "model.py").write_text("")
+    (tmp_path / "configurator.py").write_text("")
+    result = run_script("throughput.py", "--smoke", "--data", stdlib_data, "--model.arch=gpt2", "--nanogpt", tmp_path,
+                        "--out", tmp_path / "results.json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for variant in ("config", "ac+sdpa-math"):
+        for loop in ("bare loop", "pretrainer"):
+            for micro_batch in (2, 4):
+                assert f"| {loop} | {variant} | {micro_batch} |" in result.stdout
+    assert "| nanoGPT | config | 2 | 6,400 |" in result.stdout  # 2 sequences x 32 tokens per 10 ms
+    assert "| nanoGPT | ac+sdpa-math | 2 | skipped |" in result.stdout  # nanoGPT has no activation checkpointing
+    assert "pretrainer / bare loop" in result.stdout and "pretrainer / nanoGPT" in result.stdout
+    if "cuda" not in result.stdout:
+        assert "| bare loop | sdpa-efficient | 2 | skipped |" in result.stdout  # no such kernel on CPU
+    assert (tmp_path / "results.json").is_file()
+
+
+def test_nanogpt_needs_the_gpt2_shape(stdlib_data):
+    spec = importlib.util.spec_from_file_location("throughput", BENCHMARKS / "throughput.py")
+    throughput = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(throughput)
+    data = open_data_dir(stdlib_data)
+    llama = resolve(load_config(None, [f"--data.dir={stdlib_data}"]), 1, data)
+    assert "--model.arch=gpt2" in throughput.nanogpt_problem(llama, data)
+    gpt2 = resolve(load_config(None, [f"--data.dir={stdlib_data}", "--model.arch=gpt2"]), 1, data)
+    assert throughput.nanogpt_problem(gpt2, data) == ""
+
+
+def test_prepare_speed_smoke():
+    result = run_script("prepare_speed.py", "--smoke", "--workers", 2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| pretrainer prepare |" in result.stdout and "| raw tiktoken |" in result.stdout
+    assert "pretrainer / raw tiktoken" in result.stdout
