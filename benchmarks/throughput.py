@@ -19,9 +19,7 @@ Every (variant, micro-batch) is measured by each loop, alternating (bare, pretra
   mlflow off (--mlflow.enabled=true to include it). tokens/s = the metrics.jsonl records after step W:
   their tokens over the time they cover. log.every stays as configured (10 by default) and W is
   rounded up to a multiple of it, so the window starts on a logging step and the trainer pays its
-  real logging cost inside it. The trainer reads its clock (Throughput.rate) before the logging
-  step's `.item()` sync; here it is wrapped to synchronize first, as the bare loop does (the logging
-  step syncs a moment later anyway).
+  real logging cost inside it (its clock is read after the logging step's sync).
 - nanoGPT (--nanogpt): its train.py as a subprocess in a temp dir whose data/pretrainer/{train,val}.bin
   link to our token files (uint16 only) and whose meta.pkl gives our vocab size; the shape must be
   GPT-2's (model.arch = gpt2, d_ff = 4 x d_model, tied embeddings). tokens/s = N x batch_size x
@@ -70,7 +68,7 @@ from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir
 from pretrainer.device import autocast, autocast_dtype, device_peak_tflops, resolve_device
 from pretrainer.errors import UserError
 from pretrainer.flops import flops_per_token, mfu
-from pretrainer.metrics import Throughput, read_metrics
+from pretrainer.metrics import read_metrics
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.resolve import resolve, tokens_per_step
 from pretrainer.runs import build_model
@@ -152,7 +150,10 @@ def bare_loop(cfg: Config, data: DataDir, device: torch.device, memory: PeakMemo
     model = build_model(cfg).to(device)
     model.checkpoint_blocks = cfg.train.activation_checkpointing
     optimizer = build_optimizer(model, cfg.optim, device.type)
-    forward = torch.compile(model) if cfg.train.compile else model
+    if cfg.train.compile:  # as the trainer does: each block in place
+        for block in model.layers:
+            block.compile()
+    forward = model
     loader = SequenceLoader(data.tokens("train"), cfg.model.seq_len, cfg.train.micro_batch, cfg.train.grad_accum,
                             seed=cfg.train.seed)
 
@@ -178,23 +179,6 @@ def bare_loop(cfg: Config, data: DataDir, device: torch.device, memory: PeakMemo
     return steps * tokens_per_step(cfg, 1) / seconds, *memory.read()
 
 
-@contextlib.contextmanager
-def trainer_clock_after_device(device: torch.device):
-    """The trainer's Throughput reads the clock once the host has queued a logging step's work; make it
-    wait for the device first, as the bare loop's clock does."""
-    original = Throughput.rate
-
-    def rate(self, tokens):
-        synchronize(device)
-        return original(self, tokens)
-
-    Throughput.rate = rate
-    try:
-        yield
-    finally:
-        Throughput.rate = original
-
-
 def pretrainer_loop(args, overrides: list[str], device: torch.device, memory: PeakMemory, warmup: int, steps: int,
                     run_dir: Path) -> tuple[float, int, str]:
     """The real trainer, in this process; tokens/s from the metrics.jsonl records after the warm-up."""
@@ -202,8 +186,7 @@ def pretrainer_loop(args, overrides: list[str], device: torch.device, memory: Pe
                                     f"--run.dir={run_dir}", f"--train.max_steps={warmup + steps}", "--train.stop_at_step=0",
                                     "--train.resume=never", "--eval.every=0", "--eval.batches=1", "--ckpt.every=0"])
     log = run_dir.with_suffix(".log")
-    with open(log, "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), \
-            trainer_clock_after_device(device):
+    with open(log, "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
             train(cfg)
         except Exception:

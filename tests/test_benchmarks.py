@@ -65,3 +65,14 @@ def test_prepare_speed_smoke():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "| pretrainer prepare |" in result.stdout and "| raw tiktoken |" in result.stdout
     assert "pretrainer / raw tiktoken" in result.stdout
+
+
+def test_gpu_checklist_says_it_needs_a_gpu_on_cpu():
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: run the checklist itself")
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_checklist.py"), "--data", "unused"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "no CUDA device" in result.stdout
