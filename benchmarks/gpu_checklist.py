@@ -38,7 +38,10 @@ NCCL_SMOKE = ("import torch, torch.distributed as d; d.init_process_group('nccl'
 
 def run(cmd: list[str], timeout: int = 1800) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:  # one stuck check must not lose the others' results
+        return 124, f"timed out after {timeout} s: {' '.join(cmd)[:200]}\n{(e.stdout or b'')[-2000:]!r}"
     return result.returncode, result.stdout + result.stderr
 
 
@@ -73,9 +76,11 @@ def main() -> int:
                          "--train.audit_syncs=true"])
         attention = re.search(r"attention (\w+)", out)
         records = [json.loads(line) for line in Path(f"{tmp}/bf16/metrics.jsonl").read_text().splitlines()] if code == 0 else []
-        syncs = [r["host_syncs_per_step"] for r in records if "host_syncs_per_step" in r]
+        # the first interval compiles and autotunes (which synchronise): judge the intervals after it
+        syncs = [r["host_syncs_per_step"] for r in records if "host_syncs_per_step" in r][1:]
         check("bf16 + compile + flash attention", code == 0 and attention is not None and attention.group(1) == "flash"
-              and syncs and max(syncs) == 0, f"attention {attention.group(1) if attention else '?'}, host syncs {syncs}")
+              and syncs and max(syncs) == 0, f"attention {attention.group(1) if attention else '?'}, host syncs "
+                                             f"after the first interval {syncs}")
         code, out = run([python, "-m", "pretrainer", "train", *gpt2, f"--run.dir={tmp}/auto", "--train.micro_batch=auto",
                          "--train.global_batch=64", "--train.max_steps=3", "--train.dtype=bfloat16"])
         found = re.search(r"micro-batch auto: (\d+)", out)

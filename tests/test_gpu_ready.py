@@ -44,15 +44,17 @@ def test_no_host_sync_outside_logging_steps(action, stdlib_data, tmp_path):
     assert len(counts) == 3 and counts == [0.0, 0.0, 0.0], counts  # logging steps 5, 10, 12
 
 
-def test_sync_audit_catches_an_item_in_a_step(stdlib_data, tmp_path, monkeypatch):
-    """The audit is not blind: one `.item()` per step (here in the loss reduction) is counted."""
+@pytest.mark.parametrize("read", ["item", "tolist", "bool"])
+def test_sync_audit_catches_a_host_read_in_a_step(read, stdlib_data, tmp_path, monkeypatch):
+    """The audit is not blind: one `.item()`, `.tolist()` or `bool()` per step (here in the loss
+    reduction; `.tolist()` is how the old per-step agreement read its all-reduce) is counted."""
     real = loop.mean_across_ranks
 
-    def with_item(value, env):
-        value.item()
+    def with_read(value, env):
+        {"item": lambda: value.item(), "tolist": lambda: value.tolist(), "bool": lambda: bool(value > 0)}[read]()
         return real(value, env)
 
-    monkeypatch.setattr(loop, "mean_across_ranks", with_item)
+    monkeypatch.setattr(loop, "mean_across_ranks", with_read)
     run = tmp_path / "run"
     train(tiny_config(stdlib_data, run, **AUDIT))
     assert audited(run) == [1.0, 1.0, 1.0]
@@ -97,7 +99,7 @@ def test_watchdog_diagnoses_and_stops(stdlib_data, tmp_path, run_cli):
     assert code == 6, out + err
     line = next(line for line in (out + err).splitlines() if line.startswith("watchdog:"))
     assert "tokens/s < train.min_tokens_per_s" in line and "compile off" in line and "attention " in line
-    assert "data wait" in line and "host syncs per step 0" in line
+    assert "data wait" in line and "host syncs per step n/a" in line  # counted for the watchdog on CUDA only
     assert json.loads((run / "exit.json").read_text())["reason"] == "throughput_stop"
     assert (run / "checkpoints" / "step-0000006" / "COMPLETE").is_file()  # stopped at the check, with a checkpoint
     records = read_metrics(run / "metrics.jsonl")
@@ -112,8 +114,9 @@ def test_watchdog_passes_a_fast_enough_run(stdlib_data, tmp_path, run_cli):
 
 
 def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(stdlib_data, tmp_path, monkeypatch):
-    """train.compile = true (each block compiled) against eager over 8 steps; evaluation (eval mode, no
-    grad) compiles its graphs once: later passes, and training between them, add none."""
+    """train.compile = true (each block compiled, with activation checkpointing around it) against
+    eager over 8 steps; evaluation (eval mode, no grad) compiles its graphs once: later passes, and
+    training between them, add none."""
     import torch._dynamo.utils
 
     settings = {"train.max_steps": 8, "eval.every": 2, "ckpt.every": 0, "log.every": 1}
@@ -128,7 +131,8 @@ def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(stdli
         return result
 
     monkeypatch.setattr(loop, "evaluate", counting)
-    train(tiny_config(stdlib_data, tmp_path / "compiled", **settings, **{"train.compile": True}))
+    train(tiny_config(stdlib_data, tmp_path / "compiled", **settings, **{"train.compile": True,
+                                                                         "train.activation_checkpointing": True}))
     eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert eager.keys() == compiled.keys() == set(range(1, 9))
     for step in eager:

@@ -121,4 +121,6 @@ def test_fused_chunked_loss_matches_cross_entropy_of_full_logits(dtype, monkeypa
         assert g.dtype == e.dtype
         torch.testing.assert_close(g, 2.0 * e, **tolerance)
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-        torch.testing.assert_close  # evaluation: the same loss, no gradient work(fused.linear_cross_entropy(hidden, weight, targets), got.detach(), rtol=1e-6, atol=1e-6)
+        evaluated = fused.linear_cross_entropy(hidden, weight, targets)  # evaluation: the same loss, no gradient work
+    assert evaluated.grad_fn is None
+    torch.testing.assert_close(evaluated, got.detach(), rtol=1e-6, atol=1e-6)

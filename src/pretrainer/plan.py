@@ -12,7 +12,7 @@ replicated under DDP), everything the trainer allocates:
   all-gathered bf16 weights instead, two blocks at a time with prefetch);
   the fused loss (model/loss.py) keeps the output projection's fp32 gradient (4 x vocab x d) from
   the forward to the backward, and makes logits one chunk at a time (6 bytes x LOSS_CHUNK_ELEMENTS,
-  plus the bf16 weight, 2 x vocab x d): no full logits, ever;
+  plus the bf16 weight and one bf16 weight-gradient product, 4 x vocab x d): no full logits, ever;
   on logging steps the update/param ratio needs ~8 bytes x the largest parameter, after the
   backward (when activations are gone): it counts only if it exceeds them.
   Activations saved for the backward, per token in bf16 autocast (d = d_model, k = KV width,
@@ -64,7 +64,8 @@ def memory_per_gpu(cfg: Config, params: int, matmul_params: int, gpus: int, stra
            "ddp_buckets": 0,  # gradient_as_bucket_view: the gradients are the buckets
            "bf16_weights": int(2 * 2 * block_params) if shards > 1 else 2 * matmul_params,  # FSDP: 2 gathered blocks
            "loss_gradient": 4 * m.vocab_size * m.d_model,
-           "loss_chunk": 6 * min(LOSS_CHUNK_ELEMENTS, m.vocab_size * cfg.train.micro_batch * m.seq_len) + 2 * m.vocab_size * m.d_model,
+           # one chunk of logits (bf16 + fp32), the bf16 weight, the chunk's bf16 weight-gradient product
+           "loss_chunk": 6 * min(LOSS_CHUNK_ELEMENTS, m.vocab_size * cfg.train.micro_batch * m.seq_len) + 4 * m.vocab_size * m.d_model,
            "cuda_overhead": CUDA_OVERHEAD_BYTES}
     states = out["weights"] + out["gradients"] + out["adamw"] + out["cuda_overhead"]
     largest = m.vocab_size * m.d_model  # the token embedding

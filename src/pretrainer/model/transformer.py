@@ -76,6 +76,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, cfg.d_model, bias=bias)
+        # grouped-query attention read natively by SDPA (enable_gqa: no K/V copies). On CUDA only the flash
+        # kernel supports it; where flash is ruled out the trainer's probe (train/perf.py) turns this off,
+        # so the efficient kernel runs on repeated K/V instead of the math kernel's T x T scores.
+        self.native_gqa = True
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -88,12 +92,16 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        gqa = self.n_kv_head != self.n_head  # each kv head serves n_head/n_kv_head query heads: SDPA reads them, no copies
+        gqa = self.n_kv_head != self.n_head  # each kv head serves n_head/n_kv_head query heads
+        if gqa and (start > 0 or not self.native_gqa):  # the masked decode path, or no flash: repeat K/V
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            gqa = False
         if start == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:  # decoding after a prefix: query i (absolute start + i) sees keys 0..start + i
             visible = torch.arange(k.size(2), device=x.device)[None, :] <= (start + torch.arange(T, device=x.device))[:, None]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 

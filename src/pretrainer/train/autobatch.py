@@ -52,6 +52,8 @@ def largest_that_fits(candidates: list[int], fits: Callable[[int], bool]) -> int
 def trial_fits(cfg: Config, micro_batch: int, device: torch.device, amp_dtype: torch.dtype | None, say) -> bool:
     """TRIAL_STEPS full steps at this micro-batch -> did they fit? Everything the try allocated is freed
     before returning, whatever happened."""
+    model = optimizer = ids = loss = None
+    fitted = False
     try:
         model = Transformer(cfg.model).to(device)
         model.checkpoint_blocks = cfg.train.activation_checkpointing
@@ -64,20 +66,22 @@ def trial_fits(cfg: Config, micro_batch: int, device: torch.device, amp_dtype: t
             with autocast(device, amp_dtype):
                 loss = model(ids[:, :-1], ids[:, 1:])[1]
             loss.backward()
-            del loss
+            loss = None
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return True
-    except torch.OutOfMemoryError:
+        fitted = True
+    except (torch.OutOfMemoryError, RuntimeError) as error:  # compile/autotuning can report it as a RuntimeError
+        if not isinstance(error, torch.OutOfMemoryError) and "out of memory" not in str(error).lower():
+            raise
         say(f"micro-batch {micro_batch}: out of memory")
-        return False
-    finally:  # the exception's traceback holds the try's frames: drop them before emptying the cache
-        model = optimizer = ids = None
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    # after the except block: its traceback (which holds the try's tensors) is gone, so this frees them all
+    model = optimizer = ids = loss = None
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return fitted
 
 
 def find_micro_batch(cfg: Config, per_rank_batch: int, device: torch.device, amp_dtype: torch.dtype | None,
@@ -90,6 +94,8 @@ def find_micro_batch(cfg: Config, per_rank_batch: int, device: torch.device, amp
     candidates = [b for b in range(1, per_rank_batch + 1) if per_rank_batch % b == 0]
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's initialisation is unchanged
         found = largest_that_fits(candidates, fits or (lambda b: trial_fits(cfg, b, device, amp_dtype, say)))
+    if cfg.train.compile:  # the tries' graphs (a batch dimension made dynamic by several sizes) are not the run's
+        torch._dynamo.reset()
     if not found:
         raise UserError(f"train.micro_batch = auto: even a micro-batch of 1 sequence of {cfg.model.seq_len} does not fit; "
                         f"use parallel.strategy = fsdp, a shorter model.seq_len or a smaller model")

@@ -82,8 +82,12 @@ def wrap_model(model: nn.Module, strategy: str, env: DistEnv, amp_dtype: torch.d
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        # gradients live in the all-reduce buckets (no second copy: 4 bytes per parameter saved); the RoPE
-        # tables are the same on every rank, so buffers are not re-broadcast before every forward
+        # gradients live in the all-reduce buckets (no second copy: 4 bytes per parameter saved). They exist
+        # from the start and are zeroed, never set to None (loop: keep_grads), so grad-accumulation
+        # micro-steps under no_sync() accumulate into the buckets too. The RoPE tables are the same on
+        # every rank, so buffers are not re-broadcast before every forward.
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
         return DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
                                        gradient_as_bucket_view=True, broadcast_buffers=False)
     from torch.distributed.device_mesh import init_device_mesh
@@ -95,6 +99,11 @@ def wrap_model(model: nn.Module, strategy: str, env: DistEnv, amp_dtype: torch.d
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def keep_grads(strategy: str, env: DistEnv) -> bool:
+    """zero_grad(set_to_none=...) : False under DDP, whose gradients are views into its buckets."""
+    return env.world_size > 1 and strategy == "ddp"
 
 
 def gradient_sync(wrapped: nn.Module, strategy: str, env: DistEnv, sync: bool):
@@ -143,8 +152,15 @@ def load_full_state(wrapped: nn.Module, model: nn.Module, optimizer: torch.optim
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(wrapped, weights if env.is_main else {}, options=options)
     if optimizer is not None:
+        # DDP's gradients are its bucket views (wrap_model). The state-dict API takes existing gradients to
+        # mean "optimizer state already initialised" and, when it initialises, sets them to None: step aside.
+        grads = [p.grad for p in model.parameters()]
+        for p in model.parameters():
+            p.grad = None
         set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=optimizer_state if env.is_main else {},
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        for p, grad in zip(model.parameters(), grads):
+            p.grad = grad
 
 
 def broadcast_object(value, env: DistEnv):

@@ -42,7 +42,7 @@ from pretrainer.train.budget import launch_cost_check
 from pretrainer.train.checkpoint import (latest_checkpoint, read_resume_checkpoint, restore_checkpoint, weights_problem,
                                          write_checkpoint)
 from pretrainer.train.distributed import (DistEnv, agree_max, barrier, broadcast_object, full_tensor, gradient_sync, init_distributed,
-                                          load_full_state, mean_across_ranks, on_rank0, shutdown, wrap_model)
+                                          keep_grads, load_full_state, mean_across_ranks, on_rank0, shutdown, wrap_model)
 from pretrainer.train.optim import adamw_update_norm, build_optimizer, lr_at
 from pretrainer.train.perf import HostSyncAudit, ThroughputWatchdog, attention_backend
 from pretrainer.train.spikes import SpikeGuard, UnigramStats, unigram_counts
@@ -59,7 +59,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
-    run_log = sequences = progress = state = failure = start_step = None
+    run_log = sequences = progress = state = failure = start_step = syncs = None
     try:
         # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
         data = open_data_dir(cfg.data.dir)
@@ -119,14 +119,16 @@ def train(cfg: Config, clock=time.time) -> dict:
                         mininterval=1.0, disable=not env.is_main)
         speed = Throughput(state.tokens, model_flops_per_token, peak_tflops, env.world_size)  # tokens/s and MFU
         watchdog = ThroughputWatchdog(cfg.train, state.step, say, run_log.write)  # too slow after warm-up: diagnose (stop)
-        syncs = HostSyncAudit(device, cfg.train.audit_syncs or watchdog.active, cfg.train.compile)  # host waits per step
+        # host syncs per step: always when asked; for the watchdog on CUDA only (cheap there; the CPU count is slow)
+        watchdog_audits = watchdog.active and device.type == "cuda"
+        syncs = HostSyncAudit(device, cfg.train.audit_syncs or watchdog_audits, cfg.train.compile)
         audited_steps = data_wait_s = 0.0
         stopper.start(state.step, run_clock.started)
         while state.step < end_step:
             step = state.step + 1  # the step about to run, 1-based as in every log
             logging_step = step % cfg.log.every == 0 or step == end_step
-            syncs.watch(not logging_step and (cfg.train.audit_syncs or watchdog.audits(step, cfg.log.every)))
-            audited_steps += syncs.enabled and not logging_step
+            syncs.watch(not logging_step and (cfg.train.audit_syncs or (watchdog_audits and watchdog.audits(step, cfg.log.every))))
+            audited_steps += syncs.watching
             cursor = loader.cursor
             data_started = time.perf_counter()
             micro_batches = loader.next_step()
@@ -142,11 +144,13 @@ def train(cfg: Config, clock=time.time) -> dict:
                 + [watchdog.stop_wanted, spikes.out_of_vocab(micro_batches)], env)
             request = stopper.request(state.step, budget_action, signum, slow, watchdog.message)
             if request is not None:
+                syncs.watch(False)
                 loader.cursor = cursor  # this batch was not trained on: a resume reads it first
                 if request.checkpoint and state.saved_step != state.step:
                     save()
                 raise RunStopped(request.message, request.exit_code, request.reason)
             if out_of_vocab:  # ids outside the vocabulary never reach the embedding: an error, or the batch is dropped
+                syncs.watch(False)
                 spikes.reject(step, cursor, micro_batches)
                 continue
 
@@ -171,11 +175,11 @@ def train(cfg: Config, clock=time.time) -> dict:
                 state.rewind(restore_checkpoint(verdict.roll_back_to, wrapped, model, optimizer, env))
                 spikes.rolled_back(step, verdict.roll_back_to, state.step, loader)
                 progress.n = state.step
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=not keep_grads(strategy, env))
                 continue
             optimizer.found_inf = verdict.skip  # fused AdamW drops the whole update when this is 1
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=not keep_grads(strategy, env))  # DDP: its bucket views stay
             state.advance(step_tokens)
             progress.update(1)
             syncs.watch(False)  # logging, evaluation and checkpoints below may sync
@@ -222,7 +226,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         failure = error
         raise
     finally:  # whatever happened: close the sinks, then say why the run ended in RUN_DIR/exit.json
-        end_run(run_dir, env, failure, state.step if state else start_step, run_log, signals, progress, sequences)
+        end_run(run_dir, env, failure, state.step if state else start_step, run_log, syncs, signals, progress, sequences)
 
 
 def end_run(run_dir: Path, env: DistEnv, failure: BaseException | None, step: int | None, run_log: RunLog | None,

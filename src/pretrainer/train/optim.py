@@ -59,7 +59,9 @@ def adamw_update_norm(optimizer: torch.optim.AdamW, skipped: torch.Tensor | None
     if total is None:
         return torch.zeros(())
     norm = (total.full_tensor() if hasattr(total, "full_tensor") else total).sqrt()
-    return norm if skipped is None else norm * (1 - skipped)
+    if skipped is not None:  # (where, not a product: with no update ever taken the formula is 0/0)
+        norm = torch.where(skipped.bool(), torch.zeros_like(norm), norm)
+    return norm
 
 
 def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:

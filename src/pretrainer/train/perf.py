@@ -11,8 +11,11 @@ A host sync (`.item()`, `bool(tensor)`, a device->host copy) makes the CPU wait 
 finished everything queued, so it cannot queue the next step meanwhile: the GPU idles for the
 host's whole per-step overhead. The loop does none outside logging steps; the audit proves it.
 On CUDA it uses CUDA's sync debug mode (cheap, and it sees compiled code too). On CPU, where host
-and device are one, it counts `_local_scalar_dense` (what .item() and friends dispatch to) with a
-TorchDispatchMode: that checks the loop's logic, in eager mode only.
+and device are one, it counts what would sync on a GPU: `_local_scalar_dense` (what .item(),
+bool() and int() dispatch to, from Python or C++) with a TorchDispatchMode, and `.tolist()`,
+`.cpu()`, `.numpy()` of floating-point tensors (computed values; the token batches are integer
+host tensors by construction) with a TorchFunctionMode. That checks the loop's logic, in eager
+mode only.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import warnings
 from collections import Counter
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pretrainer.config import TrainConfig
@@ -39,6 +43,19 @@ class _ScalarReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _HostReads(TorchFunctionMode):
+    READS = {torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.READS and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 class HostSyncAudit:
     """Counts host syncs while watching. Off (`enabled` False): every call is free."""
 
@@ -47,6 +64,10 @@ class HostSyncAudit:
         self.supported = device.type == "cuda" or not compiled  # a dispatch mode and torch.compile do not mix
         self.enabled = enabled and self.supported
         self.count, self._active = 0, None
+
+    @property
+    def watching(self) -> bool:
+        return self._active is not None
 
     def watch(self, on: bool) -> None:
         on = on and self.enabled
@@ -59,16 +80,22 @@ class HostSyncAudit:
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
             else:
-                self._active = _ScalarReads()
-                self._active.__enter__()
+                self._active = (_ScalarReads(), _HostReads())
+                for mode in self._active:
+                    mode.__enter__()
         else:
             if self.device.type == "cuda":
                 torch.cuda.set_sync_debug_mode("default")
                 self.count += sum("synchroniz" in str(w.message) for w in self._records)
+                self._active.__exit__(None, None, None)
             else:
-                self.count += self._active.count
-            self._active.__exit__(None, None, None)
+                for mode in reversed(self._active):
+                    self.count += mode.count
+                    mode.__exit__(None, None, None)
             self._active = None
+
+    def close(self) -> None:
+        self.watch(False)
 
     def take(self) -> int:
         count, self.count = self.count, 0
@@ -76,8 +103,20 @@ class HostSyncAudit:
 
 
 def attention_backend(model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None) -> str:
-    """The SDPA kernel the first block's attention actually runs for one sequence of the run's shape:
-    what PyTorch chose, not what we hope it chose (a mask, a dtype or a head size can rule flash out)."""
+    """The SDPA kernel the first block's attention actually runs for one sequence of the run's shape,
+    gradients on: what PyTorch chose, not what we hope it chose (a dtype, a head size or the GPU can
+    rule flash out). Grouped-query attention falls back to the math kernel (T x T scores) where flash
+    cannot run it natively: then every layer is switched to repeated K/V and the probe runs again."""
+    kernel = _probe_attention(model, seq_len, device, amp_dtype)
+    attentions = [block.attn for block in model.layers]
+    if kernel == "math" and device.type == "cuda" and attentions[0].n_kv_head != attentions[0].n_head:
+        for attention in attentions:
+            attention.native_gqa = False
+        kernel = _probe_attention(model, seq_len, device, amp_dtype)
+    return kernel
+
+
+def _probe_attention(model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None) -> str:
     from pretrainer.device import autocast
 
     seen: Counter = Counter()
@@ -90,9 +129,9 @@ def attention_backend(model: torch.nn.Module, seq_len: int, device: torch.device
             return func(*args, **(kwargs or {}))
 
     block = model.layers[0]
-    x = torch.zeros(1, seq_len, model.cfg.d_model, device=device)
+    x = torch.zeros(1, seq_len, model.cfg.d_model, device=device, requires_grad=True)  # kernels differ with grad on
     rope = (model.rope_cos, model.rope_sin) if model.cfg.arch == "llama" else None
-    with torch.no_grad(), autocast(device, amp_dtype), Record():
+    with autocast(device, amp_dtype), Record():
         block.attn(block.attn_norm(x), rope, None)
     for kernel, name in (("flash", "flash"), ("efficient", "efficient"), ("cudnn", "cudnn"), ("math", "math")):
         if any(name in op for op in seen):

@@ -63,5 +63,5 @@ class TrainerState:
     def rewind(self, state: dict) -> None:
         """Back to a checkpoint's step, tokens and RNG; the data cursor and the clock go on."""
         self.step, self.tokens = state["step"], state["tokens"]
-        self.saved_step = self.step
+        self.saved_step = -1  # the data cursor and spike state move on from the checkpoint's: a stop must save again
         set_rng_state(state["rng"])

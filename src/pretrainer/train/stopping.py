@@ -113,6 +113,7 @@ class Stopper:
         self.guard = BudgetGuard(budget, env.world_size, clock=clock) if budget.cap_usd and env.is_main else None
         self.reading = None  # the budget guard's latest reading (budget.json or the estimate)
         self.started, self.first_step = time.time(), 0
+        self.polls = 0  # local_view calls in this process: the first comes before any step has run
 
     def start(self, first_step: int, started: float) -> None:
         """`started` and `first_step` time the steps for the budget projection."""
@@ -130,7 +131,8 @@ class Stopper:
         if hang_drill_step and step == hang_drill_step and self.env.rank == self.env.world_size - 1 > 0:
             self.hang()  # the drill: this rank stops answering before the agreement
         budget_action = ACTION_CODES["ok"]
-        if self.guard is not None and step > self.first_step:  # after a step of this process: its time projects the rest
+        self.polls += 1
+        if self.guard is not None and self.polls > 1:  # after a step of this process: its time projects the rest
             step_time = (time.time() - self.started) / max(step - self.first_step, 1)
             decision = self.guard.check(elapsed_s, (max_steps - step) * step_time)
             if decision is not None:
