@@ -1,6 +1,7 @@
 """Spike drills on CPU: a tiny model on the real stdlib corpus, injected failures, detection,
 classification, recovery and the written post-mortem."""
 
+import json
 import re
 
 import numpy as np
@@ -178,6 +179,45 @@ def test_postmortem_figures_are_real_plots(stdlib_data, tmp_path):
     loss_line, flagged_batch = np.array([0x1F, 0x77, 0xB4]) / 255, np.array([0xD6, 0x27, 0x28]) / 255  # C0, C3
     for colour in (loss_line, flagged_batch):
         assert (np.abs(image - colour).max(axis=-1) < 0.05).sum() > 200
+
+
+def test_a_stop_right_after_a_rollback_keeps_it(stdlib_data, tmp_path, monkeypatch):
+    """SIGTERM arriving as a rollback (step 40 -> 30) completes: the stop before the next step writes
+    step 30 again, now with the data moved past the spike and the rollback counted, so the resumed
+    run continues exactly as an uninterrupted one."""
+    import os
+    import signal
+
+    from pretrainer.errors import RunStopped
+    from pretrainer.train.checkpoint import latest_checkpoint
+    from pretrainer.train.spikes import SpikeGuard
+
+    settings = {"spike.action": "rollback", "eval.every": 80}
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(drill(stdlib_data, straight, **settings))
+    rolled_back = SpikeGuard.rolled_back
+
+    def and_a_signal(self, *args, **kwargs):
+        rolled_back(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the run's handler records it; the next step's agreement stops
+
+    monkeypatch.setattr(SpikeGuard, "rolled_back", and_a_signal)
+    with pytest.raises(RunStopped):
+        train(drill(stdlib_data, split, **settings))
+    assert latest_checkpoint(split).name == "step-0000030"
+    saved = json.loads((latest_checkpoint(split) / "state.json").read_text())
+    assert saved["spike"]["rollbacks"] == 1  # the rewritten step 30: rolled back once, the data moved on
+    rollback = next(r for r in read_metrics(split / "metrics.jsonl") if r.get("rollback"))
+    assert saved["data"]["cursor"] == rollback["skipped_sequences_from"] + rollback["skipped_sequences"] > 30 * 16
+    monkeypatch.undo()
+    train(drill(stdlib_data, split, **settings))
+
+    def last_of(run, key):
+        return {r["step"]: r[key] for r in read_metrics(run / "metrics.jsonl") if key in r and "rollback" not in r}
+
+    assert last_of(split, "loss") == last_of(straight, "loss")
+    final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()  # noqa: E731
+    assert final(split) == final(straight)
 
 
 def test_rollback_lr_window_survives_an_interruption(stdlib_data, tmp_path):

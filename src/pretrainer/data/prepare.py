@@ -178,11 +178,12 @@ class _SplitWriter:
         self.sha = hashlib.sha256()
         self.documents = self.tokens = 0
 
-    def write(self, tokens: np.ndarray, document_end: bool = True) -> None:
+    def write(self, tokens: np.ndarray, documents: int = 1) -> None:
+        """Tokens of consecutive items, `documents` of which end here (a Piece continues)."""
         data = tokens.astype(self.dtype).tobytes()
         self.file.write(data)
         self.sha.update(data)
-        self.documents += document_end
+        self.documents += documents
         self.tokens += len(tokens)
 
     def close(self) -> dict:
@@ -228,10 +229,13 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
         keyed = documents()
         for (flat, lengths, n_bytes), keys, ends in _encode_stream(_batches(iter(keyed)), tokenizer, tmp, workers):
             offsets = np.concatenate([[0], np.cumsum(lengths)])
-            for start, end, key, document_end in zip(offsets[:-1], offsets[1:], keys, ends):
-                split = "val" if is_val_document(seed, key, val_fraction) else "train"
-                writers[split].write(flat[start:end], document_end)
-                doc_index += document_end
+            splits = ["val" if is_val_document(seed, key, val_fraction) else "train" for key in keys]
+            first = 0
+            for last in range(len(keys)):  # one write per run of consecutive items bound for the same split
+                if last + 1 == len(keys) or splits[last + 1] != splits[first]:
+                    writers[splits[first]].write(flat[offsets[first]:offsets[last + 1]], sum(ends[first:last + 1]))
+                    first = last + 1
+            doc_index += sum(ends)
             max_token = max(max_token, int(flat.max()))
             progress.update(n_bytes)
             n_tokens = writers["train"].tokens + writers["val"].tokens
