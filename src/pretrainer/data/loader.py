@@ -88,8 +88,9 @@ def _window(tokens: np.ndarray, index: int, seq_len: int) -> np.ndarray:
 
 class SequenceLoader:
     def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch: int, grad_accum: int,
-                 world_size: int = 1, rank: int = 0, seed: int = 0, where: str = "train split"):
+                 world_size: int = 1, rank: int = 0, seed: int = 0, where: str = "train split", pin_memory: bool = False):
         self.tokens, self.seq_len, self.seed = tokens, seq_len, seed
+        self.pin_memory = pin_memory  # page-locked batches: the copy to the GPU runs asynchronously (non_blocking)
         self.micro_batch, self.grad_accum, self.world_size, self.rank = micro_batch, grad_accum, world_size, rank
         self.n_sequences = (len(tokens) - 1) // seq_len
         self.sequences_per_step = micro_batch * grad_accum * world_size
@@ -117,7 +118,10 @@ class SequenceLoader:
         self.last_step_ids = self.step_sequence_ids()
         for ids in self.last_step_ids:
             windows = torch.from_numpy(np.stack([_window(self.tokens, i, self.seq_len) for i in ids]))
-            batches.append((windows[:, :-1], windows[:, 1:]))
+            x, y = windows[:, :-1], windows[:, 1:]
+            if self.pin_memory:  # contiguous first: a strided view would be staged through pageable memory
+                x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
+            batches.append((x, y))
         self.cursor += self.sequences_per_step
         return batches
 

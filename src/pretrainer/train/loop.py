@@ -73,7 +73,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         # --- data: every rank reads its own slice of each global step ---
         grad_accum, step_tokens = cfg.train.grad_accum, tokens_per_step(cfg, env.world_size)
         loader = SequenceLoader(data.tokens("train"), cfg.model.seq_len, cfg.train.micro_batch, grad_accum,
-                                env.world_size, env.rank, cfg.train.seed, where=f"{data.path}/train.bin")
+                                env.world_size, env.rank, cfg.train.seed, where=f"{data.path}/train.bin",
+                                pin_memory=device.type == "cuda")
         val_batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
 
         # --- what the run will do; refuse a launch the budget cannot pay for ---
