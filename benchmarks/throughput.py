@@ -89,7 +89,7 @@ SDPA_VARIANTS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDP
 # compile: a cold inductor cache takes about a minute to compile even this model on 2 CPU cores.
 SMOKE_OVERRIDES = ["--model.d_model=32", "--model.n_layer=2", "--model.n_head=2", "--model.n_kv_head=0", "--model.seq_len=32",
                    "--train.grad_accum=1", "--train.compile=false", "--log.every=2"]
-SMOKE_SETTINGS = {"steps": 4, "warmup": 2, "repeats": 2, "variants": "config,ac+sdpa-math,sdpa-efficient", "micro_batches": "2,4"}
+SMOKE_SETTINGS = {"steps": 4, "warmup": 2, "repeats": 1, "variants": "config,ac+sdpa-math,sdpa-efficient", "micro_batches": "2,4"}
 SETTINGS = {"steps": 50, "warmup": 10, "repeats": 3, "variants": "config", "micro_batches": ""}  # without --smoke
 
 LOOPS = ("bare loop", "pretrainer", "nanoGPT")

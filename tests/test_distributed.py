@@ -110,7 +110,7 @@ def test_a_rank_dependent_collective_times_out_instead_of_hanging(tmp_path):
         "    except Exception as e:\n"
         "        print('TIMEOUT' if is_collective_timeout(e) else repr(e), flush=True)\n"
         "else:\n"
-        "    time.sleep(10)\n")
+        "    time.sleep(6)\n")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert "TIMEOUT" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]

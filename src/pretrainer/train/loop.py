@@ -91,7 +91,9 @@ def train(cfg: Config, clock=time.time) -> dict:
                           env.world_size, peak_tflops, elapsed_before, say)
 
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
-        run_log = RunLog(cfg, run_dir, start_step, env.is_main, say)  # metrics.jsonl (+ mlflow) on rank 0
+        # metrics.jsonl (+ mlflow) on rank 0, cut back to the checkpoint's step; a fresh start (killed before its
+        # first checkpoint, say) keeps nothing of the abandoned attempt
+        run_log = RunLog(cfg, run_dir, start_step if resume else -1, env.is_main, say)
         run_clock = RunClock()
         spikes = SpikeGuard(cfg.spike, training_unigram(data, cfg.model.vocab_size), cfg.model.vocab_size, cfg.model.seq_len,
                             cfg.train.seed, run_dir, env, run_log.write, say, run_clock.elapsed)
@@ -115,7 +117,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             return val_loss
 
         run_clock.start()
-        last_loss, last_val = None, validate() if state.step == 0 else None
+        last_loss, last_val = None, validate() if resume is None else None  # step 0's validation, once per run
         progress = tqdm(total=max_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
                         mininterval=1.0, disable=not env.is_main)
         speed = Throughput(state.tokens, model_flops_per_token, peak_tflops, env.world_size)  # tokens/s and MFU
