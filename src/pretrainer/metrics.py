@@ -44,6 +44,8 @@ def read_metrics(path: Path, note=None) -> list[dict]:
 
 class MetricsLog:
     def __init__(self, path: Path, keep_through_step: int):
+        """keep_through_step: the resumed checkpoint's step; -1 on a fresh start (an attempt killed before
+        its first checkpoint leaves nothing behind)."""
         self.path = Path(path)
         kept = [r for r in read_metrics(self.path, note=print) if r.get("step", 0) <= keep_through_step]
         if self.path.exists() or kept:

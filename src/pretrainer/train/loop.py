@@ -33,7 +33,7 @@ from pretrainer.errors import RunStopped, UserError
 from pretrainer.eval.loss import evaluate
 from pretrainer.flops import flops_per_token
 from pretrainer.io import atomic_write_json
-from pretrainer.metrics import MetricsLog, RunLog, Throughput, hardware_info, layer_group_grad_norms, weight_norms
+from pretrainer.metrics import MetricsLog, RunLog, hardware_info, layer_group_grad_norms, weight_norms
 from pretrainer.model import count_parameters
 from pretrainer.resolve import resolve, resume_changes, tokens_per_step
 from pretrainer.runs import build_model, init_source
@@ -44,7 +44,7 @@ from pretrainer.train.checkpoint import (latest_checkpoint, read_resume_checkpoi
 from pretrainer.train.distributed import (DistEnv, agree_max, barrier, broadcast_object, full_tensor, gradient_sync, init_distributed,
                                           keep_grads, load_full_state, mean_across_ranks, on_rank0, shutdown, wrap_model)
 from pretrainer.train.optim import adamw_update_norm, build_optimizer, lr_at
-from pretrainer.train.perf import HostSyncAudit, ThroughputWatchdog, attention_backend
+from pretrainer.train.perf import SpeedMonitor, attention_backend
 from pretrainer.train.spikes import SpikeGuard, UnigramStats, unigram_counts
 from pretrainer.train.state import RunClock, TrainerState
 from pretrainer.train.stopping import StopSignal, Stopper, exit_status, write_exit_record
@@ -59,7 +59,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
-    run_log = sequences = progress = state = failure = start_step = syncs = None
+    run_log = sequences = progress = state = failure = start_step = speed = None
     try:
         # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
         data = open_data_dir(cfg.data.dir)
@@ -91,9 +91,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                           env.world_size, peak_tflops, elapsed_before, say)
 
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
-        # metrics.jsonl (+ mlflow) on rank 0, cut back to the checkpoint's step; a fresh start (killed before its
-        # first checkpoint, say) keeps nothing of the abandoned attempt
-        run_log = RunLog(cfg, run_dir, start_step if resume else -1, env.is_main, say)
+        run_log = RunLog(cfg, run_dir, start_step if resume else -1, env.is_main, say)  # cut back to the checkpoint's step
         run_clock = RunClock()
         spikes = SpikeGuard(cfg.spike, training_unigram(data, cfg.model.vocab_size), cfg.model.vocab_size, cfg.model.seq_len,
                             cfg.train.seed, run_dir, env, run_log.write, say, run_clock.elapsed)
@@ -120,22 +118,16 @@ def train(cfg: Config, clock=time.time) -> dict:
         last_loss, last_val = None, validate() if resume is None else None  # step 0's validation, once per run
         progress = tqdm(total=max_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
                         mininterval=1.0, disable=not env.is_main)
-        speed = Throughput(state.tokens, model_flops_per_token, peak_tflops, env.world_size)  # tokens/s and MFU
-        watchdog = ThroughputWatchdog(cfg.train, state.step, say, run_log.write)  # too slow after warm-up: diagnose (stop)
-        # host syncs per step: always when asked; for the watchdog on CUDA only (cheap there; the CPU count is slow)
-        watchdog_audits = watchdog.active and device.type == "cuda"
-        syncs = HostSyncAudit(device, cfg.train.audit_syncs or watchdog_audits, cfg.train.compile)
-        audited_steps = data_wait_s = 0.0
+        # tokens/s, MFU, data wait, host syncs between logging steps; the watchdog (too slow after warm-up: diagnose)
+        speed = SpeedMonitor(cfg, state.tokens, model_flops_per_token, peak_tflops, env.world_size, device, state.step,
+                             attention, say, run_log.write)
         stopper.start(state.step, run_clock.started)
         while state.step < end_step:
             step = state.step + 1  # the step about to run, 1-based as in every log
             logging_step = step % cfg.log.every == 0 or step == end_step
-            syncs.watch(not logging_step and (cfg.train.audit_syncs or (watchdog_audits and watchdog.audits(step, cfg.log.every))))
-            audited_steps += syncs.watching
+            speed.start_step(step, logging_step)
             cursor = loader.cursor
-            data_started = time.perf_counter()
-            micro_batches = loader.next_step()
-            data_wait_s += time.perf_counter() - data_started
+            micro_batches = speed.read_batch(loader)
             micro_batches, lr = spikes.before_step(step, cursor, micro_batches, lr_at(state.step, cfg.optim, max_steps),
                                                    loader.sequences_per_step)
             for group in optimizer.param_groups:
@@ -144,16 +136,16 @@ def train(cfg: Config, clock=time.time) -> dict:
             # the step's one agreement across ranks, on the host (no device sync): stop (signal, budget, too slow), bad token ids
             budget_action, signum, slow, out_of_vocab = agree_max(
                 stopper.local_view(state.step, run_clock.elapsed(), max_steps, cfg.parallel.hang_drill_step)
-                + [watchdog.stop_wanted, spikes.out_of_vocab(micro_batches)], env)
-            request = stopper.request(state.step, budget_action, signum, slow, watchdog.message)
+                + [speed.watchdog.stop_wanted, spikes.out_of_vocab(micro_batches)], env)
+            request = stopper.request(state.step, budget_action, signum, slow, speed.watchdog.message)
             if request is not None:
-                syncs.watch(False)
+                speed.end_step()
                 loader.cursor = cursor  # this batch was not trained on: a resume reads it first
                 if request.checkpoint and state.saved_step != state.step:
                     save()
                 raise RunStopped(request.message, request.exit_code, request.reason)
             if out_of_vocab:  # ids outside the vocabulary never reach the embedding: an error, or the batch is dropped
-                syncs.watch(False)
+                speed.end_step()
                 spikes.reject(step, cursor, micro_batches)
                 continue
 
@@ -185,41 +177,32 @@ def train(cfg: Config, clock=time.time) -> dict:
             optimizer.zero_grad(set_to_none=not keep_grads(strategy, env))  # DDP: its bucket views stay
             state.advance(step_tokens)
             progress.update(1)
-            syncs.watch(False)  # logging, evaluation and checkpoints below may sync
+            speed.end_step()  # logging, evaluation and checkpoints below may sync
             if sequences:
                 sequences.write({"step": step, "ids": [i for micro in loader.last_step_ids for i in micro]})
 
             if logging_step:  # the same steps on every rank: the norms below may be collectives
                 last_loss, last_grad_norm = torch.stack([step_loss, grad_norm]).tolist()  # the host waits for the device: logging steps only
-                elapsed, interval_s, throughput = run_clock.elapsed(), speed.interval_s(), speed.rate(state.tokens)  # after the wait
-                perf = {"data_wait_fraction": data_wait_s / max(interval_s, 1e-9)}
-                if audited_steps:
-                    perf["host_syncs_per_step"] = syncs.take() / audited_steps
-                data_wait_s = audited_steps = 0.0
+                elapsed, figures = run_clock.elapsed(), speed.interval(state.tokens)  # after the wait: the work is done
                 spikes.flush()  # the flagged steps since the last log
                 record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": last_grad_norm,
                           **weight_norms(model, adamw_update_norm(optimizer, verdict.skip)),
-                          "tokens": state.tokens, **throughput, "elapsed_s": elapsed, "epoch": loader.epoch,
-                          **perf, **spikes.batch_forensics(spikes.batch, histogram=False),
+                          "tokens": state.tokens, **figures, "elapsed_s": elapsed, "epoch": loader.epoch,
+                          **spikes.batch_forensics(spikes.batch, histogram=False),
                           **{f"grad_norm/{name}": value.item() for name, value in group_norms.items()}}
-                if device.type == "cuda":
-                    record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
                 if cfg.budget.cap_usd or cfg.budget.usd_per_gpu_hour:
                     record["spent_usd"] = stopper.spent_usd(elapsed)
                 run_log.write(record)
-                progress.set_postfix_str(f"loss {last_loss:.4f}, {throughput['tokens_per_s']:,.0f} tok/s", refresh=False)
-                watchdog.check(step, throughput, {**perf, "compile": cfg.train.compile, "attention": attention,
-                                                  "activation_checkpointing": cfg.train.activation_checkpointing})
+                progress.set_postfix_str(f"loss {last_loss:.4f}, {figures['tokens_per_s']:,.0f} tok/s", refresh=False)
+                speed.check(step, figures)  # the throughput watchdog, once after its warm-up
 
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
                 last_val = validate()
                 speed.restart()  # tokens/s measures training, not evaluation
-                data_wait_s = 0.0
 
             if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
                 save()
                 speed.restart()
-                data_wait_s = 0.0
 
         progress.close()
         say(f"{'stopped early (train.stop_at_step)' if state.step < max_steps else 'finished'} at step {state.step}: "
@@ -229,7 +212,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         failure = error
         raise
     finally:  # whatever happened: close the sinks, then say why the run ended in RUN_DIR/exit.json
-        end_run(run_dir, env, failure, state.step if state else start_step, run_log, syncs, signals, progress, sequences)
+        end_run(run_dir, env, failure, state.step if state else start_step, run_log, speed, signals, progress, sequences)
 
 
 def end_run(run_dir: Path, env: DistEnv, failure: BaseException | None, step: int | None, run_log: RunLog | None,

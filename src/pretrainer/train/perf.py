@@ -1,11 +1,11 @@
 """What the training speed depends on, measured while the run trains: host syncs, the attention
 kernel SDPA really picks, time spent waiting for data, and the throughput watchdog.
 
-    syncs = HostSyncAudit(device, enabled)     # counts the host waiting for the device
-    syncs.watch(not logging_step)               # at the top of each step; watch(False) before logging
-    syncs.take() -> syncs counted since the last take
+    speed = SpeedMonitor(cfg, tokens, flops_per_token, peak_tflops, world_size, device, first_step, attention, say, log)
+    speed.start_step(step, logging_step); micro_batches = speed.read_batch(loader); ...; speed.end_step()
+    record.update(speed.interval(tokens))       # on a logging step: tokens/s, MFU, data wait, host syncs
+    speed.check(step, record)                   # the watchdog (once, after its warm-up)
     attention_backend(model, seq_len, device, amp_dtype) -> "flash", "efficient", "cudnn", "math", ...
-    watchdog = ThroughputWatchdog(cfg.train, ...); watchdog.check(step, throughput, diagnosis)
 
 A host sync (`.item()`, `bool(tensor)`, a device->host copy) makes the CPU wait until the GPU has
 finished everything queued, so it cannot queue the next step meanwhile: the GPU idles for the
@@ -20,6 +20,7 @@ mode only.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections import Counter
 
@@ -27,7 +28,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pretrainer.config import TrainConfig
+from pretrainer.config import Config, TrainConfig
+from pretrainer.metrics import Throughput
 
 SCALAR_READ = torch.ops.aten._local_scalar_dense.default
 
@@ -183,3 +185,57 @@ class ThroughputWatchdog:
                   **{f"watchdog/{k}": float(v) for k, v in diagnosis.items() if isinstance(v, (int, float))}})
         if self.cfg.watchdog_action == "stop":
             self.stop_wanted, self.message = 1, line
+
+
+class SpeedMonitor:
+    """The loop's speed bookkeeping in one place: tokens/s and MFU per logging interval (not counting
+    evaluation and checkpoints: restart() after them), the fraction of it spent reading batches, host
+    syncs on the steps between logging steps (always with train.audit_syncs; for the watchdog on CUDA
+    only, where counting is cheap), and the throughput watchdog."""
+
+    def __init__(self, cfg: Config, tokens: int, flops_per_token: float, peak_tflops: float | None, world_size: int,
+                 device: torch.device, first_step: int, attention: str, say, log):
+        self.throughput = Throughput(tokens, flops_per_token, peak_tflops, world_size)
+        self.watchdog = ThroughputWatchdog(cfg.train, first_step, say, log)
+        self.audit_always, self.log_every = cfg.train.audit_syncs, cfg.log.every
+        self.device, self.audit_for_watchdog = device, self.watchdog.active and device.type == "cuda"
+        self.syncs = HostSyncAudit(device, self.audit_always or self.audit_for_watchdog, cfg.train.compile)
+        self.setup = {"compile": cfg.train.compile, "attention": attention,
+                      "activation_checkpointing": cfg.train.activation_checkpointing}
+        self.audited_steps, self.data_wait_s = 0, 0.0
+
+    def start_step(self, step: int, logging_step: bool) -> None:
+        audit = self.audit_always or (self.audit_for_watchdog and self.watchdog.audits(step, self.log_every))
+        self.syncs.watch(not logging_step and audit)
+        self.audited_steps += self.syncs.watching
+
+    def read_batch(self, loader) -> list:
+        started = time.perf_counter()
+        micro_batches = loader.next_step()
+        self.data_wait_s += time.perf_counter() - started
+        return micro_batches
+
+    def end_step(self) -> None:
+        """Before anything that may sync on purpose (logging, evaluation, checkpoints, a stop)."""
+        self.syncs.watch(False)
+
+    def interval(self, tokens: int) -> dict:
+        """On a logging step, once the host has waited for the device: the interval's figures."""
+        interval_s = self.throughput.interval_s()
+        figures = {**self.throughput.rate(tokens), "data_wait_fraction": self.data_wait_s / max(interval_s, 1e-9)}
+        if self.audited_steps:
+            figures["host_syncs_per_step"] = self.syncs.take() / self.audited_steps
+        if self.device.type == "cuda":
+            figures["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.audited_steps, self.data_wait_s = 0, 0.0
+        return figures
+
+    def check(self, step: int, figures: dict) -> None:
+        self.watchdog.check(step, figures, {**figures, **self.setup})
+
+    def restart(self) -> None:
+        self.throughput.restart()
+        self.data_wait_s = 0.0
+
+    def close(self) -> None:
+        self.syncs.close()
