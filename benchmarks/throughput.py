@@ -148,11 +148,8 @@ def bare_loop(cfg: Config, data: DataDir, device: torch.device, memory: PeakMemo
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg).to(device)
-    model.checkpoint_blocks = cfg.train.activation_checkpointing
+    model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)  # as the trainer does
     optimizer = build_optimizer(model, cfg.optim, device.type)
-    if cfg.train.compile:  # as the trainer does: each block in place
-        for block in model.layers:
-            block.compile()
     forward = model
     loader = SequenceLoader(data.tokens("train"), cfg.model.seq_len, cfg.train.micro_batch, cfg.train.grad_accum,
                             seed=cfg.train.seed)

@@ -199,6 +199,15 @@ class Transformer(nn.Module):
             return None, linear_cross_entropy(self.norm(x), self.lm_head.weight, targets)
         return self.lm_head(self.norm(x)), None
 
+    def configure_blocks(self, checkpointing: bool, compile: bool) -> None:
+        """For training: activation checkpointing (each block recomputed in backward) and each block
+        compiled in place (state-dict names unchanged; FSDP's hooks stay outside the graphs). Before
+        any DDP/FSDP wrapping: torchtitan's order is checkpointing, compile, shard."""
+        self.checkpoint_blocks = checkpointing
+        if compile:
+            for block in self.layers:
+                block.compile()
+
     def new_kv_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         attn = self.layers[0].attn
         return KVCache(self.cfg.n_layer, batch, attn.n_kv_head, max_len or self.cfg.seq_len, attn.head_dim,

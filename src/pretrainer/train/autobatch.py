@@ -56,10 +56,7 @@ def trial_fits(cfg: Config, micro_batch: int, device: torch.device, amp_dtype: t
     fitted = False
     try:
         model = Transformer(cfg.model).to(device)
-        model.checkpoint_blocks = cfg.train.activation_checkpointing
-        if cfg.train.compile:
-            for block in model.layers:
-                block.compile()
+        model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)
         optimizer = build_optimizer(model, cfg.optim, device.type)
         for _ in range(TRIAL_STEPS):
             ids = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len + 1), device=device)

@@ -146,7 +146,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 raise RunStopped(request.message, request.exit_code, request.reason)
             if out_of_vocab:  # ids outside the vocabulary never reach the embedding: an error, or the batch is dropped
                 speed.end_step()
-                spikes.reject(step, cursor, micro_batches)
+                spikes.reject(step, cursor)
                 continue
 
             # forward/backward over grad_accum micro-batches, gradients reduced across ranks on the last one only
@@ -283,10 +283,7 @@ def build_training_model(cfg: Config, env: DistEnv, amp_dtype: torch.dtype | Non
     weights = on_rank0(read_weights, env, f"{where}: cannot read the weights")
     model.to(env.device)
     attention = attention_backend(model, cfg.model.seq_len, env.device, amp_dtype)  # before sharding: on plain tensors
-    model.checkpoint_blocks = cfg.train.activation_checkpointing  # torchtitan's order: checkpointing, compile, shard
-    if cfg.train.compile:  # each block in place (state-dict names unchanged); FSDP's hooks stay outside the graphs
-        for block in model.layers:
-            block.compile()
+    model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)  # torchtitan's order: then shard
     wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
     optimizer = build_optimizer(model, cfg.optim, env.device.type)
     if resume is not None or load_init_weights is not None:  # AdamW moments too when resuming (name-keyed)

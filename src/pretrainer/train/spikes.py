@@ -4,7 +4,7 @@ one object, `SpikeGuard`, and asks it three questions per step:
 
     micro_batches, lr = guard.before_step(step, cursor, micro_batches, lr)   # drills, post-rollback LR
     flag = guard.out_of_vocab(micro_batches)      # ids outside the vocab? agreed across ranks, then
-    guard.reject(step, cursor, micro_batches)     # on every rank when any rank saw one
+    guard.reject(step, cursor)                    # on every rank when any rank saw one
     verdict = guard.check(step, loss, grad_norm, lr)                          # skip? roll back where?
 
 Injection (`spike.inject_at_step = N`, for `spike.inject_batches` optimizer steps):
@@ -242,7 +242,7 @@ class Flagged:
     lr: float
     elapsed_s: float
     wall_time: float
-    batch: list | None  # the step's micro-batches (host tensors, rank 0): forensics only if it was flagged
+    batch: np.ndarray | None  # the step's token ids (rank 0): forensics only if it was flagged
     values: torch.Tensor  # [loss, grad norm, flagged (and not yet logged), update skipped]
 
 
@@ -270,7 +270,8 @@ class SpikeGuard:
     elapsed: Callable[[], float]
     rollbacks: int = 0
     rollback_lr_until: int = -1  # steps <= this run at rollback_lr_factor x the LR (after a rollback)
-    batch: list | None = None  # the current step's micro-batches, rank 0 only
+    batch: np.ndarray | None = None  # the current step's token ids, rank 0 only
+    batch_ids: np.ndarray | None = None  # the same on every rank (for reject)
     pending: list[Flagged] = field(default_factory=list)
 
     def __post_init__(self):
@@ -294,19 +295,15 @@ class SpikeGuard:
     def out_of_vocab(self, micro_batches: list) -> int:
         """1 if this rank's batch holds token ids outside the vocabulary (checked on the host copy: no
         device sync). The loop agrees on it across ranks, then calls `reject` when any rank saw one.
-        Rank 0 keeps the batch for the statistics of a flagged or logged step."""
-        self.batch = micro_batches if self.env.is_main else None
-        batch_ids = self._ids(micro_batches)
-        return int(int(batch_ids.max()) >= self.vocab_size or int(batch_ids.min()) < 0)
+        Keeps the batch's ids (rank 0: for the statistics of a flagged or logged step)."""
+        self.batch_ids = torch.cat([t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:])]).numpy()
+        self.batch = self.batch_ids if self.env.is_main else None
+        return int(int(self.batch_ids.max()) >= self.vocab_size or int(self.batch_ids.min()) < 0)
 
-    @staticmethod
-    def _ids(micro_batches: list) -> np.ndarray:
-        return torch.cat([t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:])]).numpy()
-
-    def reject(self, step: int, cursor: int, micro_batches: list) -> None:
-        """A batch with ids outside the vocabulary on some rank never reaches the embedding: under
-        action=log the run stops with an error, otherwise every rank drops the batch."""
-        max_id = int(self._ids(micro_batches).max())
+    def reject(self, step: int, cursor: int) -> None:
+        """The batch just checked by out_of_vocab had ids outside the vocabulary on some rank: it never
+        reaches the embedding. Under action=log the run stops with an error, otherwise every rank drops it."""
+        max_id = int(self.batch_ids.max())
         self.log({"step": step, "invalid_tokens": 1.0, "max_token_id": max_id, "data_cursor": cursor,
                   "elapsed_s": self.elapsed()})
         if self.cfg.action == "log":
@@ -315,12 +312,11 @@ class SpikeGuard:
                             f"corrupted data, rejected before the embedding (spike.action = skip or rollback drops such batches)")
         self.say(f"step {step}: batch with token ids outside the vocabulary dropped")
 
-    def batch_forensics(self, micro_batches: list | None, histogram: bool = True) -> dict:
-        """The statistics of a batch against the training distribution (rank 0; computed only for the
-        steps that are logged or flagged, so ranks do not drift apart doing host work every step)."""
-        if micro_batches is None:
+    def batch_forensics(self, batch_ids: np.ndarray | None, histogram: bool = True) -> dict:
+        """The statistics of a batch's ids against the training distribution (rank 0; computed only for
+        the steps that are logged or flagged, so ranks do not drift apart doing host work every step)."""
+        if batch_ids is None:
             return {}
-        batch_ids = self._ids(micro_batches)
         valid = batch_ids[(batch_ids >= 0) & (batch_ids < self.vocab_size)]
         stats = self.unigram.batch_stats(batch_ids)
         return {**stats, "rank_histogram": self.unigram.rank_histogram(valid)} if histogram else stats
