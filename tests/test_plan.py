@@ -33,22 +33,63 @@ def test_gpt2_flops_tokens_and_steps_by_hand(run_cli):
     attention = 12 * 12 * 12 * 64 * 1024  # 12 * n_layer * n_head * head_dim * seq_len
     assert plan["flops_per_token"] == 6 * n_matmul + attention == 855_166_464
     assert plan["tokens_per_step"] == 16 * 1024 * 4 * 8 == 524_288
-    assert plan["steps_for_budget"] == math.ceil(10e9 / 524_288) == 19_074
+    assert plan["steps"] == math.ceil(10e9 / 524_288) == 19_074
     code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--tokens", "10e9", "--gpus", "8", "--json")
-    assert code == 0 and json.loads(out)["steps_for_budget"] == 19_074
+    assert code == 0 and json.loads(out)["steps"] == 19_074
 
 
-def test_chinchilla_default_and_overrides(run_cli):
-    plan = make_plan(load_config(CONFIGS / "x1-50m.toml", ["--train.grad_accum=8"]))
-    assert plan["token_budget"] == 20 * 88_942_080
+def test_chinchilla_budget_and_overrides(run_cli):
+    plan = make_plan(load_config(CONFIGS / "x1-50m.toml", ["--train.grad_accum=8"]), tokens_per_param=20)
+    assert plan["token_budget"] == plan["chinchilla_tokens"] == 20 * 88_942_080
     assert plan["tokens_per_step"] == 32 * 1024 * 8
     code, out, _ = run_cli("plan", CONFIGS / "x1-50m.toml", "--tokens-per-param", "100", "--model.n_layer=4")
     assert code == 0 and "100 tokens per parameter" in out
 
 
-def test_plan_needs_a_vocab():
-    with pytest.raises(UserError, match="model.vocab_size is 0"):
+def test_plan_needs_a_vocab_and_says_where_to_get_one():
+    with pytest.raises(UserError, match="model.vocab_size is 0.*--data.dir=DIR"):
         make_plan(load_config(None))
+
+
+def test_plan_plans_what_the_config_will_do(run_cli):
+    """Issue 13: the plan's steps are train.max_steps (overrides included), with Chinchilla for reference."""
+    code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", "--gpu", "h100-sxm", "--usd-per-gpu-hour", "2.5",
+                           "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["steps"] == 19_073 and plan["token_budget_source"] == "train.max_steps"
+    assert plan["chinchilla_steps"] == math.ceil(20 * 124_439_808 / 524_288) == 4_748
+    code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", "--train.max_steps=1000", "--json")
+    assert json.loads(out)["steps"] == 1000
+    code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", "--train.max_steps=1000", "--tokens-per-param", "20")
+    assert "4,748 (20 tokens per parameter)" in out and "the config trains 1,000 steps" in out
+
+
+def test_plan_takes_price_mfu_and_cap_from_the_budget_section(run_cli):
+    budget = ["--budget.usd_per_gpu_hour=2", "--budget.mfu=0.5", "--budget.cap_usd=10", "--budget.peak_tflops=100"]
+    plan = make_plan(load_config(CONFIGS / "gpt2-124m.toml", budget), gpus=8)
+    hours = plan["training_flops"] / (8 * 100e12 * 0.5) / 3600
+    assert plan["mfu"] == 0.5 and plan["wall_hours"] == pytest.approx(hours) and plan["cost_usd"] == pytest.approx(hours * 8 * 2)
+    assert any("exceeds budget.cap_usd = $10.00" in w for w in plan["warnings"])
+    code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", *budget, "--mfu", "0.25")
+    assert code == 0 and "at MFU 0.25" in out and "warning" in out and "exceeds budget.cap_usd" in out
+
+
+def test_plan_takes_the_vocab_from_a_data_dir(run_cli, stdlib_data):
+    code, _, err = run_cli("plan", CONFIGS / "tiny-cpu.toml")
+    assert code == 2 and "--data.dir=DIR" in err
+    code, out, _ = run_cli("plan", CONFIGS / "tiny-cpu.toml", f"--data.dir={stdlib_data}", "--json")
+    assert code == 0 and json.loads(out)["vocab_size"] == 1024
+
+
+def test_plan_json_into_a_closed_pipe_is_quiet():
+    import subprocess
+    import sys
+
+    reader = subprocess.Popen([sys.executable, "-m", "pretrainer", "plan", str(CONFIGS / "gpt2-124m.toml"), "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader.stdout.close()  # the reader is gone before the plan is printed (`| head` after its lines)
+    _, err = reader.communicate(timeout=120)
+    assert reader.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err
 
 
 def test_x1_lab_budget_by_hand(run_cli):

@@ -32,7 +32,8 @@ import math
 import torch
 
 from pretrainer.config import Config
-from pretrainer.resolve import resolve, resolve_d_ff, tokens_per_step
+from pretrainer.resolve import DataInfo, resolve, resolve_d_ff, tokens_per_step
+from pretrainer.preflight import config_warnings
 from pretrainer.errors import UserError
 from pretrainer.flops import GPU, GPUS, flops_per_token, flops_per_token_6n, lookup_gpu, training_seconds
 from pretrainer.model import Transformer, count_parameters
@@ -90,10 +91,17 @@ def matmul_parameter_count(model: Transformer) -> int:
     return sum(module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear))
 
 
-def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM,
-              gpus: int = 1, gpu: str | None = None, peak_tflops: float | None = None, gpu_memory_gb: float | None = None,
-              gpu_watts: float | None = None, mfu: float = 0.4, usd_per_gpu_hour: float | None = None,
-              flops_convention: str = "full") -> dict:
+def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float | None = None, gpus: int = 1,
+              gpu: str | None = None, peak_tflops: float | None = None, gpu_memory_gb: float | None = None,
+              gpu_watts: float | None = None, mfu: float | None = None, usd_per_gpu_hour: float | None = None,
+              flops_convention: str = "full", data: DataInfo | None = None) -> dict:
+    """The plan of what cfg will do: train.max_steps steps, unless a token budget is given (`tokens`,
+    or `tokens_per_param` x parameters). Price, MFU and peak default to cfg.budget's; `data` (a
+    prepared data dir) supplies the vocabulary when model.vocab_size is 0."""
+    b = cfg.budget
+    mfu = mfu if mfu is not None else b.mfu
+    usd_per_gpu_hour = usd_per_gpu_hour if usd_per_gpu_hour is not None else (b.usd_per_gpu_hour or None)
+    peak_tflops = peak_tflops or b.peak_tflops or None
     if gpus < 1:
         raise UserError(f"plan: --gpus must be at least 1, got {gpus}")
     if not 0 < mfu <= 1:
@@ -108,18 +116,25 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
     memory_gb = gpu_memory_gb or (known.memory_gb if known else None)
     watts = gpu_watts or (known.board_power_w if known else None)
 
-    cfg = resolve(cfg, world_size=gpus)  # the same derivations as train: vocab, d_ff, grad_accum from global_batch
+    cfg = resolve(cfg, world_size=gpus, data=data)  # the same derivations as train: vocab, d_ff, grad_accum
     with torch.device("meta"):
         model = Transformer(cfg.model)
         counts, matmul_params = count_parameters(model), matmul_parameter_count(model)
     flops = flops_per_token(cfg.model, counts["non_embedding"])
     per_token = flops["total"] if flops_convention == "full" else flops_per_token_6n(counts["non_embedding"])
     step_tokens = tokens_per_step(cfg, gpus)
-    budget = tokens if tokens is not None else tokens_per_param * counts["total"]
+    chinchilla_tokens = CHINCHILLA_TOKENS_PER_PARAM * counts["total"]
+    if tokens is not None:
+        budget, source = tokens, "--tokens"
+    elif tokens_per_param is not None:
+        budget, source = tokens_per_param * counts["total"], f"{tokens_per_param:g} tokens per parameter"
+    else:
+        budget, source = cfg.train.max_steps * step_tokens, "train.max_steps"
     steps = math.ceil(budget / step_tokens)
     training_flops = per_token * steps * step_tokens
     plan = {
         "arch": cfg.model.arch,
+        "vocab_size": cfg.model.vocab_size,
         "params_total": counts["total"],
         "params_non_embedding": counts["non_embedding"],
         "flops_convention": flops_convention,
@@ -131,22 +146,28 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
         "tokens_per_step_terms": {"micro_batch": cfg.train.micro_batch, "seq_len": cfg.model.seq_len,
                                   "grad_accum": cfg.train.grad_accum, "world_size": gpus},
         "token_budget": budget,
-        "token_budget_source": "--tokens" if tokens is not None else f"{tokens_per_param:g} tokens per parameter",
-        "steps_for_budget": steps,
+        "token_budget_source": source,
+        "steps": steps,
         "tokens_trained": steps * step_tokens,
         "training_flops": training_flops,
         "configured_max_steps": cfg.train.max_steps,
         "configured_tokens": cfg.train.max_steps * step_tokens,
+        "chinchilla_tokens": chinchilla_tokens,
+        "chinchilla_steps": math.ceil(chinchilla_tokens / step_tokens),
         "gpu": {"key": gpu, "name": known.name if known else gpu, "count": gpus, "peak_bf16_tflops": peak,
                 "memory_gb": memory_gb, "board_power_w": watts},
         "strategy": cfg.parallel.strategy,
         "memory_per_gpu_bytes": memory_per_gpu(cfg, counts["total"], matmul_params, gpus, cfg.parallel.strategy, memory_gb),
+        "warnings": config_warnings(cfg),
     }
     if peak:
         seconds = training_seconds(training_flops, gpus, peak, mfu)
         plan.update({"mfu": mfu, "tokens_per_s": steps * step_tokens / seconds, "wall_hours": seconds / 3600})
         if usd_per_gpu_hour is not None:
             plan.update({"usd_per_gpu_hour": usd_per_gpu_hour, "cost_usd": seconds / 3600 * gpus * usd_per_gpu_hour})
+            if b.cap_usd and plan["cost_usd"] > b.cap_usd:
+                plan["warnings"].append(f"the planned cost ${plan['cost_usd']:,.2f} exceeds budget.cap_usd = ${b.cap_usd:,.2f}: "
+                                        f"the trainer would refuse to launch (budget.allow_over_cap) or stop at the cap")
         if watts:
             plan["energy_kwh"] = seconds / 3600 * gpus * watts / 1000
     return plan
@@ -167,9 +188,12 @@ def format_plan(plan: dict) -> str:
         ("FLOPs per token", flops_row),
         ("tokens per optimizer step", f"{plan['tokens_per_step']:,} = {t['micro_batch']} micro-batch x {t['seq_len']} seq_len x "
                                       f"{t['grad_accum']} grad_accum x {t['world_size']} GPUs"),
-        ("training tokens", f"{plan['token_budget']:,.0f} ({plan['token_budget_source']})"),
-        ("steps", f"{plan['steps_for_budget']:,} ({plan['tokens_trained']:,} tokens; config has train.max_steps = "
-                  f"{plan['configured_max_steps']:,})"),
+        ("steps", f"{plan['steps']:,} ({plan['token_budget_source']}) = {plan['tokens_trained']:,} training tokens"),
+        ("", f"the config trains {plan['configured_max_steps']:,} steps = {plan['configured_tokens']:,} tokens"
+             if plan["token_budget_source"] != "train.max_steps" else ""),
+        ("Chinchilla-optimal", f"{plan['chinchilla_tokens']:,} tokens ({CHINCHILLA_TOKENS_PER_PARAM} per parameter) = "
+                               f"{plan['chinchilla_steps']:,} steps; this plan trains "
+                               f"{plan['tokens_trained'] / plan['chinchilla_tokens']:.2f}x that"),
         ("training FLOPs", f"{plan['training_flops']:.3e}"),
     ]
     if "wall_hours" in plan:
@@ -195,5 +219,6 @@ def format_plan(plan: dict) -> str:
     if "max_micro_batch" in m:
         rows.append(("  largest micro-batch", f"{m['max_micro_batch']} ({m['max_micro_batch_checkpointed']} with activation "
                                               f"checkpointing) in {g['memory_gb']:g} GB"))
+    rows += [("warning", warning) for warning in plan["warnings"]]
     width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows if value)

@@ -1,0 +1,59 @@
+"""Likely mistakes, said before a run starts: one line each, never an error (the run may mean it).
+
+    for line in config_warnings(cfg): print(f"warning: {line}")       # `plan` and `train`
+    for line in data_warnings(cfg, data, world_size, resumed_dataset): ...  # `train`, with the data open
+
+`config_warnings` needs only the config; `data_warnings` compares it with the prepared data (and,
+on resume, with the data the checkpoint was trained on).
+"""
+
+from __future__ import annotations
+
+from pretrainer.config import Config
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    t, o, s = cfg.train, cfg.optim, cfg.spike
+    end = min(t.max_steps, t.stop_at_step) if t.stop_at_step > 0 else t.max_steps
+    warnings = []
+    if o.warmup_steps >= t.max_steps:
+        warnings.append(f"optim.warmup_steps = {o.warmup_steps} >= train.max_steps = {t.max_steps}: the LR never reaches "
+                        f"optim.lr = {o.lr:g} (it ends at {o.lr * t.max_steps / o.warmup_steps:.3g}); lower the warmup")
+    if cfg.eval.every > end:
+        warnings.append(f"eval.every = {cfg.eval.every} is longer than the run ({end} steps): validation runs only at "
+                        f"the start and the end")
+    if cfg.ckpt.every > end:
+        warnings.append(f"ckpt.every = {cfg.ckpt.every} is longer than the run ({end} steps): the only checkpoint is "
+                        f"the final one, so an interruption loses the whole run")
+    if cfg.log.every > end:
+        warnings.append(f"log.every = {cfg.log.every} is longer than the run ({end} steps): only the last step is logged")
+    if end <= s.min_values:
+        warnings.append(f"the spike detector starts after spike.min_values = {s.min_values} steps and this run has {end}: "
+                        f"no loss or grad-norm spike can be flagged (non-finite values still are)")
+    return warnings
+
+
+def data_warnings(cfg: Config, data, world_size: int, resumed_dataset: dict | None = None) -> list[str]:
+    """`data`: an open DataDir (pretrainer.data.loader); `resumed_dataset`: the checkpoint's record
+    of its data (state.json "dataset"), when resuming."""
+    t, seq_len = cfg.train, cfg.model.seq_len
+    warnings = []
+    train_sequences = (data.manifest["splits"]["train"]["tokens"] - 1) // seq_len
+    val_sequences = (data.manifest["splits"]["val"]["tokens"] - 1) // seq_len
+    per_step = t.micro_batch * t.grad_accum * world_size
+    epochs = t.max_steps * per_step / max(train_sequences, 1)
+    if epochs > 1:
+        warnings.append(f"the run reads {t.max_steps * per_step:,} sequences of {seq_len}, {epochs:.1f} epochs of the "
+                        f"train split's {train_sequences:,}: the model sees the same data again (more data, or fewer steps)")
+    wanted_val = cfg.eval.batches * t.micro_batch
+    if 0 < val_sequences < wanted_val:
+        warnings.append(f"the val split has {val_sequences:,} sequences of {seq_len}, fewer than eval.batches x "
+                        f"train.micro_batch = {wanted_val}: each validation uses {val_sequences} (a noisier estimate)")
+    if resumed_dataset is not None:
+        now = data.provenance()
+        changed = [name for name in ("tokenizer", "splits") if resumed_dataset.get(name) != now[name]]
+        if changed or resumed_dataset.get("manifest_sha256") != now["manifest_sha256"]:
+            what = " and ".join(changed) or "manifest"
+            warnings.append(f"{data.path}/manifest.json: the data changed since the checkpoint ({what} differ from "
+                            f"{resumed_dataset.get('dir')}): the resumed run continues on different data")
+    return warnings
