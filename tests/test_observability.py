@@ -25,11 +25,13 @@ def test_logged_steps_carry_norms_and_update_ratio(stdlib_data, tmp_path):
         assert "mfu" not in r  # no trusted peak for a CPU: MFU is not reported rather than guessed
 
 
-def test_mlflow_store_in_the_run_dir_lists_the_run_and_its_metrics(stdlib_data, tmp_path):
+def test_mlflow_store_in_the_run_dir_lists_the_run_and_its_metrics(stdlib_data, tmp_path, capfd):
     from mlflow.tracking import MlflowClient
 
     run = tmp_path / "run"
     train(tiny_config(stdlib_data, run, **{"train.max_steps": 4, "train.stop_at_step": 2, "mlflow.enabled": True}))
+    out, err = capfd.readouterr()  # issue 13: mlflow's INFO lines (creating its database) stay out of the run's output
+    assert "INFO" not in out + err and "step 2/2 | loss" in out
     train(tiny_config(stdlib_data, run, **{"train.max_steps": 4, "mlflow.enabled": True}))  # resumes the same mlflow run
     client = MlflowClient(tracking_uri=f"sqlite:///{run.resolve() / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("pretrainer").experiment_id])

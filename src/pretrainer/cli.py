@@ -31,9 +31,9 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from pretrainer.config import load_config
+    from pretrainer.runs import load_train_config
 
-    cfg = load_config(args.config, overrides)  # check the config before starting N processes
+    cfg = load_train_config(args.config, overrides)  # check the config before starting N processes
     if args.nproc > 1:
         from pretrainer.train.launch import launch
 
@@ -46,10 +46,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
-    from pretrainer.config import load_config
-    from pretrainer.eval.loss import evaluate_config
+    from pretrainer.eval.loss import evaluate_target
 
-    evaluate_config(load_config(args.config, overrides))
+    evaluate_target(args.target, overrides)
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -58,23 +57,55 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.config import load_config
     from pretrainer.plan import format_plan, make_plan
 
-    plan = make_plan(load_config(args.config, overrides), tokens=args.tokens, tokens_per_param=args.tokens_per_param,
-                     gpus=args.gpus, gpu=args.gpu, peak_tflops=args.peak_tflops, gpu_memory_gb=args.gpu_memory_gb,
-                     gpu_watts=args.gpu_watts, mfu=args.mfu, usd_per_gpu_hour=args.usd_per_gpu_hour, flops_convention=args.flops)
-    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+    cfg = load_config(args.config, overrides)
+    plan = make_plan(cfg, tokens=args.tokens, tokens_per_param=args.tokens_per_param, gpus=args.gpus, gpu=args.gpu,
+                     peak_tflops=args.peak_tflops, gpu_memory_gb=args.gpu_memory_gb, gpu_watts=args.gpu_watts, mfu=args.mfu,
+                     usd_per_gpu_hour=args.usd_per_gpu_hour, flops_convention=args.flops, data=plan_data(cfg))
+    print_to_stdout(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+
+
+def plan_data(cfg):
+    """The data dir that supplies the vocabulary, if data.dir names one; a missing one is fine when
+    model.vocab_size is set (plans are made before the data is prepared)."""
+    from pretrainer.data.loader import open_data_dir
+
+    if not cfg.data.dir:
+        return None
+    try:
+        return open_data_dir(cfg.data.dir)
+    except UserError:
+        if not cfg.model.vocab_size:
+            raise
+        print(f"note: data.dir = {cfg.data.dir} is not a prepared data dir yet; planning with model.vocab_size = "
+              f"{cfg.model.vocab_size}", file=sys.stderr)
+        return None
+
+
+def print_to_stdout(text: str) -> None:
+    """print(), quiet when the reader has gone (`pretrainer plan --json | head`): no BrokenPipeError."""
+    import os
+
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush would raise again
 
 
 def cmd_export(args: argparse.Namespace) -> None:
     from pretrainer.report.export import export_report, export_weights
     from pretrainer.runs import open_run
 
-    out = Path(args.out)
+    run = open_run(args.run)
+    default_out = {"report": run.run_dir / "report", "hf": run.run_dir / "hf", "safetensors": run.run_dir / "model.safetensors"}
+    out = Path(args.out) if args.out else default_out[args.format]
+    if out.exists() and not args.force:
+        raise UserError(f"{out}: already exists; pass --force to replace it (only once the new export is complete), "
+                        f"or --out elsewhere")
     if args.format == "report":
-        manifest = export_report(Path(args.run), out)
+        manifest = export_report(run, out)
         check = "reloads byte-identically" if manifest["final_weights"]["reload_resave_byte_identical"] else "CHANGED on reload"
         print(f"report: {out}/ (manifest.json, metrics.csv, {', '.join(manifest['plots'])}, final.safetensors: {check})")
         return
-    run = open_run(args.run)
     if args.format == "hf":
         from pretrainer import hf
 
@@ -119,7 +150,7 @@ def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:
     decision = guard.check(args.elapsed_hours * 3600, args.remaining_hours * 3600, force=True)
     reading = decision.reading
     if reading.problem:
-        print(f"budget.json: {reading.problem}")
+        print(f"note: {reading.problem}")
     print(f"source: {'budget.json' if reading.source == 'file' else 'estimate'}; spent ${reading.spent_usd:.2f}, "
           f"projected ${reading.projected_total_usd:.2f}, rate ${reading.rate_usd_per_hr:.2f}/h; "
           f"warn at ${guard.warn_usd:.2f}, cap ${cfg.budget.cap_usd:.2f}")
@@ -170,45 +201,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="TOML config file (defaults for anything it leaves out)")
     p.add_argument("--nproc", type=int, default=1, help="processes on this machine: runs torchrun --standalone for you")
 
-    p = verbs.add_parser("eval", help="validation loss of a run's newest checkpoint or of --init.from weights")
-    p.add_argument("config", nargs="?", help="TOML config file; --section.key=value overrides follow")
+    p = verbs.add_parser("eval", help="validation loss of a run's newest checkpoint, a checkpoint or hf:DIR weights",
+                         epilog="examples: pretrainer eval runs/tiny;  pretrainer eval hf:exports/gpt2 --data.dir=data/fw "
+                                "--eval.batches=100")
+    p.add_argument("target", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="a run dir (its newest checkpoint and its data), a checkpoint dir, or hf:DIR; --section.key=value "
+                        "overrides follow (--data.dir=DIR, --eval.batches=N, ...)")
 
-    p = verbs.add_parser("plan", help="parameters, FLOPs per token, tokens per step and steps for a token budget")
-    p.add_argument("config", nargs="?", help="TOML config file; --section.key=value overrides follow")
-    p.add_argument("--tokens", type=float, help="training token budget (default: --tokens-per-param x parameters)")
-    p.add_argument("--tokens-per-param", type=float, default=20.0, help="Chinchilla ratio used without --tokens")
+    p = verbs.add_parser("plan", help="what a config will do: parameters, FLOPs, tokens, steps, time, cost and memory",
+                         epilog="example: pretrainer plan configs/gpt2-124m.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw")
+    p.add_argument("config", nargs="?", help="TOML config file; --section.key=value overrides follow (--data.dir=DIR "
+                                             "takes the vocabulary from a prepared data dir; [budget] gives price and MFU)")
+    p.add_argument("--tokens", type=float, help="plan this many training tokens instead of the config's train.max_steps")
+    p.add_argument("--tokens-per-param", type=float,
+                   help="plan this many tokens per parameter (Chinchilla-optimal: 20) instead of train.max_steps")
     p.add_argument("--gpus", type=int, default=1, help="data-parallel world size")
     p.add_argument("--gpu", help="GPU model for time, cost, energy and memory: a100-40gb, a100-80gb, h100-sxm, h100-pcie, "
                                  "h200, b200, l4, l40s, rtx-3090, rtx-4090, a10 (others need --peak-tflops)")
     p.add_argument("--peak-tflops", type=float, help="dense bf16 peak per GPU (required for a GPU not in the table)")
     p.add_argument("--gpu-memory-gb", type=float, help="memory per GPU (overrides the table)")
     p.add_argument("--gpu-watts", type=float, help="board power per GPU (overrides the table)")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed for the wall time")
-    p.add_argument("--usd-per-gpu-hour", type=float, help="price for the cost estimate")
+    p.add_argument("--mfu", type=float, help="model FLOPs utilisation assumed for the wall time (default: budget.mfu)")
+    p.add_argument("--usd-per-gpu-hour", type=float, help="price for the cost estimate (default: budget.usd_per_gpu_hour)")
     p.add_argument("--flops", default="full", choices=["full", "6n"],
                    help="full: 6 x matmul params + attention (default); 6n: 6 x non-embedding params (Kaplan/Chinchilla C=6ND)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     p = verbs.add_parser("export", help="the run's report, or its newest checkpoint as a model (hf / safetensors)")
-    p.add_argument("run", help="run dir or checkpoint dir")
+    p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir (its newest intact checkpoint) or a checkpoint dir")
     p.add_argument("--format", default="report", choices=["report", "hf", "safetensors"],
                    help="report (default): manifest, metrics.csv, plots, final weights; hf: a transformers model "
                         "directory; safetensors: one weights file with the config in its metadata")
-    p.add_argument("--out", required=True, help="output directory (hf) or file (safetensors)")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--out", help="output directory (report, hf) or file (safetensors); default RUN_DIR/report, RUN_DIR/hf "
+                                 "or RUN_DIR/model.safetensors")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists (only once the new export is complete)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="weights' dtype in the hf / safetensors export (the report keeps the checkpoint's fp32 bytes)")
 
     p = verbs.add_parser("sample", help="generate text from a run dir or checkpoint")
-    p.add_argument("run", help="run dir (newest checkpoint) or a checkpoint dir")
-    p.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
+    p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir (its newest intact checkpoint) or a checkpoint dir")
+    p.add_argument("--prompt", default="", help="text to continue (default: the start of a document)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens; 0 = all (default 50)")
+    p.add_argument("--num-samples", type=int, default=1, help="independent samples of the same prompt (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed gives the same text (default 0)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
 
     p = verbs.add_parser("postmortem", help="write RUN_DIR/spike-postmortem.md and figures for every detected spike")
-    p.add_argument("run", help="run dir")
+    p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir, or one of its checkpoints (the run's is used)")
 
     p = verbs.add_parser("budget-check", help="check a budget.json against the guard's contract; --budget.* overrides follow")
     p.add_argument("config", nargs="?", help="TOML config file (its [budget] section)")

@@ -179,7 +179,7 @@ class Config:
 
 
 # Keys that may differ between a run and its resumption without changing what is computed.
-RESUME_FREE_KEYS = ("train.stop_at_step", "train.resume")
+RESUME_FREE_KEYS = ("train.stop_at_step", "train.resume", "run.dir")  # run.dir: a run may be moved
 
 
 def _key_name(field_name: str) -> str:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from pretrainer.config import Config, ModelConfig, diff_keys, from_dict
+from pretrainer.config import Config, ModelConfig, diff_keys, flatten, from_dict
 from pretrainer.errors import UserError
 
 
@@ -68,11 +69,12 @@ def resolve(cfg: Config, world_size: int = 1, data: DataInfo | None = None, sour
       train.micro_batch  auto -> search_micro_batch(cfg, per-rank batch), a divisor of it
       train.grad_accum   global_batch / (micro_batch x world size) when global_batch is set
     """
-    cfg = copy.deepcopy(cfg)
+    cfg = absolute_paths(cfg)
     m, t = cfg.model, cfg.train
     if m.vocab_size == 0:
         if source is None and data is None:
-            raise UserError("model.vocab_size is 0 (taken from the data at train time); set it, e.g. --model.vocab_size=50257")
+            raise UserError("model.vocab_size is 0 (taken from the data); pass --data.dir=DIR (a prepared data dir) "
+                            "or set --model.vocab_size")
         m.vocab_size = source.vocab_size if source is not None else data.vocab_size
     if source is not None:
         check_fits(m, source, source_where)
@@ -95,12 +97,29 @@ def resolve(cfg: Config, world_size: int = 1, data: DataInfo | None = None, sour
     return cfg
 
 
+def absolute_paths(cfg: Config) -> Config:
+    """A copy of cfg whose paths (data.dir, run.dir, init.from, budget.file) are absolute, so a saved
+    config works from any directory."""
+    cfg = copy.deepcopy(cfg)
+    absolute = lambda p: os.path.abspath(os.path.expanduser(p)) if p else p  # noqa: E731 (not resolve(): keep symlinks)
+    cfg.data.dir, cfg.run.dir, cfg.budget.file = absolute(cfg.data.dir), absolute(cfg.run.dir), absolute(cfg.budget.file)
+    spec = cfg.init.from_
+    cfg.init.from_ = "hf:" + absolute(spec[3:]) if spec.startswith("hf:") else absolute(spec)
+    return cfg
+
+
 def resume_changes(cfg: Config, saved: dict, where: Path) -> list[str]:
-    """Config keys that differ from a checkpoint's (resolved) config; a different model is an error."""
-    saved_cfg = from_dict(saved, f"{where}/state.json")
+    """'key: old -> new' for each config key that differs from a checkpoint's (resolved) config. A
+    different model is refused, naming each key with the value the checkpoint was trained with."""
+    saved_cfg = absolute_paths(from_dict(saved, f"{where}/state.json"))  # older runs saved relative paths
     saved_cfg.model.d_ff = resolve_d_ff(saved_cfg.model)  # checkpoints written before d_ff was resolved hold 0
+    old, new = flatten(saved_cfg), flatten(cfg)
     changed = diff_keys(saved_cfg, cfg)
     model_keys = [k for k in changed if k.startswith("model.")]
     if model_keys:
-        raise UserError(f"{where}: was trained with different model settings ({', '.join(model_keys)}); use a new run.dir")
-    return changed
+        run_dir = where.parent.parent
+        raise UserError(f"{where}: was trained with {', '.join(f'{k} = {old[k]!r} (this launch: {new[k]!r})' for k in model_keys)}. "
+                        f"To resume, drop those settings "
+                        f"(`pretrainer train --run.dir={run_dir}` resumes with its saved config); to train a different "
+                        f"model, use a new run.dir")
+    return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in changed]

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.config import Config, ModelConfig, from_dict
+from pretrainer.config import Config, ModelConfig, from_dict, load_config, parse_overrides, set_key, validate
 from pretrainer.data.tokenizer import Tokenizer
 from pretrainer.model import Transformer
 from pretrainer.errors import UserError
@@ -65,6 +66,28 @@ def open_run(path: str | Path) -> OpenRun:
             raise UserError(f"{checkpoint}: {problem}")
         print(f"warning: damaged checkpoint {checkpoint}: {problem}; using the one before it", file=sys.stderr)
     raise UserError(f"{path}: none of its {len(candidates)} checkpoints is intact")
+
+
+def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
+    """The config `pretrainer train` runs: the config file (or the defaults) with the overrides; with
+    no config file, a run.dir that holds a saved config.toml is resumed with that config, so
+    `pretrainer train --run.dir=R` needs nothing retyped. (Given a config file anyway, the trainer
+    compares it with the checkpoint's and reports the changes.)"""
+    cfg = load_config(path, overrides)
+    saved = Path(cfg.run.dir) / "config.toml"
+    if path is None and saved.is_file():
+        cfg = load_config(saved, overrides)
+        cfg.run.dir = str(saved.parent)  # where it is now, if the run dir was moved
+    return cfg
+
+
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """A copy of cfg with --section.key=value overrides applied and checked."""
+    cfg = copy.deepcopy(cfg)
+    for key, value in parse_overrides(list(overrides)):
+        set_key(cfg, key, value, "command line")
+    validate(cfg)
+    return cfg
 
 
 def init_source(spec: str) -> tuple[ModelConfig, WeightLoader]:

@@ -1,22 +1,20 @@
 """Validation loss: the mean cross-entropy per token over a fixed set of validation batches.
 
     val_loss = evaluate(model, batches, device, amp_dtype)        # in the training loop
-    evaluate_config(cfg)                                          # `pretrainer eval`: a run or init.from
+    evaluate_target("runs/tiny", ["--eval.batches=50"])        # `pretrainer eval`: a run, a checkpoint or hf:DIR
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import copy
 
 import torch
 
-from pretrainer.config import Config
+from pretrainer.config import Config, load_config, parse_overrides
 from pretrainer.data.loader import open_data_dir, validation_batches
 from pretrainer.device import autocast, autocast_dtype, resolve_device
-from pretrainer.errors import UserError
 from pretrainer.resolve import resolve
-from pretrainer.runs import build_model, init_source
-from pretrainer.train.checkpoint import latest_checkpoint
+from pretrainer.runs import build_model, init_source, open_run, with_overrides
 
 
 @torch.no_grad()
@@ -36,19 +34,37 @@ def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype: t
     return total_loss / total_tokens
 
 
-def evaluate_config(cfg: Config) -> dict:
-    """Validation loss of init.from weights, or of run.dir's newest checkpoint, on data.dir's val split."""
+def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, str]:
+    """-> (the config to evaluate with, the weights' spec). `target` is a run dir or checkpoint (its
+    saved config: data, seq_len, batch), `hf:DIR`, a TOML config (the old form: init.from or run.dir
+    in it), or None (init.from or run.dir from the overrides). The model's shape always comes from
+    the weights; overrides may change anything else (data.dir, eval.batches, train.micro_batch, ...)."""
+    cfg = None
+    if target and target.endswith(".toml"):
+        cfg = load_config(target, overrides)
+        spec = cfg.init.from_ or cfg.run.dir
+    else:
+        spec = target or (given := load_config(None, overrides)).init.from_ or given.run.dir
+    if not spec.startswith("hf:"):
+        run = open_run(spec)
+        spec = str(run.checkpoint)
+        cfg = cfg or with_overrides(run.cfg, overrides)  # the run's data, seq_len and batch unless overridden
+    cfg = cfg or load_config(None, overrides)
+    source_cfg, _ = init_source(spec)
+    model_overrides = [f"--{key}={value}" for key, value in parse_overrides(overrides) if key.startswith("model.")]
+    cfg.model = with_overrides(Config(model=copy.deepcopy(source_cfg)), model_overrides).model  # the weights' shape
+    return cfg, spec
+
+
+def evaluate_target(target: str | None, overrides: list[str]) -> dict:
+    """`pretrainer eval`: validation loss of a run's newest checkpoint, a checkpoint or hf:DIR weights
+    on data.dir's val split (by default the data the run trained on)."""
+    cfg, spec = eval_config(target, overrides)
     data = open_data_dir(cfg.data.dir)
     device = resolve_device(cfg.train.device)
-    spec = cfg.init.from_
-    if not spec:
-        checkpoint = latest_checkpoint(Path(cfg.run.dir))
-        if checkpoint is None:
-            raise UserError(f"{cfg.run.dir}: no checkpoint to evaluate; pass --init.from=hf:DIR or a trained --run.dir")
-        spec = str(checkpoint)
     source_cfg, load_weights = init_source(spec)
-    cfg = resolve(cfg, data=data, source=source_cfg, source_where=f"init.from={spec}")
-    model = build_model(cfg, load_weights, f"init.from={spec}").to(device)
+    cfg = resolve(cfg, data=data, source=source_cfg, source_where=spec)
+    model = build_model(cfg, load_weights, spec).to(device)
     batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
     val_loss = evaluate(model, batches, device, autocast_dtype(cfg.train.dtype, device))
     tokens = sum(y.numel() for _, y in batches)

@@ -162,10 +162,11 @@ def export_weights(run, out: Path, dtype: str) -> None:
     atomic_write_bytes(out, save({k: v.to(DTYPES[dtype]).contiguous() for k, v in run.load_weights().items()}, metadata=metadata))
 
 
-def export_report(run_dir: Path, out: Path) -> dict:
-    from pretrainer.runs import open_run
+def export_report(run, out: Path) -> dict:
+    """`run`: a run dir, a checkpoint dir, or an already opened run (pretrainer.runs.OpenRun)."""
+    from pretrainer.runs import OpenRun, open_run
 
-    run = open_run(run_dir)
+    run = run if isinstance(run, OpenRun) else open_run(run)
     run_dir, checkpoint, state = run.run_dir, run.checkpoint, run.state
     records = read_metrics(run_dir / "metrics.jsonl")
     if not records:

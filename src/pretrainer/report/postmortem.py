@@ -213,8 +213,20 @@ def write_figure(event: Event, records: list[dict], unigram: dict | None, path: 
     atomic_write_bytes(path, buffer.getvalue())
 
 
+def detector_coverage(records: list[dict], cfg) -> str:
+    """What "no spikes" means for this run: the detector flags nothing before spike.min_values steps."""
+    last = max((r["step"] for r in records if "loss" in r), default=0)
+    if last <= cfg.spike.min_values:
+        return (f"No spike could be detected: the detector starts after spike.min_values = {cfg.spike.min_values} steps "
+                f"and this run has {last}. Only non-finite losses or gradients would have been flagged.")
+    return f"No spikes were detected (the detector was active from step {cfg.spike.min_values + 1} to step {last})."
+
+
 def write_postmortem(run_dir: Path) -> tuple[Path, list[Event]]:
+    """`run_dir`: a run dir, or one of its checkpoint dirs (RUN_DIR/checkpoints/step-N)."""
     run_dir = Path(run_dir)
+    if run_dir.parent.name == "checkpoints" and (run_dir.parent.parent / "metrics.jsonl").is_file():
+        run_dir = run_dir.parent.parent
     records = read_metrics(run_dir / "metrics.jsonl")
     config_path = run_dir / "config.toml"
     if not records or not config_path.is_file():
@@ -231,7 +243,7 @@ def write_postmortem(run_dir: Path) -> tuple[Path, list[Event]]:
         lines += [f"**Drill:** `{injected[0]['inject_kind']}` injected at steps {steps[0]}-{steps[-1]} "
                   f"({len(injected)} batches, data positions from {injected[0]['data_cursor']}).", ""]
     if not events:
-        lines += ["No spikes were detected.", ""]
+        lines += [detector_coverage(records, cfg), ""]
     for event in events:
         classify(event, records, cfg)
         figure = f"spike-{event.index}.png"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import platform
 import random
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +34,9 @@ from pretrainer.errors import RunStopped, UserError
 from pretrainer.eval.loss import evaluate
 from pretrainer.flops import flops_per_token
 from pretrainer.io import atomic_write_json
-from pretrainer.metrics import MetricsLog, RunLog, hardware_info, layer_group_grad_norms, weight_norms
+from pretrainer.metrics import MetricsLog, RunLog, hardware_info, layer_group_grad_norms, step_line, weight_norms
 from pretrainer.model import count_parameters
+from pretrainer.preflight import config_warnings, data_warnings
 from pretrainer.resolve import resolve, resume_changes, tokens_per_step
 from pretrainer.runs import build_model, init_source
 from pretrainer.train.autobatch import find_micro_batch
@@ -84,6 +86,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
         start_step, elapsed_before = (resume.state["step"], resume.state["elapsed_s"]) if resume else (0, 0.0)
         describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say)
+        for warning in config_warnings(cfg) + data_warnings(cfg, data, env.world_size, resume.state.get("dataset") if resume else None):
+            say(f"warning: {warning}")
         if start_step >= end_step:
             say(f"nothing to do: the run is already at step {start_step}")
             return {"step": start_step, "tokens": resume.state["tokens"] if resume else 0}
@@ -97,7 +101,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                             cfg.train.seed, run_dir, env, run_log.write, say, run_clock.elapsed)
         write_run_dir(cfg, data, spikes.unigram, run_dir, env)
         sequences = MetricsLog(run_dir / f"sequences-rank{env.rank}.jsonl", start_step) if cfg.log.sequences else None
-        stopper = Stopper(cfg.budget, env, signals, clock, run_log.write, say)
+        stopper = Stopper(cfg.budget, env, signals, clock, run_log.write, say, f"pretrainer train --run.dir={shlex.quote(str(run_dir))}")
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
             state.load_state_dict(resume.state)
@@ -117,7 +121,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         run_clock.start()
         last_loss, last_val = None, validate() if resume is None else None  # step 0's validation, once per run
         progress = tqdm(total=max_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
-                        mininterval=1.0, disable=not env.is_main)
+                        mininterval=1.0, disable=True if not env.is_main else None)  # None: a bar on a terminal only
         # tokens/s, MFU, data wait, host syncs between logging steps; the watchdog (too slow after warm-up: diagnose)
         speed = SpeedMonitor(cfg, state.tokens, model_flops_per_token, peak_tflops, env.world_size, device, state.step,
                              attention, say, run_log.write)
@@ -193,7 +197,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 if cfg.budget.cap_usd or cfg.budget.usd_per_gpu_hour:
                     record["spent_usd"] = stopper.spent_usd(elapsed)
                 run_log.write(record)
-                progress.set_postfix_str(f"loss {last_loss:.4f}, {figures['tokens_per_s']:,.0f} tok/s", refresh=False)
+                say(step_line(record, end_step, step_tokens))
                 speed.check(step, figures)  # the throughput watchdog, once after its warm-up
 
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
@@ -207,6 +211,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         progress.close()
         say(f"{'stopped early (train.stop_at_step)' if state.step < max_steps else 'finished'} at step {state.step}: "
             f"{state.tokens:,} tokens, {time.time() - run_clock.started:.1f}s; checkpoint {latest_checkpoint(run_dir)}")
+        say(next_commands(run_dir, finished=state.step >= max_steps))
         return {"step": state.step, "tokens": state.tokens, "loss": last_loss, "val_loss": last_val}
     except BaseException as error:
         failure = error
@@ -317,6 +322,16 @@ def describe(cfg: Config, model: torch.nn.Module, data: DataDir, loader: Sequenc
         + (f", {cfg.parallel.strategy}" if env.world_size > 1 else ""))
     say(f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
         f"{cfg.train.max_steps}; run dir {cfg.run.dir}")
+
+
+def next_commands(run_dir: Path, finished: bool) -> str:
+    """The run's last line: what to do with it next, with its real path."""
+    run = shlex.quote(str(run_dir))
+    then = "" if finished else f"\n  pretrainer train --run.dir={run}        # continue the run"
+    return (f"next:{then}\n  pretrainer sample {run} --prompt \"...\"   # generate text\n"
+            f"  pretrainer eval {run}                   # validation loss of the newest checkpoint\n"
+            f"  pretrainer export {run}                 # report: manifest, metrics.csv, plots ({run}/report)\n"
+            f"  pretrainer export {run} --format hf     # a transformers model ({run}/hf)")
 
 
 def training_unigram(data: DataDir, vocab_size: int) -> UnigramStats:

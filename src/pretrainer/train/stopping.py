@@ -1,7 +1,7 @@
 """Why a run stops, decided the same way on every rank, and the record of why it ended.
 
     signals = StopSignal(); signals.install()          # at once: a signal during setup is kept too
-    stopper = Stopper(cfg.budget, env, signals, clock, log, say)
+    stopper = Stopper(cfg.budget, env, signals, clock, log, say, resume_command)
     budget_action, signum, *_ = agree_max(stopper.local_view(step, elapsed, max_steps) + other_flags, env)
     request = stopper.request(step, budget_action, signum)   # once per step: None, or why to stop
     write_exit_record(run_dir, *exit_status(error), step, error)   # RUN_DIR/exit.json, at every exit
@@ -108,8 +108,9 @@ class StopRequest:
 
 class Stopper:
     def __init__(self, budget: BudgetConfig, env: DistEnv, signals: StopSignal, clock: Callable[[], float],
-                 log: Callable[[dict], None], say: Callable[[str], None]):
+                 log: Callable[[dict], None], say: Callable[[str], None], resume_command: str = "the same command"):
         self.budget, self.env, self.signal, self.log, self.say = budget, env, signals, log, say
+        self.resume_command = resume_command  # said when a stop leaves a checkpoint
         self.guard = BudgetGuard(budget, env.world_size, clock=clock) if budget.cap_usd and env.is_main else None
         self.reading = None  # the budget guard's latest reading (budget.json or the estimate)
         self.started, self.first_step = time.time(), 0
@@ -155,7 +156,7 @@ class Stopper:
         if budget_action == ACTION_CODES["halt"]:
             return StopRequest("budget_halt", f"budget: spent over {cap} at step {step}; stopped without a checkpoint",
                                EXIT_BUDGET_SPENT, checkpoint=False)
-        resume = f"checkpoint written at step {step}; run the same command to resume"
+        resume = f"checkpoint written at step {step}; resume with: {self.resume_command}"
         if budget_action == ACTION_CODES["stop"]:
             return StopRequest("budget_stop", f"budget: projected cost over {cap}: {resume}", EXIT_BUDGET_PROJECTED,
                                checkpoint=True)

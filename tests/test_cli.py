@@ -1,0 +1,127 @@
+"""Issue 13: a CLI a newcomer can drive. A run dir is enough after the first command; likely
+mistakes are said at start; logs read well in a file; outputs land where the layout says."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+
+from pretrainer.cli import build_parser
+from pretrainer.config import load_config
+from pretrainer.data.loader import open_data_dir
+from pretrainer.metrics import format_duration, step_line
+from pretrainer.preflight import config_warnings, data_warnings
+
+from conftest import tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, stdlib_data):
+    """A run started with relative paths and model overrides, stopped at step 3 of 6."""
+    from pretrainer.cli import main
+
+    base = tmp_path_factory.mktemp("cli")
+    (base / "data").symlink_to(stdlib_data)
+    cwd = os.getcwd()
+    os.chdir(base)
+    try:
+        overrides = tiny_overrides(Path("data"), Path("runs/tiny"), **{
+            "train.max_steps": 6, "train.stop_at_step": 3, "ckpt.every": 3, "eval.every": 3, "optim.warmup_steps": 50,
+            "log.every": 2, "model.d_model": 32, "model.n_head": 2, "model.n_kv_head": 1})
+        assert main(["train", *overrides]) == 0
+    finally:
+        os.chdir(cwd)
+    return base / "runs" / "tiny"
+
+
+def test_a_run_dir_is_enough_to_resume_from_anywhere(stopped_run, tmp_path, monkeypatch, run_cli):
+    """Problem 1: `train --run.dir=R` resumes with R's saved config, no override retyped, from another directory."""
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli("train", f"--run.dir={stopped_run}", "--train.stop_at_step=0")
+    assert code == 0 and "resuming from" in out and "finished at step 6" in out
+    saved = load_config(stopped_run / "config.toml")
+    assert Path(saved.data.dir).is_absolute() and saved.model.d_model == 32
+    # the log: one line per logged step, no carriage returns off a terminal, and what to run next
+    assert "step 4/6 | loss " in out and " | lr " in out and " | grad norm " in out and " tok/s | ETA " in out
+    assert "\r" not in out
+    assert f"pretrainer sample {stopped_run}" in out and f"pretrainer export {stopped_run} --format hf" in out
+
+
+def test_resume_reports_only_real_changes_and_refuses_a_new_model_with_the_old_values(stopped_run, run_cli, stdlib_data):
+    code, out, _ = run_cli("train", f"--run.dir={stopped_run}", "--optim.lr=0.001")
+    assert code == 0 and "changed config keys: optim.lr: 0.003 -> 0.001" in out
+    assert "data.dir" not in out.split("changed config keys")[1].splitlines()[0]  # relative then, absolute now: the same dir
+    overrides = tiny_overrides(stdlib_data, stopped_run, **{"train.max_steps": 6, "model.n_head": 2, "model.n_kv_head": 1})
+    code, _, err = run_cli("train", *overrides)  # model.d_model = 64 now: the checkpoint has 32
+    assert code == 2 and "was trained with model.d_model = 32 (this launch: 64)" in err
+    assert f"pretrainer train --run.dir={stopped_run}" in err and "use a new run.dir" in err
+
+
+def test_eval_sample_export_postmortem_take_the_run_dir_alone(stopped_run, tmp_path, monkeypatch, run_cli, stdlib_data):
+    monkeypatch.chdir(tmp_path)
+    checkpoint = sorted((stopped_run / "checkpoints").iterdir())[-1]
+    for target in ([str(stopped_run)], [str(checkpoint), "--eval.batches=2"], [f"--run.dir={stopped_run}"]):
+        code, out, err = run_cli("eval", *target)
+        assert code == 0 and "val loss" in out, err
+    code, out, _ = run_cli("sample", stopped_run, "--max-new-tokens", "5")
+    assert code == 0 and "--- sample 1 ---" in out
+    code, out, _ = run_cli("postmortem", checkpoint)
+    assert code == 0 and (stopped_run / "spike-postmortem.md").is_file()
+    assert "No spike could be detected: the detector starts after spike.min_values = 64" in (
+        stopped_run / "spike-postmortem.md").read_text()  # problem 3: not "no spikes" from a detector that never ran
+
+    # export: RUN/report and RUN/hf by default, an existing output only with --force
+    code, out, _ = run_cli("export", stopped_run)
+    assert code == 0 and (stopped_run / "report" / "manifest.json").is_file()
+    code, _, err = run_cli("export", stopped_run)
+    assert code == 2 and "already exists; pass --force" in err
+    assert run_cli("export", stopped_run, "--force")[0] == 0
+    code, out, err = run_cli("export", stopped_run, "--format", "hf")
+    assert code == 0 and (stopped_run / "hf" / "config.json").is_file(), err
+    # and the exported model evaluates with no model.* flags: the shape comes from the weights
+    code, out, err = run_cli("eval", f"--init.from=hf:{stopped_run / 'hf'}", f"--data.dir={stdlib_data}", "--eval.batches=2",
+                             "--model.seq_len=64")
+    assert code == 0 and "val loss" in out, err
+
+
+def test_warnings_for_likely_mistakes(stdlib_data, tmp_path):
+    """Problem 3: one line each, before the run starts (train) or in the plan."""
+    cfg = load_config(None, tiny_overrides(stdlib_data, tmp_path, **{
+        "train.max_steps": 20, "optim.warmup_steps": 50, "eval.every": 100, "ckpt.every": 100, "eval.batches": 10_000}))
+    said = config_warnings(cfg)
+    assert len(said) == 4 and all("\n" not in line for line in said)
+    assert "never reaches optim.lr" in said[0] and "eval.every = 100" in said[1] and "ckpt.every = 100" in said[2]
+    assert "spike.min_values = 64" in said[3]
+    assert config_warnings(load_config(None, ["--train.max_steps=1000"])) == []
+    data = open_data_dir(stdlib_data)
+    said = data_warnings(cfg, data, world_size=1)
+    assert any("fewer than eval.batches x train.micro_batch" in line for line in said)
+    changed = {**data.provenance(), "manifest_sha256": "0" * 64}
+    assert any("the data changed since the checkpoint" in line for line in data_warnings(cfg, data, 1, changed))
+    assert not any("changed" in line for line in data_warnings(cfg, data, 1, data.provenance()))
+    many_steps = load_config(None, tiny_overrides(stdlib_data, tmp_path, **{"train.max_steps": 100_000}))
+    assert any("epochs of the train split" in line for line in data_warnings(many_steps, data, 1))
+
+
+def test_step_line_reads_well_in_a_file():
+    record = {"step": 40, "loss": 3.21, "lr": 3e-4, "grad_norm": 0.5, "tokens_per_s": 1000.0, "mfu": 0.312, "spent_usd": 1.5}
+    line = step_line(record, end_step=100, tokens_per_step=1000)
+    assert line == "step 40/100 | loss 3.2100 | lr 3.00e-04 | grad norm 0.500 | 1,000 tok/s | MFU 31.2% | $1.50 | ETA 1m00s"
+    assert (format_duration(42), format_duration(125), format_duration(3725)) == ("42s", "2m05s", "1h02m")
+
+
+def test_every_cli_option_has_help_text():
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {action.dest}" for name, sub in verbs.choices.items() for action in sub._actions
+               if not isinstance(action, argparse._HelpAction) and not action.help]
+    assert missing == []
+
+
+def test_budget_check_names_the_file_once(tmp_path, run_cli):
+    code, out, _ = run_cli("budget-check", "--budget.cap_usd=10", "--budget.usd_per_gpu_hour=2",
+                           f"--budget.file={tmp_path / 'budget.json'}", "--dry-run")
+    assert code == 0 and f"note: {tmp_path / 'budget.json'} is missing; using the estimate" in out
