@@ -1,8 +1,9 @@
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from pretrainer.config import config_hash, load_config, save_config
+from pretrainer.config import all_keys, config_hash, config_text_with_help, key_help, keys_reference, load_config, save_config
 from pretrainer.errors import UserError
 
 
@@ -53,3 +54,26 @@ def test_hash_ignores_only_stop_and_resume_keys():
     base = load_config(None, [])
     assert config_hash(base) == config_hash(load_config(None, ["--train.stop_at_step=20", "--train.resume=never"]))
     assert config_hash(base) != config_hash(load_config(None, ["--optim.lr=1e-2"]))
+
+
+# --- discoverable config: each key's help in its field's metadata ---
+
+def test_every_key_has_help():
+    helps = key_help()
+    assert list(helps) == list(all_keys()) and "init.from" in helps
+    assert all(isinstance(h, str) and h.strip() for h in helps.values())
+
+
+def test_config_text_with_help_parses_back_to_the_same_config(tmp_path: Path):
+    cfg = load_config("configs/tiny-cpu.toml", ["--optim.lr=1e-3", "--init.from=hf:x", "--train.compile=true"])
+    text = config_text_with_help(cfg)
+    assert all(f"# {h}" in text for h in key_help().values())
+    assert tomllib.loads(text)["optim"]["lr"] == 1e-3
+    (tmp_path / "c.toml").write_text(text)
+    assert load_config(tmp_path / "c.toml") == cfg
+
+
+def test_keys_reference_lists_every_key_with_type_default_and_help():
+    text = keys_reference()
+    assert "--optim.lr  (float, default 0.0003)" in text and "peak learning rate" in text
+    assert all(f"--{key} " in text for key in all_keys())
