@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrainer.config import all_keys, config_hash, config_text_with_help, key_help, keys_reference, load_config, save_config
+from pretrainer.config import (all_keys, config_hash, config_text_with_help, key_help, keys_reference, load_config,
+                               parse_overrides, save_config)
 from pretrainer.errors import UserError
 
 
@@ -77,3 +78,18 @@ def test_keys_reference_lists_every_key_with_type_default_and_help():
     text = keys_reference()
     assert "--optim.lr  (float, default 0.0003)" in text and "peak learning rate" in text
     assert all(f"--{key} " in text for key in all_keys())
+
+
+def test_bare_boolean_flag_means_true():
+    assert parse_overrides(["--train.compile"]) == [("train.compile", "true")]
+    assert parse_overrides(["--train.compile", "--log.sequences", "off"]) == [("train.compile", "true"), ("log.sequences", "off")]
+    assert load_config(None, ["--train.compile", "--optim.lr=1"]).train.compile is True
+    assert load_config(None, ["--train.compile", "false"]).train.compile is False
+    with pytest.raises(UserError, match=r"'--train\.max_steps' needs a value"):
+        load_config(None, ["--train.max_steps"])
+
+
+def test_hyphens_and_underscores_are_the_same_in_keys(tmp_path: Path):
+    assert load_config(None, ["--train.max-steps=5"]).train.max_steps == 5
+    (tmp_path / "c.toml").write_text("[train]\nmax-steps = 7\n")
+    assert load_config(tmp_path / "c.toml").train.max_steps == 7

@@ -2,10 +2,11 @@
 
     cfg = load_config("configs/tiny-cpu.toml", ["--optim.lr=3e-4", "--train.max_steps", "200"])
 
-Every number has one home here, and each key's help one home: its field's metadata (`opt`), which
-`pretrainer train --help` and `pretrainer config` print. Unknown keys are an error that names the key and suggests the
-closest valid one; values are checked against the field's type. What a config leaves to be
-derived (vocab, d_ff, micro_batch=auto, grad_accum) is filled in by `pretrainer.resolve`.
+Every number has one home here, and each key's help one home: its field's metadata (`opt`),
+which `pretrainer train --help` and `pretrainer config` print. Unknown keys are an error that names
+the key and suggests the closest valid one; `-` and `_` are the same in keys; values are checked
+against the field's type. What a config leaves to be derived (vocab, d_ff, micro_batch=auto,
+grad_accum) is filled in by `pretrainer.resolve`.
 """
 
 from __future__ import annotations
@@ -192,6 +193,11 @@ def _key_name(field_name: str) -> str:
     return field_name.rstrip("_")  # `from_` is the field for the key `from`
 
 
+def canonical_key(key: str) -> str:
+    """'train.max-steps' -> 'train.max_steps': '-' and '_' are the same in keys (verb flags use '-')."""
+    return key.replace("-", "_")
+
+
 def _fields(cfg: Config) -> list[tuple[str, dataclasses.Field, Any]]:
     """(dotted key, field, section object) for every key, in declaration order."""
     out = []
@@ -217,6 +223,13 @@ def _unknown_key(key: str, where: str) -> UserError:
     return UserError(f"{where}: unknown config key '{key}'{hint}")
 
 
+BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def is_bool_key(key: str) -> bool:
+    return all_keys().get(canonical_key(key)) is bool
+
+
 def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
     """Convert a TOML value or a CLI string to the field's type, or raise a clear error."""
     try:
@@ -224,12 +237,7 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
             return 0
         if isinstance(value, str) and typ is not str:
             if typ is bool:
-                low = value.strip().lower()
-                if low in ("true", "1", "yes", "on"):
-                    return True
-                if low in ("false", "0", "no", "off"):
-                    return False
-                raise ValueError(value)
+                return BOOL_WORDS[value.strip().lower()]
             if typ is int:
                 as_float = float(value)  # accepts "1e6" for integer fields when it is whole
                 if as_float != int(as_float):
@@ -243,21 +251,22 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
         if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
             return value
         raise ValueError(value)
-    except ValueError:
+    except (ValueError, KeyError):
         raise UserError(f"{where}: '{key}' must be {typ.__name__}, got {value!r}") from None
 
 
-def set_key(cfg: Config, key: str, value: Any, where: str) -> None:
-    types = all_keys(cfg)
+def set_key(cfg: Config, typed_key: str, value: Any, where: str) -> None:
+    key, types = canonical_key(typed_key), all_keys(cfg)
     if key not in types:
-        raise _unknown_key(key, where)
+        raise _unknown_key(typed_key, where)
     section, name = key.split(".", 1)
     target = getattr(cfg, section)
     setattr(target, name if hasattr(target, name) else name + "_", _coerce(key, value, types[key], where))
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
-    """['--optim.lr=3e-4', '--train.max_steps', '200'] -> [('optim.lr', '3e-4'), ('train.max_steps', '200')]."""
+    """['--optim.lr=3e-4', '--train.max_steps', '200', '--train.compile'] ->
+    [('optim.lr', '3e-4'), ('train.max_steps', '200'), ('train.compile', 'true')]: a bare boolean flag means true."""
     pairs, i = [], 0
     while i < len(args):
         arg = args[i]
@@ -265,6 +274,9 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
             raise UserError(f"command line: expected a dotted override like --optim.lr=3e-4, got '{arg}'")
         if "=" in arg:
             key, value = arg[2:].split("=", 1)
+            i += 1
+        elif is_bool_key(arg[2:]) and (i + 1 >= len(args) or args[i + 1].strip().lower() not in BOOL_WORDS):
+            key, value = arg[2:], "true"
             i += 1
         else:
             if i + 1 >= len(args):
