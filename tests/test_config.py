@@ -21,7 +21,7 @@ def test_toml_and_dotted_overrides(tmp_path: Path):
 def test_unknown_key_in_file_names_key_and_suggests(tmp_path: Path):
     path = tmp_path / "c.toml"
     path.write_text("[optim]\nlrr = 0.1\n")
-    with pytest.raises(UserError, match=r"c\.toml: unknown config key 'optim\.lrr'; did you mean 'optim\.lr'\?"):
+    with pytest.raises(UserError, match=r"c\.toml: unknown config key 'optim\.lrr'; did you mean 'optim\.lr' \(peak learning rate\)\?"):
         load_config(path)
 
 
@@ -93,3 +93,28 @@ def test_hyphens_and_underscores_are_the_same_in_keys(tmp_path: Path):
     assert load_config(None, ["--train.max-steps=5"]).train.max_steps == 5
     (tmp_path / "c.toml").write_text("[train]\nmax-steps = 7\n")
     assert load_config(tmp_path / "c.toml").train.max_steps == 7
+
+
+@pytest.mark.parametrize("typed, meant", [
+    ("optim.learning_rate", ["optim.lr"]),
+    ("train.batch_size", ["train.micro_batch", "train.global_batch"]),
+    ("model.hidden_size", ["model.d_model"]),
+    ("model.num_layers", ["model.n_layer"]),
+    ("train.steps", ["train.max_steps"]),
+    ("train.lr", ["optim.lr"]),
+    ("optim.warmup", ["optim.warmup_steps"]),
+    ("optim.lrr", ["optim.lr"]),
+])
+def test_unknown_keys_suggest_by_words_and_letters(typed: str, meant: list[str]):
+    with pytest.raises(UserError) as e:
+        load_config(None, [f"--{typed}=1"])
+    message = str(e.value)
+    assert message.startswith(f"command line: unknown config key '{typed}'; did you mean '{meant[0]}' (")
+    assert all(f"'{k}' (" in message for k in meant) and "\n" not in message
+
+
+def test_unknown_key_far_from_any_lists_sections_or_the_sections_keys():
+    with pytest.raises(UserError, match=r"unknown config key 'foo\.bar'; valid sections: model, init, data"):
+        load_config(None, ["--foo.bar=1"])
+    with pytest.raises(UserError, match=r"unknown config key 'model\.xyz'; keys of \[model\]: arch, vocab_size"):
+        load_config(None, ["--model.xyz=1"])

@@ -4,15 +4,14 @@
 
 Every number has one home here, and each key's help one home: its field's metadata (`opt`),
 which `pretrainer train --help` and `pretrainer config` print. Unknown keys are an error that names
-the key and suggests the closest valid one; `-` and `_` are the same in keys; values are checked
-against the field's type. What a config leaves to be derived (vocab, d_ff, micro_batch=auto,
-grad_accum) is filled in by `pretrainer.resolve`.
+the key and suggests the valid keys closest in words and letters (`pretrainer.suggest`); `-` and
+`_` are the same in keys; values are checked against the field's type. What a config leaves to be
+derived (vocab, d_ff, micro_batch=auto, grad_accum) is filled in by `pretrainer.resolve`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import tomllib
@@ -23,6 +22,7 @@ from typing import Any
 import tomli_w
 
 from pretrainer.errors import UserError
+from pretrainer.suggest import suggest
 
 
 def opt(default: Any, help: str) -> Any:
@@ -217,9 +217,19 @@ def key_help() -> dict[str, str]:
     return {key: f.metadata["help"] for key, f, _ in _fields(Config())}
 
 
+def _short_help(key: str) -> str:
+    return key_help()[key].split(";")[0]
+
+
 def _unknown_key(key: str, where: str) -> UserError:
-    close = difflib.get_close_matches(key, list(all_keys()), n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else f"; valid sections: {', '.join(f.name for f in dataclasses.fields(Config))}"
+    close, sections = suggest(key, key_help()), to_dict(Config())
+    typed_section = canonical_key(key).partition(".")[0]
+    if close:
+        hint = "; did you mean " + " or ".join(f"'{k}' ({_short_help(k)})" for k in close) + "?"
+    elif typed_section in sections:  # a valid section: its keys are the useful list
+        hint = f"; keys of [{typed_section}]: {', '.join(sections[typed_section])}"
+    else:
+        hint = f"; valid sections: {', '.join(sections)}"
     return UserError(f"{where}: unknown config key '{key}'{hint}")
 
 
