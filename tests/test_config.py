@@ -1,8 +1,11 @@
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from pretrainer.cli import main
 from pretrainer.config import (all_keys, config_hash, config_text_with_help, key_help, keys_reference, load_config,
                                parse_overrides, save_config)
 from pretrainer.errors import UserError
@@ -118,3 +121,53 @@ def test_unknown_key_far_from_any_lists_sections_or_the_sections_keys():
         load_config(None, ["--foo.bar=1"])
     with pytest.raises(UserError, match=r"unknown config key 'model\.xyz'; keys of \[model\]: arch, vocab_size"):
         load_config(None, ["--model.xyz=1"])
+
+
+# --- `pretrainer config`, `train --help`, and the command line's bare flags ---
+
+def test_config_verb_prints_commented_toml_with_overrides(capsys):
+    assert main(["config", "configs/tiny-cpu.toml", "--optim.lr", "2e-3", "--train.compile"]) == 0
+    out = capsys.readouterr().out
+    raw = tomllib.loads(out)
+    assert raw["optim"]["lr"] == 2e-3 and raw["train"]["compile"] is True and raw["train"]["max_steps"] == 360
+    assert "# peak learning rate" in out
+
+
+def test_config_verb_takes_the_vocab_from_the_data(capsys, tmp_path: Path):
+    from pretrainer.data.prepare import prepare
+    from pretrainer.data.sources import Corpus
+
+    prepare(Corpus(["stdlib"]), "bpe:300", tmp_path / "data", val_fraction=0.1, seed=0, workers=1, max_docs=40)
+    capsys.readouterr()  # prepare's own report
+    assert main(["config", f"--data.dir={tmp_path / 'data'}"]) == 0
+    assert tomllib.loads(capsys.readouterr().out)["model"]["vocab_size"] == 300
+
+
+def test_config_verb_without_data_dir_notes_it_and_keeps_vocab_0(capsys, tmp_path: Path):
+    assert main(["config", f"--data.dir={tmp_path / 'nope'}"]) == 0
+    captured = capsys.readouterr()
+    assert tomllib.loads(captured.out)["model"]["vocab_size"] == 0 and "note:" in captured.err
+
+
+def test_config_verb_survives_a_closed_pipe():
+    """`pretrainer config | head -3`: here the reader is gone before anything is written, which is
+    the case that raises (a reader that takes one line leaves the rest in the pipe's buffer)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pretrainer", "config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err
+
+
+def test_train_help_lists_every_key_with_its_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "--optim.lr  (float, default 0.0003)" in out and "peak learning rate" in out and "pretrainer config" in out
+    assert all(f"--{key} " in out for key in all_keys())
+
+
+def test_bare_boolean_flag_on_the_command_line(capsys):
+    """Before the positional config path it is a flag, not that path taken as its value."""
+    assert main(["config", "--train.compile", "configs/tiny-cpu.toml", "--mlflow.enabled", "false"]) == 0
+    raw = tomllib.loads(capsys.readouterr().out)
+    assert raw["train"]["compile"] is True and raw["mlflow"]["enabled"] is False and raw["train"]["max_steps"] == 360
