@@ -142,7 +142,7 @@ def test_missing_data_dir_and_unknown_key_are_one_line_errors(tmp_path):
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "nope: data dir not found; run `pretrainer prepare" in result.stderr
     result = run_subprocess("train", "--optim.lrr=1")
-    assert result.returncode == 2 and "unknown config key 'optim.lrr'; did you mean 'optim.lr'?" in result.stderr
+    assert result.returncode == 2 and "unknown config key 'optim.lrr'; did you mean 'optim.lr' (peak learning rate)?" in result.stderr
     assert not (tmp_path / "run").exists()
 
 

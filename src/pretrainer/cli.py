@@ -8,11 +8,13 @@ calls one function; user errors print one line (`error: ...`) and exit with code
     pretrainer export runs/tiny --format hf --out exports/tiny-hf
     pretrainer plan configs/llama3-1b.toml --tokens 2.5e10 --gpus 8
     pretrainer fetch-gpt2
+    pretrainer config configs/tiny-cpu.toml --optim.lr=1e-3
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -175,6 +177,33 @@ def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
     print(f"GPT-2 ranks ready at {path} (sha256 verified)")
 
 
+def cmd_config(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Print the resolved config as TOML, each key's help as a comment: a starting point for a config file."""
+    from pretrainer.config import config_text_with_help, load_config
+
+    cfg = load_config(args.config, overrides)
+    if cfg.data.dir:  # the data decides model.vocab_size (and checks it); without the data it stays 0
+        from pretrainer.data.loader import open_data_dir
+        from pretrainer.resolve import resolve
+
+        try:
+            cfg = resolve(cfg, data=open_data_dir(cfg.data.dir))
+        except UserError as e:
+            print(f"note: shown unresolved ({e})", file=sys.stderr)
+    source = " ".join([args.config or "defaults", *overrides])
+    print_to_stdout(f"# pretrainer config {source}\n\n{config_text_with_help(cfg)}")
+
+
+def print_to_stdout(text: str) -> None:
+    """Print text; a reader that stops early (`pretrainer config | head -3`) is not an error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python's docs (signal, "Note on SIGPIPE"): point stdout at devnull so the flush at exit does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pretrainer", description="Pretrain decoder-only language models from scratch.")
     parser.add_argument("--version", action="version", version=f"pretrainer {__version__}")
@@ -197,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace --out if it exists (only once the new data is complete)")
 
     p = verbs.add_parser("train", help="train a model; extra --section.key=value arguments override the config",
-                         epilog="example: pretrainer train configs/tiny-cpu.toml --optim.lr=3e-4 --train.max_steps=200")
+                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=train_epilog())
     p.add_argument("config", nargs="?", help="TOML config file (defaults for anything it leaves out)")
     p.add_argument("--nproc", type=int, default=1, help="processes on this machine: runs torchrun --standalone for you")
 
@@ -260,16 +289,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("fetch-gpt2", help="download and verify the GPT-2 BPE ranks for offline use")
     p.add_argument("--dest", help="where to write gpt2.tiktoken (default: $PRETRAINER_CACHE or ~/.cache/pretrainer)")
+
+    p = verbs.add_parser("config", help="print the resolved config as TOML with each key's help; overrides follow")
+    p.add_argument("config", nargs="?", help="TOML config file (default: the built-in defaults)")
     return parser
 
 
+def train_epilog() -> str:
+    from pretrainer.config import keys_reference
+
+    return ("example: pretrainer train configs/tiny-cpu.toml --optim.lr=3e-4 --train.max_steps=200\n\n"
+            "config keys: --section.key=value overrides the TOML file's value; a bare boolean flag (--train.compile)\n"
+            "means true; '-' and '_' are the same in keys. `pretrainer config CONFIG [overrides]` prints the resolved\n"
+            "config with this help.\n\n" + keys_reference())
+
+
 def join_dotted_overrides(argv: list[str]) -> list[str]:
-    """['--optim.lr', '3e-4'] -> ['--optim.lr=3e-4'], so a value is never taken for a positional argument."""
+    """['--optim.lr', '3e-4'] -> ['--optim.lr=3e-4'], so a value is never taken for a positional argument.
+    A boolean key takes the next word only when it is true/false/yes/no/on/off/1/0: `--train.compile CONFIG` is a bare flag."""
+    from pretrainer.config import BOOL_WORDS, is_bool_key
+
     out, i = [], 0
     while i < len(argv):
         arg = argv[i]
-        if arg.startswith("--") and "." in arg and "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            out.append(f"{arg}={argv[i + 1]}")
+        dotted = arg.startswith("--") and "." in arg and "=" not in arg
+        value = argv[i + 1] if dotted and i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+        if value is not None and (not is_bool_key(arg[2:]) or value.strip().lower() in BOOL_WORDS):
+            out.append(f"{arg}={value}")
             i += 2
         else:
             out.append(arg)
@@ -281,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = join_dotted_overrides(sys.argv[1:] if argv is None else [str(a) for a in argv])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.verb not in ("train", "eval", "plan", "budget-check"):
+    if extra and args.verb not in ("train", "eval", "plan", "budget-check", "config"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.verb == "prepare":
@@ -302,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_budget_check(args, extra)
         elif args.verb == "fetch-gpt2":
             cmd_fetch_gpt2(args)
+        elif args.verb == "config":
+            cmd_config(args, extra)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -2,15 +2,16 @@
 
     cfg = load_config("configs/tiny-cpu.toml", ["--optim.lr=3e-4", "--train.max_steps", "200"])
 
-Every number has one home here. Unknown keys are an error that names the key and suggests the
-closest valid one; values are checked against the field's type. What a config leaves to be
+Every number has one home here, and each key's help one home: its field's metadata (`opt`),
+which `pretrainer train --help` and `pretrainer config` print. Unknown keys are an error that names
+the key and suggests the valid keys closest in words and letters (`pretrainer.suggest`); `-` and
+`_` are the same in keys; values are checked against the field's type. What a config leaves to be
 derived (vocab, d_ff, micro_batch=auto, grad_accum) is filled in by `pretrainer.resolve`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import tomllib
@@ -21,144 +22,150 @@ from typing import Any
 import tomli_w
 
 from pretrainer.errors import UserError
+from pretrainer.suggest import suggest
+
+
+def opt(default: Any, help: str) -> Any:
+    """A config field with its help: the one place a key is described (`train --help`, `pretrainer config`)."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class ModelConfig:
-    arch: str = "llama"  # "llama" (RMSNorm, SwiGLU, RoPE, GQA) or "gpt2" (LayerNorm, GELU, learned positions)
-    vocab_size: int = 0  # 0: take it from the data manifest; larger (padded) is allowed, smaller is an error
-    seq_len: int = 256
-    d_model: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    n_kv_head: int = 0  # 0: same as n_head (no grouped-query attention)
-    d_ff: int = 0  # 0: gpt2 -> 4 * d_model; llama -> 8/3 * d_model rounded up to a multiple of 64
-    tie_embeddings: bool = True
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
+    arch: str = opt("llama", '"llama" (RMSNorm, SwiGLU, RoPE, GQA) or "gpt2" (LayerNorm, GELU, learned positions)')
+    vocab_size: int = opt(0, "0: take it from the data manifest; larger (padded) is allowed, smaller is an error")
+    seq_len: int = opt(256, "tokens per sequence: the context length")
+    d_model: int = opt(128, "width of the residual stream (the hidden size)")
+    n_layer: int = opt(4, "transformer blocks")
+    n_head: int = opt(4, "attention heads; d_model must be divisible by it")
+    n_kv_head: int = opt(0, "key/value heads (grouped-query attention, llama only); 0: same as n_head")
+    d_ff: int = opt(0, "MLP hidden width; 0: gpt2 -> 4 * d_model; llama -> 8/3 * d_model rounded up to a multiple of 64")
+    tie_embeddings: bool = opt(True, "the output head shares the token embedding's weights")
+    rope_theta: float = opt(10000.0, "RoPE base frequency (llama)")
+    norm_eps: float = opt(1e-5, "epsilon of the RMSNorm / LayerNorm")
+    init_std: float = opt(0.02, "std of the random init; the residual output projections use init_std / sqrt(2 * n_layer)")
 
 
 @dataclass
 class InitConfig:
-    # Start from existing weights instead of a random init: "hf:DIR" (a local Hugging Face GPT-2 or
-    # Llama directory) or a pretrainer run/checkpoint dir. Ignored when resuming from a checkpoint.
-    from_: str = ""  # the key is `init.from` (a Python keyword, hence the underscore here)
+    # the key is `init.from`: `from` is a Python keyword, hence the underscore here
+    from_: str = opt("", 'start from existing weights instead of a random init: "hf:DIR" (a local Hugging Face GPT-2 '
+                         "or Llama directory) or a pretrainer run/checkpoint dir; ignored when resuming from a checkpoint")
 
 
 @dataclass
 class DataConfig:
-    dir: str = ""  # a directory written by `pretrainer prepare`
+    dir: str = opt("", "a directory written by `pretrainer prepare`")
 
 
 @dataclass
 class RunConfig:
-    dir: str = "runs/default"
+    dir: str = opt("runs/default", "the run's directory: checkpoints, metrics, logs and its config.toml")
 
 
 @dataclass
 class TrainConfig:
-    micro_batch: int = 16  # sequences per forward/backward on one device; "auto" (= 0) searches the largest on CUDA
-    grad_accum: int = 1  # micro-batches per optimizer step on one device
-    global_batch: int = 0  # sequences per optimizer step over all ranks; when set, grad_accum is derived from it
-    max_steps: int = 1000  # optimizer steps; defines the LR schedule
-    stop_at_step: int = 0  # stop early (checkpoint and exit) without changing the schedule; 0 = off
-    seed: int = 1337
-    resume: str = "auto"  # "auto" (newest complete checkpoint in run.dir), "never", or a checkpoint path
-    compile: bool = False
-    activation_checkpointing: bool = False  # recompute each block in backward: memory for ~1/3 more compute
-    device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
-    dtype: str = "auto"  # "auto" (bfloat16 autocast on CUDA, float32 on CPU), "float32", "bfloat16"
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    audit_syncs: bool = False  # count host syncs outside logging steps (logged as host_syncs; CUDA: sync debug mode)
-    # the throughput watchdog: after watchdog_steps steps of this process, below either minimum -> diagnose (and stop)
-    min_mfu: float = 0.0  # e.g. 0.30; needs the device's peak (known GPUs, or budget.peak_tflops); 0 = off
-    min_tokens_per_s: float = 0.0  # 0 = off
-    watchdog_steps: int = 100  # steps (compile, warm-up) before the check
-    watchdog_action: str = "warn"  # "warn" (one line of diagnosis) or "stop" (checkpoint, exit 6)
+    micro_batch: int = opt(16, 'sequences per forward/backward on one device; "auto" (= 0) searches the largest on CUDA')
+    grad_accum: int = opt(1, "micro-batches per optimizer step on one device")
+    global_batch: int = opt(0, "sequences per optimizer step over all ranks; when set, grad_accum is derived from it")
+    max_steps: int = opt(1000, "optimizer steps; defines the LR schedule")
+    stop_at_step: int = opt(0, "stop early (checkpoint and exit) without changing the schedule; 0 = off")
+    seed: int = opt(1337, "seed of the random init and the data order")
+    resume: str = opt("auto", '"auto" (newest complete checkpoint in run.dir), "never", or a checkpoint path')
+    compile: bool = opt(False, "torch.compile each transformer block")
+    activation_checkpointing: bool = opt(False, "recompute each block in backward: memory for ~1/3 more compute")
+    device: str = opt("auto", '"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...')
+    dtype: str = opt("auto", '"auto" (bfloat16 autocast on CUDA, float32 on CPU), "float32", "bfloat16"')
+    grad_clip: float = opt(1.0, "max global grad norm; 0 disables clipping")
+    audit_syncs: bool = opt(False, "count host syncs outside logging steps (logged as host_syncs; CUDA: sync debug mode)")
+    min_mfu: float = opt(0.0, "throughput watchdog: below this MFU after watchdog_steps -> diagnose (and stop), e.g. "
+                              "0.30; needs the device's peak (known GPUs, or budget.peak_tflops); 0 = off")
+    min_tokens_per_s: float = opt(0.0, "throughput watchdog: below this many tokens/s after watchdog_steps -> diagnose "
+                                       "(and stop); 0 = off")
+    watchdog_steps: int = opt(100, "steps of this process (compile, warm-up) before the throughput watchdog checks")
+    watchdog_action: str = opt("warn", '"warn" (one line of diagnosis) or "stop" (checkpoint, exit 6)')
 
 
 @dataclass
 class ParallelConfig:
-    strategy: str = "ddp"  # "ddp" (replicated) or "fsdp" (FSDP2 fully_shard per block, then the root); used under torchrun
-    timeout_s: float = 1800.0  # a collective that waits longer fails with a clear error instead of hanging
-    shutdown_timeout_s: float = 300.0  # --nproc: torchrun's grace for the workers' final checkpoint after a signal
-    hang_drill_step: int = 0  # drill: the last rank stops answering at this step; the others must exit 3, not hang
+    strategy: str = opt("ddp", '"ddp" (replicated) or "fsdp" (FSDP2 fully_shard per block, then the root); used under torchrun')
+    timeout_s: float = opt(1800.0, "a collective that waits longer fails with a clear error instead of hanging")
+    shutdown_timeout_s: float = opt(300.0, "--nproc: torchrun's grace for the workers' final checkpoint after a signal")
+    hang_drill_step: int = opt(0, "drill: the last rank stops answering at this step; the others must exit 3, not hang")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-4  # peak learning rate
-    schedule: str = "cosine"  # "cosine", "wsd" (warmup-stable-decay) or "constant"
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1  # floor of the decay, as a fraction of lr
-    decay_fraction: float = 0.2  # wsd only: the last fraction of max_steps spent decaying
-    weight_decay: float = 0.1  # applied to matrices only, never to norms, biases or embeddings
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    lr: float = opt(3e-4, "peak learning rate")
+    schedule: str = opt("cosine", '"cosine", "wsd" (warmup-stable-decay) or "constant"')
+    warmup_steps: int = opt(100, "steps of linear warmup to lr")
+    min_lr_ratio: float = opt(0.1, "floor of the decay, as a fraction of lr")
+    decay_fraction: float = opt(0.2, "wsd only: the last fraction of max_steps spent decaying")
+    weight_decay: float = opt(0.1, "applied to matrices only, never to norms, biases or embeddings")
+    beta1: float = opt(0.9, "AdamW's first-moment decay")
+    beta2: float = opt(0.95, "AdamW's second-moment decay")
+    eps: float = opt(1e-8, "AdamW's epsilon")
 
 
 @dataclass
 class LogConfig:
-    every: int = 10  # steps between metrics.jsonl lines
-    sequences: bool = False  # audit: each rank writes the window ids it read per step to sequences-rankR.jsonl
+    every: int = opt(10, "steps between metrics.jsonl lines")
+    sequences: bool = opt(False, "audit: each rank writes the window ids it read per step to sequences-rankR.jsonl")
 
 
 @dataclass
 class EvalConfig:
-    every: int = 250  # steps between validation passes; 0 = only at the start and the end
-    batches: int = 20  # fixed number of validation micro-batches per pass
+    every: int = opt(250, "steps between validation passes; 0 = only at the start and the end")
+    batches: int = opt(20, "fixed number of validation micro-batches per pass")
 
 
 @dataclass
 class CkptConfig:
-    every: int = 500  # steps between checkpoints (one is always written at the end); 0 = end only
-    keep: int = 2  # newest complete checkpoints kept (>= 2, so a torn write never leaves none)
+    every: int = opt(500, "steps between checkpoints (one is always written at the end); 0 = end only")
+    keep: int = opt(2, "newest complete checkpoints kept (>= 2, so a torn write never leaves none)")
 
 
 @dataclass
 class BudgetConfig:
-    cap_usd: float = 0.0  # 0 = no guard. Projected total > cap: checkpoint and exit (code 4); spent > cap: exit now (code 5)
-    warn_usd: float = 0.0  # spent above this logs a warning; 0 = 80% of cap_usd
-    file: str = ""  # budget.json kept current by a sidecar (spent_usd, rate_usd_per_hr, hours_elapsed,
-    #                 projected_total_usd, last_update_utc); "" = estimate from usd_per_gpu_hour
-    check_every_s: float = 60.0
-    stale_after_s: float = 900.0  # an older budget.json is reported and the estimate used instead
-    usd_per_gpu_hour: float = 0.0  # for the estimate (and the fallback when budget.json is missing or stale)
-    mfu: float = 0.4  # assumed for the launch check's cost projection
-    peak_tflops: float = 0.0  # device peak for the launch check and MFU; 0 = from the GPU table
-    allow_over_cap: bool = False  # launch even when the projected cost exceeds cap_usd
+    cap_usd: float = opt(0.0, "0 = no guard. Projected total > cap: checkpoint and exit (code 4); spent > cap: exit now (code 5)")
+    warn_usd: float = opt(0.0, "spent above this logs a warning; 0 = 80% of cap_usd")
+    file: str = opt("", "budget.json kept current by a sidecar (spent_usd, rate_usd_per_hr, hours_elapsed, "
+                        'projected_total_usd, last_update_utc); "" = estimate from usd_per_gpu_hour')
+    check_every_s: float = opt(60.0, "seconds between budget checks")
+    stale_after_s: float = opt(900.0, "an older budget.json is reported and the estimate used instead")
+    usd_per_gpu_hour: float = opt(0.0, "for the estimate (and the fallback when budget.json is missing or stale)")
+    mfu: float = opt(0.4, "assumed for the launch check's cost projection")
+    peak_tflops: float = opt(0.0, "device peak for the launch check and MFU; 0 = from the GPU table")
+    allow_over_cap: bool = opt(False, "launch even when the projected cost exceeds cap_usd")
 
 
 @dataclass
 class SpikeConfig:
-    # detection: a rolling window over loss and grad norm (OLMo-core / llm.c defaults)
-    window: int = 128
-    min_values: int = 64  # inactive until this many values are in the window
-    sigmas: float = 6.0  # flag values above mean + sigmas x std; non-finite values always
-    action: str = "log"  # "log", "skip" (drop the update, on the device), "rollback" (reload the last good checkpoint)
-    rollback_skip_steps: int = 10  # batches skipped after the one that tripped a rollback (PaLM skipped 200-500)
-    rollback_lr_factor: float = 1.0  # LR multiplier for rollback_lr_steps steps after a rollback
-    rollback_lr_steps: int = 0
-    max_rollbacks: int = 3  # then fall back to skipping
-    rollback_margin_steps: int = 1  # roll back to a checkpoint from before step (flagged - this): an LR spike's
-    #                                 damaging update comes a step before the loss shows it
-    max_consecutive: int = 10  # this many flagged steps in a row are a new regime, not a spike (0 = never; <= window)
-    layer_norms_every: int = 100  # per-layer-group grad norms on logging steps that are multiples of this; 0 = never
-    # drills
-    inject_at_step: int = 0  # 0 = no injection
-    inject_batches: int = 5
-    inject_kind: str = "rare"  # "rare" (rare-token batches), "lr" (LR x lr_factor), "data" (garbage batches)
-    lr_factor: float = 100.0
-    data_mode: str = "constant"  # data drill: "constant" (one repeated token) or "out_of_range" (ids >= vocab)
+    # detection defaults are OLMo-core's / llm.c's
+    window: int = opt(128, "detection: loss and grad-norm values in the rolling window")
+    min_values: int = opt(64, "detection is inactive until this many values are in the window")
+    sigmas: float = opt(6.0, "flag values above mean + sigmas x std; non-finite values always")
+    action: str = opt("log", '"log", "skip" (drop the update, on the device), "rollback" (reload the last good checkpoint)')
+    rollback_skip_steps: int = opt(10, "batches skipped after the one that tripped a rollback (PaLM skipped 200-500)")
+    rollback_lr_factor: float = opt(1.0, "LR multiplier for rollback_lr_steps steps after a rollback")
+    rollback_lr_steps: int = opt(0, "steps after a rollback run at rollback_lr_factor x the LR")
+    max_rollbacks: int = opt(3, "rollbacks allowed; then fall back to skipping")
+    # an LR spike's damaging update comes a step before the loss shows it
+    rollback_margin_steps: int = opt(1, "roll back to a checkpoint from before step (flagged - this)")
+    max_consecutive: int = opt(10, "this many flagged steps in a row are a new regime, not a spike (0 = never; <= window)")
+    layer_norms_every: int = opt(100, "per-layer-group grad norms on logging steps that are multiples of this; 0 = never")
+    inject_at_step: int = opt(0, "drill: inject a spike at this step; 0 = no injection")
+    inject_batches: int = opt(5, "drill: optimizer steps the injection lasts")
+    inject_kind: str = opt("rare", 'drill: "rare" (rare-token batches), "lr" (LR x lr_factor), "data" (garbage batches)')
+    lr_factor: float = opt(100.0, 'drill: LR multiplier of inject_kind = "lr"')
+    data_mode: str = opt("constant", 'data drill: "constant" (one repeated token) or "out_of_range" (ids >= vocab)')
 
 
 @dataclass
 class MlflowConfig:
-    enabled: bool = True  # log to mlflow when it is installed
-    uri: str = ""  # tracking URI; "" = sqlite:///RUN_DIR/mlflow.db
-    experiment: str = "pretrainer"
+    enabled: bool = opt(True, "log to mlflow when it is installed")
+    uri: str = opt("", 'tracking URI; "" = sqlite:///RUN_DIR/mlflow.db')
+    experiment: str = opt("pretrainer", "mlflow experiment name")
 
 
 @dataclass
@@ -186,20 +193,51 @@ def _key_name(field_name: str) -> str:
     return field_name.rstrip("_")  # `from_` is the field for the key `from`
 
 
+def canonical_key(key: str) -> str:
+    """'train.max-steps' -> 'train.max_steps': '-' and '_' are the same in keys (verb flags use '-')."""
+    return key.replace("-", "_")
+
+
+def _fields(cfg: Config) -> list[tuple[str, dataclasses.Field, Any]]:
+    """(dotted key, field, section object) for every key, in declaration order."""
+    out = []
+    for section in dataclasses.fields(cfg):
+        obj = getattr(cfg, section.name)
+        out += [(f"{section.name}.{_key_name(f.name)}", f, obj) for f in dataclasses.fields(obj)]
+    return out
+
+
 def all_keys(cfg: Config | None = None) -> dict[str, type]:
     """Every dotted key with its field type, e.g. {"optim.lr": float, ...}."""
-    cfg = cfg or Config()
-    keys = {}
-    for section in dataclasses.fields(cfg):
-        for f in dataclasses.fields(getattr(cfg, section.name)):
-            keys[f"{section.name}.{_key_name(f.name)}"] = type(getattr(getattr(cfg, section.name), f.name))
-    return keys
+    return {key: type(getattr(obj, f.name)) for key, f, obj in _fields(cfg or Config())}
+
+
+def key_help() -> dict[str, str]:
+    """Every dotted key with its help, e.g. {"optim.lr": "peak learning rate", ...}."""
+    return {key: f.metadata["help"] for key, f, _ in _fields(Config())}
+
+
+def _short_help(key: str) -> str:
+    return key_help()[key].split(";")[0]
 
 
 def _unknown_key(key: str, where: str) -> UserError:
-    close = difflib.get_close_matches(key, list(all_keys()), n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else f"; valid sections: {', '.join(f.name for f in dataclasses.fields(Config))}"
+    close, sections = suggest(key, key_help()), to_dict(Config())
+    typed_section = canonical_key(key).partition(".")[0]
+    if close:
+        hint = "; did you mean " + " or ".join(f"'{k}' ({_short_help(k)})" for k in close) + "?"
+    elif typed_section in sections:  # a valid section: its keys are the useful list
+        hint = f"; keys of [{typed_section}]: {', '.join(sections[typed_section])}"
+    else:
+        hint = f"; valid sections: {', '.join(sections)}"
     return UserError(f"{where}: unknown config key '{key}'{hint}")
+
+
+BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def is_bool_key(key: str) -> bool:
+    return all_keys().get(canonical_key(key)) is bool
 
 
 def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
@@ -209,12 +247,7 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
             return 0
         if isinstance(value, str) and typ is not str:
             if typ is bool:
-                low = value.strip().lower()
-                if low in ("true", "1", "yes", "on"):
-                    return True
-                if low in ("false", "0", "no", "off"):
-                    return False
-                raise ValueError(value)
+                return BOOL_WORDS[value.strip().lower()]
             if typ is int:
                 as_float = float(value)  # accepts "1e6" for integer fields when it is whole
                 if as_float != int(as_float):
@@ -228,21 +261,22 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
         if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
             return value
         raise ValueError(value)
-    except ValueError:
+    except (ValueError, KeyError):
         raise UserError(f"{where}: '{key}' must be {typ.__name__}, got {value!r}") from None
 
 
-def set_key(cfg: Config, key: str, value: Any, where: str) -> None:
-    types = all_keys(cfg)
+def set_key(cfg: Config, typed_key: str, value: Any, where: str) -> None:
+    key, types = canonical_key(typed_key), all_keys(cfg)
     if key not in types:
-        raise _unknown_key(key, where)
+        raise _unknown_key(typed_key, where)
     section, name = key.split(".", 1)
     target = getattr(cfg, section)
     setattr(target, name if hasattr(target, name) else name + "_", _coerce(key, value, types[key], where))
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
-    """['--optim.lr=3e-4', '--train.max_steps', '200'] -> [('optim.lr', '3e-4'), ('train.max_steps', '200')]."""
+    """['--optim.lr=3e-4', '--train.max_steps', '200', '--train.compile'] ->
+    [('optim.lr', '3e-4'), ('train.max_steps', '200'), ('train.compile', 'true')]: a bare boolean flag means true."""
     pairs, i = [], 0
     while i < len(args):
         arg = args[i]
@@ -250,6 +284,9 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
             raise UserError(f"command line: expected a dotted override like --optim.lr=3e-4, got '{arg}'")
         if "=" in arg:
             key, value = arg[2:].split("=", 1)
+            i += 1
+        elif is_bool_key(arg[2:]) and (i + 1 >= len(args) or args[i + 1].strip().lower() not in BOOL_WORDS):
+            key, value = arg[2:], "true"
             i += 1
         else:
             if i + 1 >= len(args):
@@ -353,6 +390,36 @@ def diff_keys(a: Config, b: Config) -> list[str]:
 def config_text(cfg: Config) -> str:
     """The config as TOML: what RUN_DIR/config.toml holds."""
     return tomli_w.dumps(to_dict(cfg))
+
+
+def _toml_value(value: Any) -> str:
+    return tomli_w.dumps({"v": value})[len("v = "):].strip()  # tomli_w's quoting and number format, for one value
+
+
+def config_text_with_help(cfg: Config) -> str:
+    """The config as TOML with each key's help as a comment above it (and its default when it differs)."""
+    lines, defaults, helps = [], flatten(Config()), key_help()
+    for section, values in to_dict(cfg).items():
+        lines += ["", f"[{section}]"]
+        for name, value in values.items():
+            key = f"{section}.{name}"
+            default = f" (default {_toml_value(defaults[key])})" if value != defaults[key] else ""
+            lines += [f"# {helps[key]}{default}", f"{name} = {_toml_value(value)}"]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def keys_reference(width: int = 100) -> str:
+    """Every key with its type, default and help, grouped by section: the `train --help` epilog."""
+    import textwrap
+
+    lines, types, helps = [], all_keys(), key_help()
+    for section, values in to_dict(Config()).items():
+        lines.append(f"[{section}]")
+        for name, default in values.items():
+            key = f"{section}.{name}"
+            lines.append(f"  --{key}  ({types[key].__name__}, default {_toml_value(default)})")
+            lines += textwrap.wrap(helps[key], width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)
 
 
 def save_config(cfg: Config, path: Path) -> None:
