@@ -83,16 +83,6 @@ def plan_data(cfg):
         return None
 
 
-def print_to_stdout(text: str) -> None:
-    """print(), quiet when the reader has gone (`pretrainer plan --json | head`): no BrokenPipeError."""
-    import os
-
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush would raise again
-
-
 def cmd_export(args: argparse.Namespace) -> None:
     from pretrainer.report.export import export_report, export_weights
     from pretrainer.runs import open_run
