@@ -43,7 +43,7 @@ quickstart: $(VENV)/.track-stamp
 	rm -rf $(QS_RUN)
 	$(BIN)/pretrainer train configs/tiny-cpu.toml --data.dir=$(QS_DATA) --run.dir=$(QS_RUN)
 	$(BIN)/pretrainer sample $(QS_RUN) --prompt "def main(" --max-new-tokens 200 --temperature 0.8 --top-k 50 --num-samples 2 --seed 0
-	$(BIN)/pretrainer export $(QS_RUN) --out $(QS_RUN)/report
+	$(BIN)/pretrainer export $(QS_RUN)
 	@echo
 	@echo "Run directory: $(QS_RUN)  (config.toml, metrics.jsonl, checkpoints/, mlflow.db)"
 	@echo "Report:        $(QS_RUN)/report  (manifest.json, metrics.csv, loss/grad-norm/throughput plots, final.safetensors)"

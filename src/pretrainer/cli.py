@@ -217,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("train", help="train a model; extra --section.key=value arguments override the config",
                          formatter_class=argparse.RawDescriptionHelpFormatter, epilog=train_epilog())
-    p.add_argument("config", nargs="?", help="TOML config file (defaults for anything it leaves out)")
+    p.add_argument("config", nargs="?", help="TOML config file (defaults for anything it leaves out); without one, "
+                                             "--run.dir=R resumes R with its saved config")
     p.add_argument("--nproc", type=int, default=1, help="processes on this machine: runs torchrun --standalone for you")
 
     p = verbs.add_parser("eval", help="validation loss of a run's newest checkpoint, a checkpoint or hf:DIR weights",
