@@ -42,6 +42,7 @@ def test_a_run_dir_is_enough_to_resume_from_anywhere(stopped_run, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli("train", f"--run.dir={stopped_run}", "--train.stop_at_step=0")
     assert code == 0 and "resuming from" in out and "finished at step 6" in out
+    assert "warning: optim.warmup_steps = 50 >= train.max_steps = 6: the LR never reaches" in out  # problem 3
     saved = load_config(stopped_run / "config.toml")
     assert Path(saved.data.dir).is_absolute() and saved.model.d_model == 32
     # the log: one line per logged step, no carriage returns off a terminal, and what to run next
@@ -63,7 +64,8 @@ def test_resume_reports_only_real_changes_and_refuses_a_new_model_with_the_old_v
 def test_eval_sample_export_postmortem_take_the_run_dir_alone(stopped_run, tmp_path, monkeypatch, run_cli, stdlib_data):
     monkeypatch.chdir(tmp_path)
     checkpoint = sorted((stopped_run / "checkpoints").iterdir())[-1]
-    for target in ([str(stopped_run)], [str(checkpoint), "--eval.batches=2"], [f"--run.dir={stopped_run}"]):
+    for target in ([str(stopped_run)], [str(checkpoint), "--eval.batches=2"], [f"--run.dir={stopped_run}"],
+                   [str(stopped_run / "config.toml")]):  # the saved config works from any directory
         code, out, err = run_cli("eval", *target)
         assert code == 0 and "val loss" in out, err
     code, out, _ = run_cli("sample", stopped_run, "--max-new-tokens", "5")
