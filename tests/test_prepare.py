@@ -1,5 +1,6 @@
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from conftest import DOCS, run_subprocess
 from pretrainer.data.loader import open_data_dir
 from pretrainer.data.prepare import prepare, token_dtype
 from pretrainer.data.sources import Corpus
-from pretrainer.data.tokenizer import Tokenizer
+from pretrainer.data.tokenizer import METADATA_FILE, Tokenizer
 
 
 def split_documents(data_dir: Path, split: str) -> list[str]:
@@ -46,6 +47,20 @@ def test_documents_are_whole_and_val_is_disjoint_from_train(jsonl_corpus: Path, 
     assert not set(train) & set(val)
     assert sorted(train + val) == sorted(DOCS)  # every document exactly once, byte for byte
     assert [d for d in DOCS if d in set(train)] == train  # corpus order is kept within a split
+
+
+def test_data_dirs_from_before_the_hugging_face_tokenizer_files_still_open(jsonl_corpus: Path, tmp_path: Path):
+    out = tmp_path / "data"
+    prepare(Corpus([str(jsonl_corpus)]), "bpe:300", out, val_fraction=0.2, seed=3, workers=1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    written = {p.name for p in out.iterdir()} - {"train.bin", "val.bin", "manifest.json"}
+    assert set(manifest["tokenizer"]["files"]) == written >= {"tokenizer.json", "tokenizer_config.json"}
+    # The old layout: our metadata as tokenizer.json, no Hugging Face files, the old file list.
+    (out / "tokenizer_config.json").unlink()
+    os.replace(out / METADATA_FILE, out / "tokenizer.json")
+    manifest["tokenizer"]["files"] = ["tokenizer.json", "tokenizer.tiktoken"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert open_data_dir(out).tokenizer.sha256 == manifest["tokenizer"]["sha256"]
 
 
 def test_split_is_deterministic_and_independent_of_workers(jsonl_corpus: Path, tmp_path: Path):

@@ -3,7 +3,10 @@
     OUT/
       train.bin, val.bin    flat token ids (uint16 when vocab <= 65536, else uint32); every document
                             is followed by the end-of-text token, so boundaries are real documents
-      tokenizer.json, tokenizer.tiktoken
+      pretrainer-tokenizer.json, tokenizer.tiktoken
+                            the tokenizer (see data/tokenizer.py)
+      tokenizer.json, tokenizer_config.json
+                            the same tokenizer for Hugging Face (AutoTokenizer.from_pretrained(OUT))
       manifest.json         tokenizer id/hash, dtype, per-split document and token counts, sha256 of
                             each file, sources, the command and the pretrainer version
 
@@ -36,7 +39,7 @@ from tqdm import tqdm
 
 from pretrainer import __version__
 from pretrainer.data.sources import Corpus, Piece
-from pretrainer.data.tokenizer import Tokenizer, tokenizer_from_spec
+from pretrainer.data.tokenizer import TOKENIZER_FILES, Tokenizer, tokenizer_from_spec
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_directory, atomic_write_json
 
@@ -268,7 +271,7 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "command": command,
             "sources": corpus.describe(),
             "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size,
-                          "eot_id": tokenizer.eot_id, "files": ["tokenizer.json", "tokenizer.tiktoken"]},
+                          "eot_id": tokenizer.eot_id, "files": list(TOKENIZER_FILES)},
             "dtype": dtype.name,
             "max_token_id": max_token,
             "seed": seed,
