@@ -1,12 +1,15 @@
+import contextlib
 import csv
 import json
+import os
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_config
 from pretrainer.metrics import read_metrics
-from pretrainer.train.checkpoint import latest_checkpoint
+from pretrainer.train.checkpoint import latest_checkpoint, save_checkpoint
 from pretrainer.train.loop import train
 
 
@@ -66,3 +69,34 @@ def test_plots_are_real_pngs_with_data(finished_run, tmp_path, run_cli):
 def test_export_of_a_non_run_is_a_clear_error(tmp_path, run_cli):
     code, _, err = run_cli("export", tmp_path, "--out", tmp_path / "report")
     assert code == 2 and "no complete checkpoint" in err and not (tmp_path / "report").exists()
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def modes(root) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775)])
+def test_checkpoint_files_get_the_umask_mode(tmp_path, mask, file_mode, dir_mode):
+    with umask(mask):
+        save_checkpoint(tmp_path, 1, {"w": torch.ones(3)}, {"state": {}}, {"step": 1}, keep=1)
+    found = modes(tmp_path)
+    assert "checkpoints/step-0000001/model.safetensors" in found  # safetensors wrote it 0600 before
+    assert found == {name: dir_mode if (tmp_path / name).is_dir() else file_mode for name in found}
+
+
+def test_exported_files_get_the_umask_mode(finished_run, tmp_path, run_cli):
+    with umask(0o022):
+        for fmt in ("report", "hf", "safetensors"):
+            assert run_cli("export", finished_run, "--format", fmt, "--out", tmp_path / fmt)[0] == 0
+    found = modes(tmp_path)
+    assert {"hf/model.safetensors", "report/final.safetensors", "safetensors"} <= set(found)
+    assert found == {name: 0o755 if (tmp_path / name).is_dir() else 0o644 for name in found}

@@ -19,13 +19,13 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from pretrainer.config import ModelConfig
 from pretrainer.data.tokenizer import hf_tokenizer_files
 from pretrainer.resolve import resolve_d_ff
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_directory
+from pretrainer.io import atomic_directory, save_safetensors
 
 # --- weights ---
 
@@ -229,7 +229,7 @@ def export_hf(cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out
     torch_dtype = DTYPES[dtype]
     with atomic_directory(Path(out)) as tmp:
         hf_weights = {k: v.to(torch_dtype).contiguous() for k, v in to_hf_weights(cfg, weights).items()}
-        save_file(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        save_safetensors(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
         config = hf_config(cfg, tokenizer.eot_id, str(torch_dtype).removeprefix("torch."))
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(

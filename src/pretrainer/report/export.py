@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_directory, atomic_write_bytes, atomic_write_json, sha256_file
+from pretrainer.io import atomic_directory, atomic_write_bytes, atomic_write_json, save_safetensors, sha256_file
 from pretrainer.metrics import read_metrics
 
 PACKAGES = ("torch", "numpy", "tiktoken", "safetensors", "mlflow", "pretrainer")
@@ -43,11 +43,11 @@ def package_versions() -> dict[str, str]:
 def weights_round_trip(path: Path, scratch: Path) -> dict:
     """Reload the weights and save them again: the bytes must be identical."""
     from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     with safe_open(path, "pt") as f:
         metadata = f.metadata()
-    save_file(load_file(path), scratch, metadata=metadata)
+    save_safetensors(load_file(path), scratch, metadata=metadata)
     identical = scratch.read_bytes() == path.read_bytes()
     scratch.unlink()
     return {"file": path.name, "sha256": sha256_file(path), "reload_resave_byte_identical": identical}
