@@ -99,7 +99,7 @@ def tokenizers():
 @pytest.mark.parametrize("kind", ["gpt2", "bpe"])
 def test_exported_tokenizer_matches_ours(kind, tokenizers, tmp_path):
     tok = tokenizers[kind]
-    hf.hf_tokenizer_files(tok, 1024, tmp_path)
+    hf.hf_tokenizer_files(tok, tmp_path, model_max_length=1024)
     theirs = AutoTokenizer.from_pretrained(tmp_path)
     source = Path(__import__("json").__file__).read_text()  # a real multi-kilobyte Python file
     for text in TEXTS + [source]:

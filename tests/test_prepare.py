@@ -1,17 +1,20 @@
 import hashlib
+import importlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tqdm import tqdm
 
 from conftest import DOCS, run_subprocess
 from pretrainer.data.loader import open_data_dir
 from pretrainer.data.prepare import prepare, token_dtype
 from pretrainer.data.sources import Corpus
-from pretrainer.data.tokenizer import Tokenizer
+from pretrainer.data.tokenizer import METADATA_FILE, Tokenizer
 
 
 def split_documents(data_dir: Path, split: str) -> list[str]:
@@ -46,6 +49,20 @@ def test_documents_are_whole_and_val_is_disjoint_from_train(jsonl_corpus: Path, 
     assert not set(train) & set(val)
     assert sorted(train + val) == sorted(DOCS)  # every document exactly once, byte for byte
     assert [d for d in DOCS if d in set(train)] == train  # corpus order is kept within a split
+
+
+def test_data_dirs_from_before_the_hugging_face_tokenizer_files_still_open(jsonl_corpus: Path, tmp_path: Path):
+    out = tmp_path / "data"
+    prepare(Corpus([str(jsonl_corpus)]), "bpe:300", out, val_fraction=0.2, seed=3, workers=1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    written = {p.name for p in out.iterdir()} - {"train.bin", "val.bin", "manifest.json"}
+    assert set(manifest["tokenizer"]["files"]) == written >= {"tokenizer.json", "tokenizer_config.json"}
+    # The old layout: our metadata as tokenizer.json, no Hugging Face files, the old file list.
+    (out / "tokenizer_config.json").unlink()
+    os.replace(out / METADATA_FILE, out / "tokenizer.json")
+    manifest["tokenizer"]["files"] = ["tokenizer.json", "tokenizer.tiktoken"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert open_data_dir(out).tokenizer.sha256 == manifest["tokenizer"]["sha256"]
 
 
 def test_split_is_deterministic_and_independent_of_workers(jsonl_corpus: Path, tmp_path: Path):
@@ -92,6 +109,26 @@ def test_hf_source_reads_the_hub_cache_offline(tmp_path: Path):
     assert hub["revision"] == commit and hub["files"] == ["sample/10BT/000_00000.parquet"] and hub["offline"] is True
     assert "offline (HF_HUB_OFFLINE): used the 1 cached files of someorg/somedata@0123456789ab" in result.stdout
     assert manifest["sources"][0]["files"][0]["documents"] == 100
+
+
+def test_progress_bar_ends_at_the_corpus_size(jsonl_corpus: Path, tmp_path: Path, monkeypatch):
+    """Progress counts file bytes, like its total: JSON syntax, skipped lines and parquet compression included."""
+    bars = []
+
+    class RecordedBar(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(importlib.import_module("pretrainer.data.prepare"), "tqdm", RecordedBar)
+    with open(jsonl_corpus, "a") as f:  # a blank line, a null text and a duplicate: read, but not tokenized
+        f.write('\n{"text": null}\n' + json.dumps({"text": DOCS[0]}) + "\n")
+    pq.write_table(pa.table({"text": DOCS[:50]}), tmp_path / "shard.parquet")
+    (tmp_path / "notes.txt").write_text("one\n\n\ntwo\n")
+    corpus = Corpus([str(jsonl_corpus), str(tmp_path / "shard.parquet"), str(tmp_path / "notes.txt")], txt_docs="blank-lines")
+    prepare(corpus, "bpe:300", tmp_path / "data", val_fraction=0.2, seed=3, workers=1)
+    (bar,) = bars
+    assert bar.total == corpus.total_bytes and bar.n == bar.total
 
 
 def test_token_dtype_widens_past_65536():

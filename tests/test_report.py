@@ -1,12 +1,16 @@
+import contextlib
 import csv
 import json
+import os
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_config
 from pretrainer.metrics import read_metrics
-from pretrainer.train.checkpoint import latest_checkpoint
+from pretrainer.report.export import throughput_series, time_unit, write_plots
+from pretrainer.train.checkpoint import latest_checkpoint, save_checkpoint
 from pretrainer.train.loop import train
 
 
@@ -23,8 +27,9 @@ def test_export_writes_the_x1_report(finished_run, tmp_path, run_cli):
     code, stdout, err = run_cli("export", finished_run, "--out", out)
     assert code == 0, err
     assert {p.name for p in out.iterdir()} == {"manifest.json", "metrics.csv", "loss-curve.png", "gradnorm-curve.png",
-                                               "throughput.png", "final.safetensors", "mlflow-run-uri.txt"}
+                                               "lr.png", "throughput.png", "final.safetensors", "mlflow-run-uri.txt"}
     manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["plots"] == ["loss-curve.png", "gradnorm-curve.png", "lr.png", "throughput.png"]
     assert manifest["seed"] == 1337 and manifest["steps"] == 20 and manifest["tokens"] == 20 * 8 * 64
     assert set(manifest["versions"]) >= {"python", "torch", "numpy", "tiktoken", "safetensors", "mlflow"}
     assert manifest["hardware"]["device_type"] == "cpu" and manifest["hardware"]["cpu_model"]
@@ -56,13 +61,59 @@ def test_plots_are_real_pngs_with_data(finished_run, tmp_path, run_cli):
 
     run_cli("export", finished_run, "--out", tmp_path / "report")
     first_line, second_line = np.array([0x1F, 0x77, 0xB4]) / 255, np.array([0xFF, 0x7F, 0x0E]) / 255  # matplotlib C0, C1
-    for name, lines in (("loss-curve.png", 2), ("gradnorm-curve.png", 2), ("throughput.png", 1)):
+    for name, lines in (("loss-curve.png", 2), ("gradnorm-curve.png", 2), ("lr.png", 1), ("throughput.png", 1)):
         image = mpimg.imread(tmp_path / "report" / name)[..., :3]
         assert image.shape[0] > 300 and image.shape[1] > 500
         for colour in (first_line, second_line)[:lines]:  # the data lines are drawn, not just axes
             assert (np.abs(image - colour).max(axis=-1) < 0.05).sum() > 200, name
 
 
+@pytest.mark.parametrize("duration_s, unit", [(30, "seconds"), (30 * 60, "minutes"), (5 * 3600, "hours")])
+def test_time_axis_unit_fits_the_run(duration_s, unit):
+    name, seconds_per_unit = time_unit(duration_s)
+    assert name == unit and 1 <= duration_s / seconds_per_unit <= 120
+
+
+def test_plots_include_the_learning_rate_and_a_fitting_time_axis(tmp_path):
+    records = [{"step": s, "loss": 5.0 - s / 10, "lr": 1e-3 * min(1, s / 5), "grad_norm": 1.0, "param_norm": 10.0,
+                "tokens_per_s": 1000.0, "elapsed_s": 1.5 * s} for s in range(1, 21)]
+    written = write_plots(records, tmp_path, title="synthetic")
+    assert "lr.png" in written and all((tmp_path / name).is_file() for name in written)
+    (times, _), label = throughput_series(records)
+    assert label == "wall-clock seconds" and max(times) == 30.0  # a 30-second run, not 0.008 hours
+
+
 def test_export_of_a_non_run_is_a_clear_error(tmp_path, run_cli):
     code, _, err = run_cli("export", tmp_path, "--out", tmp_path / "report")
     assert code == 2 and "no complete checkpoint" in err and not (tmp_path / "report").exists()
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def modes(root) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775)])
+def test_checkpoint_files_get_the_umask_mode(tmp_path, mask, file_mode, dir_mode):
+    with umask(mask):
+        save_checkpoint(tmp_path, 1, {"w": torch.ones(3)}, {"state": {}}, {"step": 1}, keep=1)
+    found = modes(tmp_path)
+    assert "checkpoints/step-0000001/model.safetensors" in found  # safetensors wrote it 0600 before
+    assert found == {name: dir_mode if (tmp_path / name).is_dir() else file_mode for name in found}
+
+
+def test_exported_files_get_the_umask_mode(finished_run, tmp_path, run_cli):
+    with umask(0o022):
+        for fmt in ("report", "hf", "safetensors"):
+            assert run_cli("export", finished_run, "--format", fmt, "--out", tmp_path / fmt)[0] == 0
+    found = modes(tmp_path)
+    assert {"hf/model.safetensors", "report/final.safetensors", "safetensors"} <= set(found)
+    assert found == {name: 0o755 if (tmp_path / name).is_dir() else 0o644 for name in found}

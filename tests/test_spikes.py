@@ -2,6 +2,7 @@
 classification, recovery and the written post-mortem."""
 
 import json
+import os
 import re
 
 import numpy as np
@@ -15,7 +16,7 @@ from pretrainer.model import Transformer
 from pretrainer.report.postmortem import write_postmortem
 from pretrainer.train.loop import train
 from pretrainer.train.optim import build_optimizer
-from pretrainer.train.spikes import SpikeMonitor
+from pretrainer.train.spikes import SpikeMonitor, unigram_cache_path, unigram_counts
 
 N = 40  # the injection step
 
@@ -245,3 +246,26 @@ def test_rollback_lr_window_survives_an_interruption(stdlib_data, tmp_path):
     assert last_of(split, "loss") == last_of(straight, "loss")  # identical floats at every step
     final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()  # noqa: E731
     assert final(split) == final(straight)
+
+
+def test_unigram_counts_are_cached_outside_a_read_only_data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRETRAINER_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    data.mkdir()
+    np.array([0, 1, 1, 2, 2, 2], dtype=np.uint16).tofile(data / "train.bin")
+    data.chmod(0o555)  # read-only (root writes anyway: hence the listing check)
+    try:
+        tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r")
+        assert unigram_counts(data, tokens, 4, "sha-a").tolist() == [1, 2, 3, 0]
+    finally:
+        data.chmod(0o755)
+    assert os.listdir(data) == ["train.bin"]
+    assert unigram_cache_path("sha-a", 4).is_file()
+    assert unigram_counts(data, np.zeros(5, dtype=np.uint16), 4, "sha-a").tolist() == [1, 2, 3, 0]  # from the cache
+
+
+def test_an_unwritable_cache_only_means_counting_again(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("PRETRAINER_CACHE", str(tmp_path / "file" / "cache"))
+    for _ in range(2):
+        assert unigram_counts(tmp_path, np.array([3, 3, 0], dtype=np.uint16), 4, "sha-b").tolist() == [1, 0, 0, 2]

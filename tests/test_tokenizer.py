@@ -1,9 +1,10 @@
 import json
+import os
 
 import pytest
 
 from pretrainer.data.sources import Corpus
-from pretrainer.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, load_gpt2, train_bpe
+from pretrainer.data.tokenizer import EOT, GPT2_VOCAB_SIZE, METADATA_FILE, Tokenizer, load_gpt2, train_bpe
 from pretrainer.errors import UserError
 
 SAMPLES = ["Hello world", "def main(argv):\n\treturn 0\n", "naïve café — 日本語 🙂", "   leading spaces\n\n\n", "<|endoftext|> is text here"]
@@ -49,8 +50,37 @@ def test_trained_bpe_saves_and_reloads_identically(trained, tmp_path):
 
 def test_tampered_tokenizer_files_are_rejected(trained, tmp_path):
     trained.save(tmp_path)
-    meta = json.loads((tmp_path / "tokenizer.json").read_text())
+    meta = json.loads((tmp_path / METADATA_FILE).read_text())
     meta["pattern"] = r"\w+"
-    (tmp_path / "tokenizer.json").write_text(json.dumps(meta))
+    (tmp_path / METADATA_FILE).write_text(json.dumps(meta))
     with pytest.raises(UserError, match="does not match the sha256"):
         Tokenizer.load(tmp_path)
+
+
+def test_saved_directory_loads_in_transformers_and_encodes_like_ours(trained, tmp_path):
+    from transformers import AutoTokenizer
+
+    trained.save(tmp_path)
+    theirs = AutoTokenizer.from_pretrained(tmp_path)
+    for text in SAMPLES[:-1]:
+        ids = trained.encode(text)
+        assert theirs.encode(text, add_special_tokens=False) == ids
+        assert theirs.decode(ids) == text
+    assert theirs.eos_token == EOT and theirs.eos_token_id == trained.eot_id
+    # A literal "<|endoftext|>" is the special token to Hugging Face (its convention), plain text to
+    # us (encode_ordinary); split_special_tokens=True gives ours.
+    text = "a" + EOT + "b"
+    assert theirs.encode(text, add_special_tokens=False) == trained.encode("a") + [trained.eot_id] + trained.encode("b")
+    as_text = AutoTokenizer.from_pretrained(tmp_path, split_special_tokens=True)
+    assert as_text.encode(text, add_special_tokens=False) == trained.encode(text)
+
+
+def test_directories_written_before_the_hugging_face_files_still_load(trained, tmp_path):
+    """Older versions wrote our metadata as tokenizer.json, beside tokenizer.tiktoken and nothing else."""
+    trained.save(tmp_path)
+    (tmp_path / "tokenizer_config.json").unlink()
+    os.replace(tmp_path / METADATA_FILE, tmp_path / "tokenizer.json")
+    assert sorted(os.listdir(tmp_path)) == ["tokenizer.json", "tokenizer.tiktoken"]
+    assert set(json.loads((tmp_path / "tokenizer.json").read_text())) == {"name", "pattern", "special_tokens", "vocab_size", "sha256"}
+    again = Tokenizer.load(tmp_path)
+    assert again.sha256 == trained.sha256 and again.encode(SAMPLES[1]) == trained.encode(SAMPLES[1])

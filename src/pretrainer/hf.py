@@ -19,12 +19,13 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from pretrainer.config import ModelConfig
+from pretrainer.data.tokenizer import hf_tokenizer_files
 from pretrainer.resolve import resolve_d_ff
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_directory
+from pretrainer.io import atomic_directory, save_safetensors
 
 # --- weights ---
 
@@ -219,61 +220,6 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     return {k: v.float() for k, v in weights.items()}
 
 
-# --- tokenizer ---
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable unicode characters (used by byte-level BPE files)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    codes, extra = printable[:], 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            codes.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, map(chr, codes)))
-
-
-def _split_into_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
-    """The pair whose merge creates `token`: byte-pair encode it using only lower-ranked merges."""
-    parts = [bytes([b]) for b in token]
-    limit = ranks[token]
-    while len(parts) > 2:
-        best = min(range(len(parts) - 1), key=lambda j: ranks.get(parts[j] + parts[j + 1], limit))
-        if ranks.get(parts[best] + parts[best + 1], limit) >= limit:
-            break
-        parts[best:best + 2] = [parts[best] + parts[best + 1]]
-    if len(parts) != 2:
-        raise ValueError(f"token {token!r} is not reachable by one merge")
-    return parts[0], parts[1]
-
-
-def hf_tokenizer_files(tokenizer, model_max_length: int, out: Path) -> None:
-    """Write tokenizer.json + tokenizer_config.json that encode exactly like our tiktoken encoding."""
-    from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers.models import BPE
-
-    byte_map = _bytes_to_unicode()
-    as_text = lambda b: "".join(byte_map[x] for x in b)  # noqa: E731
-    by_rank = sorted(tokenizer.ranks.items(), key=lambda kv: kv[1])
-    vocab = {as_text(token): rank for token, rank in by_rank}
-    merges = [tuple(map(as_text, _split_into_merge(token, tokenizer.ranks))) for token, _ in by_rank if len(token) > 1]
-    hf = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    hf.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(tokenizer.pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    hf.decoder = decoders.ByteLevel()
-    eot = "<|endoftext|>"
-    hf.add_special_tokens([AddedToken(eot, special=True, normalized=False)])
-    if hf.token_to_id(eot) != tokenizer.eot_id:
-        raise AssertionError(f"end-of-text id {hf.token_to_id(eot)} != {tokenizer.eot_id}")
-    hf.save(str(out / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eot, "eos_token": eot, "unk_token": None,
-              "model_max_length": model_max_length, "clean_up_tokenization_spaces": False, "add_prefix_space": False}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
 # --- export ---
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -283,9 +229,9 @@ def export_hf(cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out
     torch_dtype = DTYPES[dtype]
     with atomic_directory(Path(out)) as tmp:
         hf_weights = {k: v.to(torch_dtype).contiguous() for k, v in to_hf_weights(cfg, weights).items()}
-        save_file(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        save_safetensors(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
         config = hf_config(cfg, tokenizer.eot_id, str(torch_dtype).removeprefix("torch."))
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id}, indent=2) + "\n")
-        hf_tokenizer_files(tokenizer, cfg.seq_len, tmp)
+        hf_tokenizer_files(tokenizer, tmp, model_max_length=cfg.seq_len)

@@ -39,6 +39,29 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
+def current_umask() -> int:
+    """The process umask, read without setting it where Linux reports it (os.umask can only swap it,
+    which races with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_safetensors(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors.torch.save_file, with the mode every other file gets (0666 minus the umask):
+    save_file creates its file 0600, unreadable to the rest of a group on a shared filesystem."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, path, metadata=metadata)
+    os.chmod(path, 0o666 & ~current_umask())
+
+
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pretrainer.data.tokenizer import Tokenizer
+from pretrainer.data.tokenizer import Tokenizer, metadata_path
 from pretrainer.errors import UserError
 
 
@@ -69,7 +69,7 @@ def open_data_dir(path: str | Path) -> DataDir:
         raise UserError(f"{manifest_path}: malformed manifest ({type(e).__name__}: {e}); re-run `pretrainer prepare`") from None
     tokenizer = Tokenizer.load(path)
     if tokenizer.vocab_size != expected["vocab_size"] or tokenizer.sha256 != expected["sha256"]:
-        raise UserError(f"{path}/tokenizer.json: tokenizer/shard vocab mismatch (tokenizer {tokenizer.name}, vocab "
+        raise UserError(f"{metadata_path(path)}: tokenizer/shard vocab mismatch (tokenizer {tokenizer.name}, vocab "
                         f"{tokenizer.vocab_size}; manifest says {expected['name']}, vocab {expected['vocab_size']}); "
                         f"the tokens were made by another tokenizer, re-run `pretrainer prepare`")
     for split in ("train", "val"):

@@ -3,7 +3,10 @@
     OUT/
       train.bin, val.bin    flat token ids (uint16 when vocab <= 65536, else uint32); every document
                             is followed by the end-of-text token, so boundaries are real documents
-      tokenizer.json, tokenizer.tiktoken
+      pretrainer-tokenizer.json, tokenizer.tiktoken
+                            the tokenizer (see data/tokenizer.py)
+      tokenizer.json, tokenizer_config.json
+                            the same tokenizer for Hugging Face (AutoTokenizer.from_pretrained(OUT))
       manifest.json         tokenizer id/hash, dtype, per-split document and token counts, sha256 of
                             each file, sources, the command and the pretrainer version
 
@@ -36,7 +39,7 @@ from tqdm import tqdm
 
 from pretrainer import __version__
 from pretrainer.data.sources import Corpus, Piece
-from pretrainer.data.tokenizer import Tokenizer, tokenizer_from_spec
+from pretrainer.data.tokenizer import TOKENIZER_FILES, Tokenizer, tokenizer_from_spec
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_directory, atomic_write_json
 
@@ -141,18 +144,18 @@ def _init_worker(tokenizer_dir: str) -> None:
     _worker_tokenizer = Tokenizer.load(Path(tokenizer_dir))
 
 
-def _encode_batch(texts: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, int]:
-    """-> (all tokens with an end-of-text after each document, per-item lengths, utf-8 bytes).
+def _encode_batch(texts: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """-> (all tokens with an end-of-text after each document, per-item lengths).
     A Piece (a document the next item continues) gets no end-of-text."""
     tok = tokenizer or _worker_tokenizer
     ids = [x if isinstance(t, Piece) else x + [tok.eot_id] for t, x in zip(texts, tok.encode_batch(texts))]
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-    return flat, lengths, sum(len(t.encode("utf-8")) for t in texts)
+    return flat, lengths
 
 
 def _encode_stream(batches: Iterator[tuple[list[str], list[int]]], tokenizer: Tokenizer, tokenizer_dir: Path, workers: int):
-    """-> ((tokens, lengths, bytes), keys, document ends) per batch, in order."""
+    """-> ((tokens, lengths), keys, document ends) per batch, in order."""
     if workers <= 1:
         for texts, keys in batches:
             yield _encode_batch(texts, tokenizer), keys, [not isinstance(t, Piece) for t in texts]
@@ -222,12 +225,12 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
 
         corpus.replaced_documents = corpus.null_documents = 0  # count once, on the encoding pass
         writers = {"train": _SplitWriter(tmp / "train.bin", dtype), "val": _SplitWriter(tmp / "val.bin", dtype)}
-        known_size = all(f.kind != "parquet" for f in corpus.files)
-        progress = tqdm(total=corpus.total_bytes if known_size and not max_docs else None, unit="B", unit_scale=True,
+        # Progress in file bytes read (corpus.bytes_read), the unit of total_bytes; a --max-docs run has no known end.
+        progress = tqdm(total=None if max_docs else corpus.total_bytes, unit="B", unit_scale=True,
                         desc="tokenizing", mininterval=1.0, dynamic_ncols=True)
         doc_index, max_token = 0, 0
         keyed = documents()
-        for (flat, lengths, n_bytes), keys, ends in _encode_stream(_batches(iter(keyed)), tokenizer, tmp, workers):
+        for (flat, lengths), keys, ends in _encode_stream(_batches(iter(keyed)), tokenizer, tmp, workers):
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             splits = ["val" if is_val_document(seed, key, val_fraction) else "train" for key in keys]
             first = 0
@@ -237,9 +240,10 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
                     first = last + 1
             doc_index += sum(ends)
             max_token = max(max_token, int(flat.max()))
-            progress.update(n_bytes)
+            progress.update(corpus.bytes_read - progress.n)
             n_tokens = writers["train"].tokens + writers["val"].tokens
             progress.set_postfix_str(f"{n_tokens / max(time.time() - started, 1e-9):,.0f} tok/s, {doc_index:,} docs", refresh=False)
+        progress.update(corpus.bytes_read - progress.n)  # what the reader consumed after the last batch left
         progress.close()
         splits = {name: writer.close() for name, writer in writers.items()}
         for name, split in splits.items():
@@ -268,7 +272,7 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "command": command,
             "sources": corpus.describe(),
             "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size,
-                          "eot_id": tokenizer.eot_id, "files": ["tokenizer.json", "tokenizer.tiktoken"]},
+                          "eot_id": tokenizer.eot_id, "files": list(TOKENIZER_FILES)},
             "dtype": dtype.name,
             "max_token_id": max_token,
             "seed": seed,

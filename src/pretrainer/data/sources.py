@@ -126,6 +126,7 @@ class Corpus:
     auto_split_files: list[str] = field(init=False, default_factory=list)  # auto: large .txt split at blank lines
     hub: dict[str, dict] = field(init=False, default_factory=dict)  # hf: spec -> repo, revision, files, offline
     read_documents: dict[str, int] = field(init=False, default_factory=dict)  # documents per file actually read
+    bytes_read: int = field(init=False, default=0)  # file bytes the current pass has consumed (for progress)
 
     def __post_init__(self):
         if self.txt_docs not in TXT_DOC_MODES:
@@ -188,8 +189,11 @@ class Corpus:
             raise UserError(f"{path}: the 'text' column is {column}, not a string; write the documents as strings")
 
     def documents(self) -> Iterator[str]:
-        """Every document, file by file; counts what it read in read_documents (reset per pass)."""
-        self.read_documents = {}
+        """Every document, file by file; counts what it read in read_documents and bytes_read (reset
+        per pass). bytes_read is in the unit of total_bytes: the readers advance it within a file,
+        and it is exact at each file's end (skipped lines, JSON syntax and blank lines included)."""
+        self.read_documents, self.bytes_read = {}, 0
+        files_done_bytes = 0
         for f in self.files:
             self.read_documents[str(f.path)] = 0
             reader = (self._read_text(f) if f.kind in ("py", "txt") else self._read_jsonl(f.path) if f.kind == "jsonl"
@@ -197,6 +201,8 @@ class Corpus:
             for doc in reader:
                 self.read_documents[str(f.path)] += not isinstance(doc, Piece)
                 yield doc
+            files_done_bytes += f.path.stat().st_size
+            self.bytes_read = files_done_bytes
 
     def _read_text(self, f: CorpusFile) -> Iterator[str]:
         size = f.path.stat().st_size
@@ -222,6 +228,7 @@ class Corpus:
         size, replaced_in_document, has_text = 0, False, False
         with open(path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
+                self.bytes_read += len(raw)
                 line, replaced = self._decode(raw, f"{path}:{lineno}")
                 line = line.removeprefix(BOM) if lineno == 1 else line
                 if split_at_blank_lines and not line.strip():
@@ -244,6 +251,7 @@ class Corpus:
     def _read_jsonl(self, path: Path) -> Iterator[str]:
         with open(path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
+                self.bytes_read += len(raw)
                 raw = raw.removeprefix(BOM.encode()) if lineno == 1 else raw
                 if not raw.strip():
                     continue
@@ -270,8 +278,10 @@ class Corpus:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        row = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=["text"]):
+        row, parquet = 0, pq.ParquetFile(path)
+        start, size, rows = self.bytes_read, path.stat().st_size, max(parquet.metadata.num_rows, 1)
+        for batch in parquet.iter_batches(batch_size=1024, columns=["text"]):
+            self.bytes_read = start + size * row // rows  # compressed bytes: estimated from the rows read
             column = batch.column(0)
             if pa.types.is_dictionary(column.type):
                 column = column.dictionary_decode()

@@ -1,12 +1,16 @@
 """Tokenizers: GPT-2 BPE through tiktoken, or a byte-level BPE trained on the corpus with rustbpe.
 
 Both are tiktoken `Encoding`s in the end, so encoding is fast and identical everywhere. A tokenizer
-is saved next to the data it produced (and copied into each run dir) as two files:
+is saved next to the data it produced (and copied into each run dir) as:
 
-    tokenizer.json      {"name", "pattern", "special_tokens", "vocab_size", "sha256"}
-    tokenizer.tiktoken  the merge ranks, one "base64(token) rank" line each (tiktoken's format)
+    pretrainer-tokenizer.json  {"name", "pattern", "special_tokens", "vocab_size", "sha256"}
+    tokenizer.tiktoken         the merge ranks, one "base64(token) rank" line each (tiktoken's format)
+    tokenizer.json,            the same tokenizer for Hugging Face (`AutoTokenizer.from_pretrained(DIR)`):
+    tokenizer_config.json      a `tokenizers` byte-level BPE that encodes exactly like ours; not read back
 
 `sha256` covers the ranks, the split pattern and the special tokens, so any change is caught.
+Directories written before the Hugging Face files existed hold our metadata in tokenizer.json;
+`Tokenizer.load` still reads them.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ BPE_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 GPT2_RANKS_SOURCE = ("openai-whisper==20250625", "whisper/assets/gpt2.tiktoken")
 GPT2_VOCAB_SIZE = 50257
+
+METADATA_FILE = "pretrainer-tokenizer.json"
+LEGACY_METADATA_FILE = "tokenizer.json"  # ours until Hugging Face's tokenizer.json took the name
+RANKS_FILE = "tokenizer.tiktoken"
+HF_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_FILES = (METADATA_FILE, RANKS_FILE, *HF_FILES)
 
 
 def cache_dir() -> Path:
@@ -101,15 +111,16 @@ class Tokenizer:
     def save(self, directory: Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(directory / "tokenizer.tiktoken", _serialise_ranks(self.ranks))
+        atomic_write_bytes(directory / RANKS_FILE, _serialise_ranks(self.ranks))
+        hf_tokenizer_files(self, directory)
         meta = {"name": self.name, "pattern": self.pattern, "special_tokens": self.special_tokens,
                 "vocab_size": self.vocab_size, "sha256": self.sha256}
-        atomic_write_bytes(directory / "tokenizer.json", (json.dumps(meta, indent=2) + "\n").encode())
+        atomic_write_bytes(directory / METADATA_FILE, (json.dumps(meta, indent=2) + "\n").encode())
 
     @classmethod
     def load(cls, directory: Path) -> "Tokenizer":
         directory = Path(directory)
-        meta_path, ranks_path = directory / "tokenizer.json", directory / "tokenizer.tiktoken"
+        meta_path, ranks_path = metadata_path(directory), directory / RANKS_FILE
         for p in (meta_path, ranks_path):
             if not p.is_file():
                 raise UserError(f"{p}: tokenizer file missing; re-run `pretrainer prepare` for this data")
@@ -121,6 +132,71 @@ class Tokenizer:
         if tok.sha256 != meta["sha256"] or tok.special_tokens != meta["special_tokens"]:
             raise UserError(f"{ranks_path}: does not match the sha256 in {meta_path.name}; the tokenizer files were changed")
         return tok
+
+
+def metadata_path(directory: Path) -> Path:
+    """Our metadata file in a tokenizer directory: pretrainer-tokenizer.json, or tokenizer.json in a
+    directory written before the Hugging Face files took that name."""
+    current = Path(directory) / METADATA_FILE
+    legacy = Path(directory) / LEGACY_METADATA_FILE
+    return legacy if not current.is_file() and legacy.is_file() else current
+
+
+# --- the Hugging Face form (tokenizer.json for `tokenizers` / `transformers`) ---
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable unicode characters (used by byte-level BPE files)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes, extra = printable[:], 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, codes)))
+
+
+def _split_into_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
+    """The pair whose merge creates `token`: byte-pair encode it using only lower-ranked merges."""
+    parts = [bytes([b]) for b in token]
+    limit = ranks[token]
+    while len(parts) > 2:
+        best = min(range(len(parts) - 1), key=lambda j: ranks.get(parts[j] + parts[j + 1], limit))
+        if ranks.get(parts[best] + parts[best + 1], limit) >= limit:
+            break
+        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+    if len(parts) != 2:
+        raise ValueError(f"token {token!r} is not reachable by one merge")
+    return parts[0], parts[1]
+
+
+def hf_tokenizer_files(tokenizer: Tokenizer, out: Path, model_max_length: int | None = None) -> None:
+    """Write tokenizer.json + tokenizer_config.json that encode exactly like our tiktoken encoding.
+    model_max_length: the model's context (None: unknown, as for a data dir; transformers then sets no limit)."""
+    from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import BPE
+
+    byte_map = _bytes_to_unicode()
+    as_text = lambda b: "".join(byte_map[x] for x in b)  # noqa: E731
+    by_rank = sorted(tokenizer.ranks.items(), key=lambda kv: kv[1])
+    vocab = {as_text(token): rank for token, rank in by_rank}
+    merges = [tuple(map(as_text, _split_into_merge(token, tokenizer.ranks))) for token, _ in by_rank if len(token) > 1]
+    hf = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(tokenizer.pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
+    if hf.token_to_id(EOT) != tokenizer.eot_id:
+        raise AssertionError(f"end-of-text id {hf.token_to_id(EOT)} != {tokenizer.eot_id}")
+    atomic_write_bytes(out / "tokenizer.json", hf.to_str(pretty=True).encode())
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT, "unk_token": None,
+              "clean_up_tokenization_spaces": False, "add_prefix_space": False}
+    if model_max_length is not None:
+        config["model_max_length"] = model_max_length
+    atomic_write_bytes(out / "tokenizer_config.json", (json.dumps(config, indent=2) + "\n").encode())
 
 
 def train_bpe(texts: Iterator[str], vocab_size: int) -> Tokenizer:

@@ -8,7 +8,8 @@
                             non-finite values as nan/inf)
       loss-curve.png        train and validation loss vs step
       gradnorm-curve.png    gradient norm and parameter norm vs step
-      throughput.png        tokens/s vs wall-clock hour
+      lr.png                learning rate vs step
+      throughput.png        tokens/s vs wall-clock time (seconds, minutes or hours: whichever fits the run)
       final.safetensors     the newest checkpoint's weights
       mlflow-run-uri.txt    where the mlflow run is (tracking URI and run id)
 """
@@ -24,7 +25,7 @@ import shutil
 from pathlib import Path
 
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_directory, atomic_write_bytes, atomic_write_json, sha256_file
+from pretrainer.io import atomic_directory, atomic_write_bytes, atomic_write_json, save_safetensors, sha256_file
 from pretrainer.metrics import read_metrics
 
 PACKAGES = ("torch", "numpy", "tiktoken", "safetensors", "mlflow", "pretrainer")
@@ -43,11 +44,11 @@ def package_versions() -> dict[str, str]:
 def weights_round_trip(path: Path, scratch: Path) -> dict:
     """Reload the weights and save them again: the bytes must be identical."""
     from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     with safe_open(path, "pt") as f:
         metadata = f.metadata()
-    save_file(load_file(path), scratch, metadata=metadata)
+    save_safetensors(load_file(path), scratch, metadata=metadata)
     identical = scratch.read_bytes() == path.read_bytes()
     scratch.unlink()
     return {"file": path.name, "sha256": sha256_file(path), "reload_resave_byte_identical": identical}
@@ -104,6 +105,23 @@ def _series(records: list[dict], name: str, x: str = "step") -> tuple[list[float
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def time_unit(duration_s: float) -> tuple[str, float]:
+    """(name, seconds per unit) that shows a run of this length in readable numbers, not in
+    thousandths of an hour: seconds up to 2 minutes, minutes up to 2 hours, then hours."""
+    if duration_s <= 120:
+        return "seconds", 1.0
+    if duration_s <= 2 * 3600:
+        return "minutes", 60.0
+    return "hours", 3600.0
+
+
+def throughput_series(records: list[dict]) -> tuple[tuple[list[float], list[float]], str]:
+    """(wall-clock time in the unit that fits the run, tokens/s) and the time axis's label."""
+    seconds, tokens_per_s = _series(records, "tokens_per_s", x="elapsed_s")
+    unit, unit_s = time_unit(max(seconds, default=0.0))
+    return ([t / unit_s for t in seconds], tokens_per_s), f"wall-clock {unit}"
+
+
 def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
     import matplotlib
 
@@ -123,7 +141,7 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
         ax.set_title(title)
         if log_y:
             ax.set_yscale("log")
-        if from_zero:  # throughput: small wobbles should look small
+        if from_zero:  # throughput: small wobbles should look small; LR: warmup from 0 reads as such
             ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -138,9 +156,9 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
            "step", "loss (nats/token)")
     figure("gradnorm-curve.png", [("grad norm (before clipping)", _series(records, "grad_norm"), "-"),
                                   ("param norm", _series(records, "param_norm"), "-")], "step", "L2 norm", log_y=True)
-    hours, tokens_per_s = _series(records, "tokens_per_s", x="elapsed_s")
-    figure("throughput.png", [("tokens/s", ([h / 3600 for h in hours], tokens_per_s), "-")], "wall-clock hour", "tokens/s",
-           from_zero=True)
+    figure("lr.png", [("learning rate", _series(records, "lr"), "-")], "step", "learning rate", from_zero=True)
+    throughput, time_label = throughput_series(records)
+    figure("throughput.png", [("tokens/s", throughput, "-")], time_label, "tokens/s", from_zero=True)
     return written
 
 

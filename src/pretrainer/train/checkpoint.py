@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_directory, atomic_write_json, sha256_file
+from pretrainer.io import atomic_directory, atomic_write_json, save_safetensors, sha256_file
 from pretrainer.train.distributed import DistEnv, barrier, broadcast_object, full_state, load_full_state, on_rank0
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
@@ -125,7 +125,7 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
     with atomic_directory(final) as tmp:  # replaces the same step saved again (a resumed run stopping where it began)
         # One metadata key only: safetensors writes __metadata__ in hash-map order, so two or more keys
         # can come out in a different order in another process and break byte-identical re-saves.
-        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
         torch.save(optimizer_state, tmp / "optimizer.pt")
         atomic_write_json(tmp / "state.json", trainer_state)
         for name in ("model.safetensors", "optimizer.pt"):

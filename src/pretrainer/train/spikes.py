@@ -9,8 +9,8 @@ one object, `SpikeGuard`, and asks it three questions per step:
 
 Injection (`spike.inject_at_step = N`, for `spike.inject_batches` optimizer steps):
   rare  replace the batches with sequences drawn from the rarest 1% of the training vocabulary
-        (by unigram count, cached in the data dir), weighted towards the rarest, which the model
-        predicts worst: a high cross-entropy, large gradients on rarely-updated embeddings
+        (by unigram count, cached in the user's cache dir), weighted towards the rarest, which
+        the model predicts worst: a high cross-entropy, large gradients on rarely-updated embeddings
   lr    multiply the learning rate by `spike.lr_factor`
   data  feed garbage: a constant-token batch (`spike.data_mode = "constant"`) or token ids past
         the vocabulary (`"out_of_range"`, rejected before they reach the embedding)
@@ -37,7 +37,7 @@ steps before the flagged one, so a checkpoint written right after the damaging u
 
 from __future__ import annotations
 
-import json
+import io
 import math
 import time
 from collections.abc import Callable
@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from pretrainer.config import SpikeConfig
+from pretrainer.data.tokenizer import cache_dir
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_write_bytes
 from pretrainer.train.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
@@ -58,16 +59,14 @@ RARE_FRACTION = 0.01  # "rare" = the rarest 1% of the vocabulary ids that occur 
 MAX_COUNT_TOKENS = 200_000_000  # unigram counts from at most this many tokens, in evenly spaced chunks
 
 
-def unigram_counts(data_dir: Path, tokens: np.ndarray, vocab_size: int, train_sha256: str) -> np.ndarray:
-    """Token counts over the train split, cached as DATA_DIR/unigram-counts.npy (keyed by the file's sha256)."""
-    cache, meta_path = Path(data_dir) / "unigram-counts.npy", Path(data_dir) / "unigram-counts.json"
-    try:
-        if json.loads(meta_path.read_text()).get("train_sha256") == train_sha256:
-            counts = np.load(cache)
-            if len(counts) >= vocab_size:
-                return counts
-    except (OSError, ValueError):
-        pass
+def unigram_cache_path(train_sha256: str, vocab_size: int) -> Path:
+    """Where the counts of a train split are cached: the user's cache dir ($PRETRAINER_CACHE), never
+    the data dir, which may be read-only or shared and should hold only what `prepare` wrote."""
+    return cache_dir() / "unigram" / f"{train_sha256}-{vocab_size}.npy"
+
+
+def count_tokens(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Counts of ids < vocab_size in at most MAX_COUNT_TOKENS tokens, read in evenly spaced chunks."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     chunk = 1 << 22
     n_chunks = max(1, math.ceil(len(tokens) / chunk))
@@ -75,13 +74,25 @@ def unigram_counts(data_dir: Path, tokens: np.ndarray, vocab_size: int, train_sh
     for start in range(0, n_chunks, stride):
         part = np.asarray(tokens[start * chunk:(start + 1) * chunk])
         counts += np.bincount(part[part < vocab_size], minlength=vocab_size)[:vocab_size]
-    try:  # a read-only data dir just means no cache
-        import io
+    return counts
 
+
+def unigram_counts(data_dir: Path, tokens: np.ndarray, vocab_size: int, train_sha256: str) -> np.ndarray:
+    """Token counts over the train split (keyed by its sha256), cached at unigram_cache_path.
+    data_dir is unused since the cache left it; kept while train/loop.py passes it."""
+    cache = unigram_cache_path(train_sha256, vocab_size)
+    try:
+        counts = np.load(cache)
+        if counts.shape == (vocab_size,):
+            return counts
+    except (OSError, ValueError, EOFError):
+        pass
+    counts = count_tokens(tokens, vocab_size)
+    try:  # an unwritable cache dir only means counting again next time
+        cache.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         np.save(buffer, counts)
         atomic_write_bytes(cache, buffer.getvalue())
-        atomic_write_bytes(meta_path, json.dumps({"train_sha256": train_sha256, "counted_tokens": int(counts.sum())}).encode())
     except OSError:
         pass
     return counts
