@@ -25,7 +25,7 @@ def stopped_run(tmp_path_factory, stdlib_data):
 
     base = tmp_path_factory.mktemp("cli")
     (base / "data").symlink_to(stdlib_data)
-    cwd = os.getcwd()
+    cwd, data_files = os.getcwd(), sorted(os.listdir(stdlib_data))
     os.chdir(base)
     try:
         overrides = tiny_overrides(Path("data"), Path("runs/tiny"), **{
@@ -34,6 +34,7 @@ def stopped_run(tmp_path_factory, stdlib_data):
         assert main(["train", *overrides]) == 0
     finally:
         os.chdir(cwd)
+    assert sorted(os.listdir(stdlib_data)) == data_files  # problem 6: no cache written into the input data dir
     return base / "runs" / "tiny"
 
 

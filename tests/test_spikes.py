@@ -256,16 +256,16 @@ def test_unigram_counts_are_cached_outside_a_read_only_data_dir(tmp_path, monkey
     data.chmod(0o555)  # read-only (root writes anyway: hence the listing check)
     try:
         tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r")
-        assert unigram_counts(data, tokens, 4, "sha-a").tolist() == [1, 2, 3, 0]
+        assert unigram_counts(tokens, 4, "sha-a").tolist() == [1, 2, 3, 0]
     finally:
         data.chmod(0o755)
     assert os.listdir(data) == ["train.bin"]
     assert unigram_cache_path("sha-a", 4).is_file()
-    assert unigram_counts(data, np.zeros(5, dtype=np.uint16), 4, "sha-a").tolist() == [1, 2, 3, 0]  # from the cache
+    assert unigram_counts(np.zeros(5, dtype=np.uint16), 4, "sha-a").tolist() == [1, 2, 3, 0]  # from the cache
 
 
 def test_an_unwritable_cache_only_means_counting_again(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("not a directory")
     monkeypatch.setenv("PRETRAINER_CACHE", str(tmp_path / "file" / "cache"))
     for _ in range(2):
-        assert unigram_counts(tmp_path, np.array([3, 3, 0], dtype=np.uint16), 4, "sha-b").tolist() == [1, 0, 0, 2]
+        assert unigram_counts(np.array([3, 3, 0], dtype=np.uint16), 4, "sha-b").tolist() == [1, 0, 0, 2]

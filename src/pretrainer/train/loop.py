@@ -335,8 +335,8 @@ def next_commands(run_dir: Path, finished: bool) -> str:
 
 
 def training_unigram(data: DataDir, vocab_size: int) -> UnigramStats:
-    """Token statistics of the train split (cached in the data dir): spike drills and batch forensics."""
-    return UnigramStats(unigram_counts(data.path, data.tokens("train"), vocab_size, data.manifest["splits"]["train"]["sha256"]))
+    """Token statistics of the train split (cached in the cache dir): spike drills and batch forensics."""
+    return UnigramStats(unigram_counts(data.tokens("train"), vocab_size, data.manifest["splits"]["train"]["sha256"]))
 
 
 def write_run_dir(cfg: Config, data: DataDir, unigram: UnigramStats, run_dir: Path, env: DistEnv) -> None:

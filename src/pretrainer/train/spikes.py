@@ -77,9 +77,9 @@ def count_tokens(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
     return counts
 
 
-def unigram_counts(data_dir: Path, tokens: np.ndarray, vocab_size: int, train_sha256: str) -> np.ndarray:
-    """Token counts over the train split (keyed by its sha256), cached at unigram_cache_path.
-    data_dir is unused since the cache left it; kept while train/loop.py passes it."""
+def unigram_counts(tokens: np.ndarray, vocab_size: int, train_sha256: str) -> np.ndarray:
+    """Token counts over the train split (keyed by its sha256), cached at unigram_cache_path: a
+    derived cache never goes into the input data dir (which may be read-only or shared)."""
     cache = unigram_cache_path(train_sha256, vocab_size)
     try:
         counts = np.load(cache)
