@@ -41,7 +41,7 @@ def stopped_run(tmp_path_factory, stdlib_data):
 def test_a_run_dir_is_enough_to_resume_from_anywhere(stopped_run, tmp_path, monkeypatch, run_cli):
     """Problem 1: `train --run.dir=R` resumes with R's saved config, no override retyped, from another directory."""
     monkeypatch.chdir(tmp_path)
-    code, out, _ = run_cli("train", f"--run.dir={stopped_run}", "--train.stop_at_step=0")
+    code, out, _ = run_cli("train", f"--run.dir={stopped_run}")  # the first launch's stop_at_step = 3 is not the run's
     assert code == 0 and "resuming from" in out and "finished at step 6" in out
     assert "warning: optim.warmup_steps = 50 >= train.max_steps = 6: the LR never reaches" in out  # problem 3
     saved = load_config(stopped_run / "config.toml")
@@ -102,9 +102,12 @@ def test_warnings_for_likely_mistakes(stdlib_data, tmp_path):
     data = open_data_dir(stdlib_data)
     said = data_warnings(cfg, data, world_size=1)
     assert any("fewer than eval.batches x train.micro_batch" in line for line in said)
-    changed = {**data.provenance(), "manifest_sha256": "0" * 64}
+    same = {"dataset": data.provenance(), "tokens_per_step": 8 * 64, "world_size": 1}
+    assert not any("change" in line for line in data_warnings(cfg, data, 1, same))
+    changed = {**same, "dataset": {**data.provenance(), "manifest_sha256": "0" * 64}}
     assert any("the data changed since the checkpoint" in line for line in data_warnings(cfg, data, 1, changed))
-    assert not any("changed" in line for line in data_warnings(cfg, data, 1, data.provenance()))
+    said = data_warnings(cfg, data, 2, same)  # resumed on two ranks without train.global_batch: twice the batch
+    assert any("tokens per step change from 512 at the checkpoint (world size 1) to 1,024" in line for line in said)
     many_steps = load_config(None, tiny_overrides(stdlib_data, tmp_path, **{"train.max_steps": 100_000}))
     assert any("epochs of the train split" in line for line in data_warnings(many_steps, data, 1))
 

@@ -85,7 +85,7 @@ def sequences_seen(run: Path) -> Counter:
 def test_checkpoint_moves_between_strategies_and_world_sizes(first, then, single, stdlib_data, tmp_path):
     run = tmp_path / "run"
     one_process = {"train.grad_accum": 2}
-    two_ranks = lambda strategy: {"parallel.strategy": strategy}  # noqa: E731
+    two_ranks = lambda strategy: {"parallel.strategy": strategy, "train.grad_accum": 1}  # noqa: E731 (the saved config has 2)
     for phase, stop in ((first, {"train.stop_at_step": 10}), (then, {})):
         if phase == "single":
             train(tiny_config(stdlib_data, run, **settings(**one_process, **stop)))

@@ -33,9 +33,9 @@ def config_warnings(cfg: Config) -> list[str]:
     return warnings
 
 
-def data_warnings(cfg: Config, data, world_size: int, resumed_dataset: dict | None = None) -> list[str]:
-    """`data`: an open DataDir (pretrainer.data.loader); `resumed_dataset`: the checkpoint's record
-    of its data (state.json "dataset"), when resuming."""
+def data_warnings(cfg: Config, data, world_size: int, resumed: dict | None = None) -> list[str]:
+    """`data`: an open DataDir (pretrainer.data.loader); `resumed`: the checkpoint's state.json, when
+    resuming (its "dataset" record and tokens per step)."""
     t, seq_len = cfg.train, cfg.model.seq_len
     warnings = []
     train_sequences = (data.manifest["splits"]["train"]["tokens"] - 1) // seq_len
@@ -49,6 +49,12 @@ def data_warnings(cfg: Config, data, world_size: int, resumed_dataset: dict | No
     if 0 < val_sequences < wanted_val:
         warnings.append(f"the val split has {val_sequences:,} sequences of {seq_len}, fewer than eval.batches x "
                         f"train.micro_batch = {wanted_val}: each validation uses {val_sequences} (a noisier estimate)")
+    resumed_dataset = resumed.get("dataset") if resumed else None
+    step_tokens = per_step * seq_len
+    if resumed and resumed.get("tokens_per_step", step_tokens) != step_tokens:
+        warnings.append(f"tokens per step change from {resumed['tokens_per_step']:,} at the checkpoint (world size "
+                        f"{resumed.get('world_size')}) to {step_tokens:,} ({t.micro_batch} x {seq_len} x {t.grad_accum} x {world_size} "
+                        f"ranks): set train.global_batch to keep the batch when the world size changes")
     if resumed_dataset is not None:
         now = data.provenance()
         changed = [name for name in ("tokenizer", "splits") if resumed_dataset.get(name) != now[name]]

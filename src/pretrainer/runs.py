@@ -76,8 +76,10 @@ def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
     cfg = load_config(path, overrides)
     saved = Path(cfg.run.dir) / "config.toml"
     if path is None and saved.is_file():
-        cfg = load_config(saved, overrides)
+        cfg = load_config(saved)
+        cfg.train.stop_at_step, cfg.train.resume = Config().train.stop_at_step, Config().train.resume  # the last launch's
         cfg.run.dir = str(saved.parent)  # where it is now, if the run dir was moved
+        cfg = with_overrides(cfg, overrides)
     return cfg
 
 

@@ -86,7 +86,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
         start_step, elapsed_before = (resume.state["step"], resume.state["elapsed_s"]) if resume else (0, 0.0)
         describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say)
-        for warning in config_warnings(cfg) + data_warnings(cfg, data, env.world_size, resume.state.get("dataset") if resume else None):
+        for warning in config_warnings(cfg) + data_warnings(cfg, data, env.world_size, resume.state if resume else None):
             say(f"warning: {warning}")
         if start_step >= end_step:
             say(f"nothing to do: the run is already at step {start_step}")
