@@ -137,12 +137,12 @@ def test_sample_cli_is_deterministic_and_greedy_matches_the_model(stdlib_data, t
 
 # --- bad input to train: one line, exit code 2 ---
 
-def test_missing_data_dir_and_unknown_key_are_one_line_errors(tmp_path):
-    result = run_subprocess("train", *tiny_overrides(tmp_path / "nope", tmp_path / "run"))
+def test_missing_data_dir_and_unknown_key_are_one_line_errors(tmp_path, run_cli):
+    result = run_subprocess("train", *tiny_overrides(tmp_path / "nope", tmp_path / "run"))  # the whole process's stderr
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "nope: data dir not found; run `pretrainer prepare" in result.stderr
-    result = run_subprocess("train", "--optim.lrr=1")
-    assert result.returncode == 2 and "unknown config key 'optim.lrr'; did you mean 'optim.lr' (peak learning rate)?" in result.stderr
+    code, _, err = run_cli("train", "--optim.lrr=1")
+    assert code == 2 and "unknown config key 'optim.lrr'; did you mean 'optim.lr' (peak learning rate)?" in err
     assert not (tmp_path / "run").exists()
 
 
