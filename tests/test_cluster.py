@@ -81,8 +81,8 @@ def straight(stdlib_data, tmp_path_factory) -> Path:
     return run
 
 
-@pytest.mark.parametrize("repeats", [1, 3])
-def test_sigterm_to_launcher_and_every_worker_checkpoints_once_and_resumes_bit_exactly(repeats, straight, stdlib_data, tmp_path):
+def test_sigterm_to_launcher_and_every_worker_checkpoints_once_and_resumes_bit_exactly(straight, stdlib_data, tmp_path):
+    repeats = 2  # the first round is what a single scancel does; the second checks a repeated signal changes nothing
     run = tmp_path / "run"
     proc = start(*nproc_args(stdlib_data, run))
     wait_for_step(run, 10, proc)
