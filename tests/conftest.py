@@ -15,6 +15,22 @@ from pretrainer.config import load_config
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
 
+def _isolated_cache() -> None:
+    """Derived caches (unigram counts) go to a temp dir, not the user's ~/.cache; the GPT-2 ranks
+    `make setup` fetched are linked in, so tests stay offline. Subprocesses inherit it."""
+    import tempfile
+
+    from pretrainer.data.tokenizer import gpt2_ranks_path
+
+    ranks = gpt2_ranks_path()
+    isolated = Path(tempfile.mkdtemp(prefix="pretrainer-test-cache-"))
+    if ranks.is_file():
+        (isolated / "gpt2.tiktoken").symlink_to(ranks.resolve())
+    os.environ["PRETRAINER_CACHE"] = str(isolated)
+
+
+_isolated_cache()
+
 # Distinct documents with varied content, so splits and boundaries can be checked one by one.
 DOCS = [f"def function_{i}(x):\n    # document {i}\n    return x * {i} + {i * i}\n" for i in range(200)]
 

@@ -54,9 +54,10 @@ def test_resolved_config_round_trips_through_toml(tmp_path: Path):
     assert again == cfg and config_hash(again) == config_hash(cfg)
 
 
-def test_hash_ignores_only_stop_and_resume_keys():
+def test_hash_ignores_only_stop_resume_and_run_dir_keys():
     base = load_config(None, [])
-    assert config_hash(base) == config_hash(load_config(None, ["--train.stop_at_step=20", "--train.resume=never"]))
+    assert config_hash(base) == config_hash(load_config(None, ["--train.stop_at_step=20", "--train.resume=never",
+                                                               "--run.dir=moved/elsewhere"]))
     assert config_hash(base) != config_hash(load_config(None, ["--optim.lr=1e-2"]))
 
 

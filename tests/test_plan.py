@@ -97,3 +97,52 @@ def test_plan_json_into_a_closed_pipe_is_quiet(monkeypatch, capsys):
     broken.flush()
     monkeypatch.undo()
     broken.close()
+
+
+def test_x1_lab_budget_by_hand(run_cli):
+    """The X1 lab: 50M non-embedding params, ~43B tokens, 1 A100 at MFU 0.48, $1.10/h -> ~24 h, $26-29.
+    The lab counts C = 6ND with N = non-embedding parameters (--flops 6n)."""
+    cfg = load_config(CONFIGS / "x1-50m.toml")
+    plan = make_plan(cfg, tokens=43e9, gpu="a100-80gb", mfu=0.48, usd_per_gpu_hour=1.10, flops_convention="6n")
+    steps = math.ceil(43e9 / 524_288)
+    hours = 6 * 50_344_704 * steps * 524_288 / (312e12 * 0.48) / 3600
+    assert plan["wall_hours"] == pytest.approx(hours) and 23.5 < hours < 24.5
+    assert plan["cost_usd"] == pytest.approx(hours * 1.10) and 26 <= plan["cost_usd"] <= 29
+    assert plan["energy_kwh"] == pytest.approx(hours * 0.400)
+    # Full accounting (output projection + attention) doubles the work: the 24 h plan needs ~98% MFU.
+    full = make_plan(cfg, tokens=43e9, gpu="a100-80gb", mfu=0.48, usd_per_gpu_hour=1.10)
+    assert full["wall_hours"] == pytest.approx(609_149_952 * steps * 524_288 / (312e12 * 0.48) / 3600)
+    code, out, _ = run_cli("plan", CONFIGS / "x1-50m.toml", "--gpu", "a100-80gb", "--mfu", "0.48", "--usd-per-gpu-hour", "1.10",
+                           "--tokens", "43e9", "--flops", "6n")
+    assert code == 0 and "$26.50" in out and "24.09 h" in out
+
+
+def test_unknown_gpu_needs_peak_tflops(run_cli):
+    code, _, err = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpu", "mystery-9000")
+    assert code == 2 and "unknown GPU 'mystery-9000'; pass --peak-tflops" in err
+    plan = make_plan(load_config(CONFIGS / "gpt2-124m.toml"), gpu="mystery-9000", peak_tflops=100, gpus=2, tokens=1e9, mfu=0.5)
+    assert plan["wall_hours"] == pytest.approx(plan["training_flops"] / (2 * 100e12 * 0.5) / 3600)
+    assert "energy_kwh" not in plan and "max_micro_batch" not in plan["memory_per_gpu_bytes"]
+
+
+def test_memory_estimate_by_hand():
+    cfg = load_config(CONFIGS / "x1-50m.toml", ["--train.micro_batch=2", "--parallel.strategy=fsdp"])
+    plan = make_plan(cfg, gpus=4, gpu="h100-sxm")
+    m, params = plan["memory_per_gpu_bytes"], 88_942_080
+    assert (m["weights"], m["gradients"], m["adamw"]) == (4 * params // 4, 4 * params // 4, 8 * params // 4)
+    per_layer = 30 * 768 + 4 * 256 + 8 * 2048 + 4 * 12 + 8  # bytes per token per layer (bf16 activations, fp32 residual)
+    per_token = 8 * per_layer + 10 * 768 + 12
+    assert m["activations"] == 2 * 1024 * per_token
+    assert m["loss_gradient"] == 4 * 50257 * 768 and m["ddp_buckets"] == 0
+    fixed = 16 * params // 4 + int(1.5 * 2**30) + m["bf16_weights"] + m["loss_gradient"] + m["loss_chunk"]
+    assert m["total"] == fixed + m["activations"] and m["fits"]
+    assert m["max_micro_batch"] == int((80e9 - fixed) // (1024 * per_token))
+    assert m["max_micro_batch_checkpointed"] > m["max_micro_batch"]
+
+
+def test_the_1b_config_under_ddp_fits_80gb_with_every_item_counted(run_cli):
+    """Issue 12: 8 x H100 80 GB, micro-batch 8 at seq 2048, DDP: the estimate names every item."""
+    code, out, _ = run_cli("plan", CONFIGS / "llama3-1b.toml", "--gpus", "8", "--gpu", "h100-sxm")
+    assert code == 0
+    assert "DDP buckets: views, +0" in out and "bf16 weight copies" in out and "(output gradient)" in out
+    assert "at micro-batch 8 -> total" in out and "(fits in 80 GB)" in out

@@ -50,7 +50,7 @@ def test_lr_drill_is_classified_learning_rate_too_high(stdlib_data, tmp_path):
     run = tmp_path / "run"
     train(drill(stdlib_data, run, **{"spike.inject_kind": "lr", "spike.lr_factor": 100, "spike.inject_batches": 3}))
     assert N <= spikes(run)[0] <= N + 2
-    _, events = write_postmortem(run)
+    _, events, _ = write_postmortem(run)
     assert events[0].classification == "learning rate too high"
     assert "(100x): the LR changed" in (run / "spike-postmortem.md").read_text()
 
@@ -59,7 +59,7 @@ def test_constant_token_batch_is_classified_data_corruption(stdlib_data, tmp_pat
     run = tmp_path / "run"
     train(drill(stdlib_data, run, **{"spike.inject_kind": "data", "spike.data_mode": "constant"}))
     assert N <= spikes(run)[0] <= N + 2
-    _, events = write_postmortem(run)
+    _, events, _ = write_postmortem(run)
     assert events[0].classification == "data corruption"
     assert "token ids were valid" in (run / "spike-postmortem.md").read_text()
 
@@ -72,7 +72,7 @@ def test_out_of_range_ids_are_rejected_before_the_embedding(stdlib_data, tmp_pat
     errors = [line for line in err.splitlines() if "error:" in line]  # (stderr also carries the progress bar)
     assert code == 2 and len(errors) == 1
     assert re.search(r"step 40: token ids up to \d+ >= model.vocab_size 1024 .* rejected before the embedding", err)
-    _, events = write_postmortem(run)
+    _, events, _ = write_postmortem(run)
     assert events[0].classification == "data corruption" and events[0].steps == [40]
     # with spike.action = skip the bad batch is dropped and the run goes on
     train(drill(stdlib_data, tmp_path / "skip", **{"spike.inject_kind": "data", "spike.data_mode": "out_of_range",

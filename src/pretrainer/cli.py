@@ -3,10 +3,11 @@ calls one function; user errors print one line (`error: ...`) and exit with code
 
     pretrainer prepare --corpus stdlib --tokenizer bpe:4096 --out data/stdlib-bpe4k
     pretrainer train configs/tiny-cpu.toml --data.dir=data/stdlib-bpe4k --run.dir=runs/tiny
+    pretrainer train --run.dir=runs/tiny                     # resume with the run's saved config
     pretrainer sample runs/tiny --prompt "def main(" --max-new-tokens 200 --temperature 0.8 --top-k 50
-    pretrainer eval configs/gpt2-124m.toml --data.dir=data/fineweb-gpt2 --init.from=hf:path/to/gpt2
-    pretrainer export runs/tiny --format hf --out exports/tiny-hf
-    pretrainer plan configs/llama3-1b.toml --tokens 2.5e10 --gpus 8
+    pretrainer eval runs/tiny                                # or a checkpoint, or hf:DIR --data.dir=DIR
+    pretrainer export runs/tiny --format hf                  # -> runs/tiny/hf (default: the report, runs/tiny/report)
+    pretrainer plan configs/llama3-1b.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw
     pretrainer fetch-gpt2
     pretrainer config configs/tiny-cpu.toml --optim.lr=1e-3
 """
@@ -62,11 +63,11 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
     cfg = load_config(args.config, overrides)
     plan = make_plan(cfg, tokens=args.tokens, tokens_per_param=args.tokens_per_param, gpus=args.gpus, gpu=args.gpu,
                      peak_tflops=args.peak_tflops, gpu_memory_gb=args.gpu_memory_gb, gpu_watts=args.gpu_watts, mfu=args.mfu,
-                     usd_per_gpu_hour=args.usd_per_gpu_hour, flops_convention=args.flops, data=plan_data(cfg))
+                     usd_per_gpu_hour=args.usd_per_gpu_hour, flops_convention=args.flops, data=data_for_vocab(cfg))
     print_to_stdout(json.dumps(plan, indent=2) if args.json else format_plan(plan))
 
 
-def plan_data(cfg):
+def data_for_vocab(cfg):
     """The data dir that supplies the vocabulary, if data.dir names one; a missing one is fine when
     model.vocab_size is set (plans are made before the data is prepared)."""
     from pretrainer.data.loader import open_data_dir
@@ -155,9 +156,8 @@ def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:
 def cmd_postmortem(args: argparse.Namespace) -> None:
     from pretrainer.report.postmortem import write_postmortem
 
-    path, events = write_postmortem(Path(args.run))
-    summary = ", ".join(f"step {e.steps[0]}: {e.classification}" for e in events) or "no spikes"
-    print(f"wrote {path} ({summary})")
+    path, _, summary = write_postmortem(Path(args.run))
+    print(f"wrote {path}: {summary}")
 
 
 def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
@@ -172,14 +172,13 @@ def cmd_config(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.config import config_text_with_help, load_config
 
     cfg = load_config(args.config, overrides)
-    if cfg.data.dir:  # the data decides model.vocab_size (and checks it); without the data it stays 0
-        from pretrainer.data.loader import open_data_dir
+    try:  # the data decides model.vocab_size (and checks it); without the data it stays 0
         from pretrainer.resolve import resolve
 
-        try:
-            cfg = resolve(cfg, data=open_data_dir(cfg.data.dir))
-        except UserError as e:
-            print(f"note: shown unresolved ({e})", file=sys.stderr)
+        data = data_for_vocab(cfg)
+        cfg = resolve(cfg, data=data) if data else cfg
+    except UserError as e:
+        print(f"note: shown unresolved ({e})", file=sys.stderr)
     source = " ".join([args.config or "defaults", *overrides])
     print_to_stdout(f"# pretrainer config {source}\n\n{config_text_with_help(cfg)}")
 

@@ -297,7 +297,9 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path | None, overrides: list[str] = (), validated: bool = True) -> Config:
+    """A config file (or the defaults) with --section.key=value overrides, checked unless `validated`
+    is False (a base that more overrides will complete, see apply_overrides)."""
     cfg = Config()
     if path is not None:
         path = Path(path)
@@ -312,9 +314,15 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                 raise _unknown_key(section, str(path))
             for name, value in values.items():
                 set_key(cfg, f"{section}.{name}", value, str(path))
+    return apply_overrides(cfg, overrides, validated)
+
+
+def apply_overrides(cfg: Config, overrides: list[str], validated: bool = True) -> Config:
+    """cfg (changed in place, and returned) with --section.key=value overrides applied, then checked."""
     for key, value in parse_overrides(list(overrides)):
         set_key(cfg, key, value, "command line")
-    validate(cfg)
+    if validated:
+        validate(cfg)
     return cfg
 
 

@@ -37,7 +37,7 @@ def read_exit_record(path) -> dict | None:
 
 def exit_code_for_signal(signum: int) -> int:
     """128 + signal (143 SIGTERM, 130 SIGINT), the shell's convention: stopped by a signal after
-    writing a checkpoint; run the same command to resume."""
+    writing a checkpoint; `pretrainer train --run.dir=RUN_DIR` resumes."""
     return 128 + int(signum)
 
 

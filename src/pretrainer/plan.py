@@ -167,7 +167,7 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
             plan.update({"usd_per_gpu_hour": usd_per_gpu_hour, "cost_usd": seconds / 3600 * gpus * usd_per_gpu_hour})
             if b.cap_usd and plan["cost_usd"] > b.cap_usd:
                 plan["warnings"].append(f"the planned cost ${plan['cost_usd']:,.2f} exceeds budget.cap_usd = ${b.cap_usd:,.2f}: "
-                                        f"the trainer would refuse to launch (budget.allow_over_cap) or stop at the cap")
+                                        f"the trainer refuses to launch it unless budget.allow_over_cap")
         if watts:
             plan["energy_kwh"] = seconds / 3600 * gpus * watts / 1000
     return plan

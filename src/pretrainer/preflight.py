@@ -14,21 +14,24 @@ from pretrainer.config import Config
 
 def config_warnings(cfg: Config) -> list[str]:
     t, o, s = cfg.train, cfg.optim, cfg.spike
-    end = min(t.max_steps, t.stop_at_step) if t.stop_at_step > 0 else t.max_steps
+    steps = t.max_steps  # the run's length (train.stop_at_step only ends this launch early)
     warnings = []
-    if o.warmup_steps >= t.max_steps:
-        warnings.append(f"optim.warmup_steps = {o.warmup_steps} >= train.max_steps = {t.max_steps}: the LR never reaches "
-                        f"optim.lr = {o.lr:g} (it ends at {o.lr * t.max_steps / o.warmup_steps:.3g}); lower the warmup")
-    if cfg.eval.every > end:
-        warnings.append(f"eval.every = {cfg.eval.every} is longer than the run ({end} steps): validation runs only at "
+    if o.warmup_steps > steps:
+        warnings.append(f"optim.warmup_steps = {o.warmup_steps} > train.max_steps = {steps}: the LR never reaches "
+                        f"optim.lr = {o.lr:g} (it ends at {o.lr * steps / o.warmup_steps:.3g}); lower the warmup")
+    elif o.warmup_steps == steps:
+        warnings.append(f"optim.warmup_steps = train.max_steps = {steps}: the LR reaches optim.lr = {o.lr:g} only at the "
+                        f"last step and never decays; lower the warmup")
+    if cfg.eval.every > steps:
+        warnings.append(f"eval.every = {cfg.eval.every} is longer than the run ({steps} steps): validation runs only at "
                         f"the start and the end")
-    if cfg.ckpt.every > end:
-        warnings.append(f"ckpt.every = {cfg.ckpt.every} is longer than the run ({end} steps): the only checkpoint is "
+    if cfg.ckpt.every > steps:
+        warnings.append(f"ckpt.every = {cfg.ckpt.every} is longer than the run ({steps} steps): the only checkpoint is "
                         f"the final one, so an interruption loses the whole run")
-    if cfg.log.every > end:
-        warnings.append(f"log.every = {cfg.log.every} is longer than the run ({end} steps): only the last step is logged")
-    if end <= s.min_values:
-        warnings.append(f"the spike detector starts after spike.min_values = {s.min_values} steps and this run has {end}: "
+    if cfg.log.every > steps:
+        warnings.append(f"log.every = {cfg.log.every} is longer than the run ({steps} steps): only the last step is logged")
+    if steps <= s.min_values:
+        warnings.append(f"the spike detector starts after spike.min_values = {s.min_values} steps and this run has {steps}: "
                         f"no loss or grad-norm spike can be flagged (non-finite values still are)")
     return warnings
 
@@ -55,11 +58,10 @@ def data_warnings(cfg: Config, data, world_size: int, resumed: dict | None = Non
         warnings.append(f"tokens per step change from {resumed['tokens_per_step']:,} at the checkpoint (world size "
                         f"{resumed.get('world_size')}) to {step_tokens:,} ({t.micro_batch} x {seq_len} x {t.grad_accum} x {world_size} "
                         f"ranks): set train.global_batch to keep the batch when the world size changes")
-    if resumed_dataset is not None:
+    if resumed_dataset is not None:  # the tokenizer's and the splits' sha256 (the manifest also holds its creation time)
         now = data.provenance()
         changed = [name for name in ("tokenizer", "splits") if resumed_dataset.get(name) != now[name]]
-        if changed or resumed_dataset.get("manifest_sha256") != now["manifest_sha256"]:
-            what = " and ".join(changed) or "manifest"
-            warnings.append(f"{data.path}/manifest.json: the data changed since the checkpoint ({what} differ from "
-                            f"{resumed_dataset.get('dir')}): the resumed run continues on different data")
+        if changed:
+            warnings.append(f"{data.path}/manifest.json: the data changed since the checkpoint (its {' and '.join(changed)} "
+                            f"differ from those of {resumed_dataset.get('dir')}): the resumed run continues on other data")
     return warnings

@@ -108,18 +108,17 @@ def absolute_paths(cfg: Config) -> Config:
     return cfg
 
 
-def resume_changes(cfg: Config, saved: dict, where: Path) -> list[str]:
+def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -> list[str]:
     """'key: old -> new' for each config key that differs from a checkpoint's (resolved) config. A
-    different model is refused, naming each key with the value the checkpoint was trained with."""
+    different model is refused, naming each key with the value the checkpoint was trained with, and
+    `resume_command`, which continues with the saved config."""
     saved_cfg = absolute_paths(from_dict(saved, f"{where}/state.json"))  # older runs saved relative paths
     saved_cfg.model.d_ff = resolve_d_ff(saved_cfg.model)  # checkpoints written before d_ff was resolved hold 0
     old, new = flatten(saved_cfg), flatten(cfg)
     changed = diff_keys(saved_cfg, cfg)
     model_keys = [k for k in changed if k.startswith("model.")]
     if model_keys:
-        run_dir = where.parent.parent
         raise UserError(f"{where}: was trained with {', '.join(f'{k} = {old[k]!r} (this launch: {new[k]!r})' for k in model_keys)}. "
                         f"To resume, drop those settings "
-                        f"(`pretrainer train --run.dir={run_dir}` resumes with its saved config); to train a different "
-                        f"model, use a new run.dir")
+                        f"(`{resume_command}` resumes with its saved config); to train a different model, use a new run.dir")
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in changed]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.config import Config, ModelConfig, from_dict, load_config, parse_overrides, set_key, validate
+from pretrainer.config import Config, ModelConfig, apply_overrides, from_dict, load_config
 from pretrainer.data.tokenizer import Tokenizer
 from pretrainer.model import Transformer
 from pretrainer.errors import UserError
@@ -69,27 +70,40 @@ def open_run(path: str | Path) -> OpenRun:
 
 
 def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
-    """The config `pretrainer train` runs: the config file (or the defaults) with the overrides; with
-    no config file, a run.dir that holds a saved config.toml is resumed with that config, so
-    `pretrainer train --run.dir=R` needs nothing retyped. (Given a config file anyway, the trainer
-    compares it with the checkpoint's and reports the changes.)"""
-    cfg = load_config(path, overrides)
-    saved = Path(cfg.run.dir) / "config.toml"
-    if path is None and saved.is_file():
-        cfg = load_config(saved)
-        cfg.train.stop_at_step, cfg.train.resume = Config().train.stop_at_step, Config().train.resume  # the last launch's
-        cfg.run.dir = str(saved.parent)  # where it is now, if the run dir was moved
-        cfg = with_overrides(cfg, overrides)
+    """The config `pretrainer train` runs: the config file (or the defaults) with the overrides. With
+    no config file, a run is continued with its saved config, so nothing is retyped:
+    `--train.resume=CHECKPOINT` takes that checkpoint's config, else a run.dir holding config.toml
+    takes that one. (Given a config file anyway, the trainer compares it with the checkpoint's and
+    reports the changes.) The keys of one launch (stop_at_step, resume) are not inherited."""
+    given = load_config(path, overrides, validated=path is not None)  # checked once complete
+    resume, run_dir = given.train.resume, Path(os.path.expanduser(given.run.dir))
+    if path is not None:
+        return given
+    if resume not in ("auto", "never"):
+        cfg, source = read_trainer_config(Path(os.path.expanduser(resume))), resume
+    elif (run_dir / "config.toml").is_file():
+        cfg, source = load_config(run_dir / "config.toml", validated=False), f"{run_dir}/config.toml"
+    else:
+        return apply_overrides(given, [])
+    if os.environ.get("RANK", "0") == "0":  # the launcher (or the only process) says it once
+        print(f"note: continuing with the saved config {source}")
+    cfg.train.stop_at_step, cfg.train.resume = Config().train.stop_at_step, Config().train.resume
+    cfg.run.dir = str(run_dir)  # where it is now, if the run dir was moved
+    cfg = apply_overrides(cfg, overrides)
+    if not Path(cfg.data.dir).is_absolute() and not Path(cfg.data.dir).is_dir():
+        raise UserError(f"{source}: data.dir = {cfg.data.dir} is relative (saved by an older version) and not found "
+                        f"from here; pass --data.dir=DIR")
     return cfg
+
+
+def read_trainer_config(checkpoint: Path) -> Config:
+    """The (resolved) config a checkpoint was trained with, from its state.json."""
+    return from_dict(read_trainer_state(checkpoint)["config"], f"{checkpoint}/state.json")
 
 
 def with_overrides(cfg: Config, overrides: list[str]) -> Config:
     """A copy of cfg with --section.key=value overrides applied and checked."""
-    cfg = copy.deepcopy(cfg)
-    for key, value in parse_overrides(list(overrides)):
-        set_key(cfg, key, value, "command line")
-    validate(cfg)
-    return cfg
+    return apply_overrides(copy.deepcopy(cfg), overrides)
 
 
 def init_source(spec: str) -> tuple[ModelConfig, WeightLoader]:

@@ -112,10 +112,11 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(directory / RANKS_FILE, _serialise_ranks(self.ranks))
-        hf_tokenizer_files(self, directory)
         meta = {"name": self.name, "pattern": self.pattern, "special_tokens": self.special_tokens,
                 "vocab_size": self.vocab_size, "sha256": self.sha256}
+        # ours before Hugging Face's tokenizer.json, which replaces an older version's metadata file of that name
         atomic_write_bytes(directory / METADATA_FILE, (json.dumps(meta, indent=2) + "\n").encode())
+        hf_tokenizer_files(self, directory)
 
     @classmethod
     def load(cls, directory: Path) -> "Tokenizer":

@@ -7,14 +7,17 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
-from pretrainer.config import Config, load_config, parse_overrides
+from pretrainer.config import Config, canonical_key, load_config, parse_overrides
 from pretrainer.data.loader import open_data_dir, validation_batches
 from pretrainer.device import autocast, autocast_dtype, resolve_device
+from pretrainer.errors import UserError
 from pretrainer.resolve import resolve
 from pretrainer.runs import build_model, init_source, open_run, with_overrides
+from pretrainer.train.checkpoint import latest_checkpoint
 
 
 @torch.no_grad()
@@ -42,9 +45,14 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, str]:
     cfg = None
     if target and target.endswith(".toml"):
         cfg = load_config(target, overrides)
-        spec = cfg.init.from_ or cfg.run.dir
+        saved_in_run = Path(target).parent  # RUN/config.toml: that run's newest checkpoint, wherever it is now
+        spec = str(saved_in_run) if latest_checkpoint(saved_in_run) else cfg.init.from_ or cfg.run.dir
     else:
-        spec = target or (given := load_config(None, overrides)).init.from_ or given.run.dir
+        given = load_config(None, overrides, validated=False)
+        run_dir_given = any(canonical_key(key) == "run.dir" for key, _ in parse_overrides(overrides))
+        spec = target or given.init.from_ or (given.run.dir if run_dir_given else "")
+        if not spec:
+            raise UserError("eval: say what to evaluate: RUN_DIR_OR_CHECKPOINT or hf:DIR (e.g. pretrainer eval runs/tiny)")
     if not spec.startswith("hf:"):
         run = open_run(spec)
         spec = str(run.checkpoint)

@@ -222,8 +222,9 @@ def detector_coverage(records: list[dict], cfg) -> str:
     return f"No spikes were detected (the detector was active from step {cfg.spike.min_values + 1} to step {last})."
 
 
-def write_postmortem(run_dir: Path) -> tuple[Path, list[Event]]:
-    """`run_dir`: a run dir, or one of its checkpoint dirs (RUN_DIR/checkpoints/step-N)."""
+def write_postmortem(run_dir: Path) -> tuple[Path, list[Event], str]:
+    """`run_dir`: a run dir, or one of its checkpoint dirs (RUN_DIR/checkpoints/step-N).
+    -> (the post-mortem's path, the spike events, a one-line summary)."""
     run_dir = Path(run_dir)
     if run_dir.parent.name == "checkpoints" and (run_dir.parent.parent / "metrics.jsonl").is_file():
         run_dir = run_dir.parent.parent
@@ -242,8 +243,9 @@ def write_postmortem(run_dir: Path) -> tuple[Path, list[Event]]:
         steps = [r["step"] for r in injected]
         lines += [f"**Drill:** `{injected[0]['inject_kind']}` injected at steps {steps[0]}-{steps[-1]} "
                   f"({len(injected)} batches, data positions from {injected[0]['data_cursor']}).", ""]
+    coverage = detector_coverage(records, cfg)
     if not events:
-        lines += [detector_coverage(records, cfg), ""]
+        lines += [coverage, ""]
     for event in events:
         classify(event, records, cfg)
         figure = f"spike-{event.index}.png"
@@ -274,4 +276,4 @@ def write_postmortem(run_dir: Path) -> tuple[Path, list[Event]]:
               "has recovered at the first later step whose loss is within 1% of it.", ""]
     path = run_dir / "spike-postmortem.md"
     atomic_write_bytes(path, "\n".join(lines).encode())
-    return path, events
+    return path, events, ", ".join(f"step {e.steps[0]}: {e.classification}" for e in events) or coverage

@@ -101,7 +101,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                             cfg.train.seed, run_dir, env, run_log.write, say, run_clock.elapsed)
         write_run_dir(cfg, data, spikes.unigram, run_dir, env)
         sequences = MetricsLog(run_dir / f"sequences-rank{env.rank}.jsonl", start_step) if cfg.log.sequences else None
-        stopper = Stopper(cfg.budget, env, signals, clock, run_log.write, say, f"pretrainer train --run.dir={shlex.quote(str(run_dir))}")
+        stopper = Stopper(cfg.budget, env, signals, clock, run_log.write, say, resume_command(cfg, env))
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
             state.load_state_dict(resume.state)
@@ -211,7 +211,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         progress.close()
         say(f"{'stopped early (train.stop_at_step)' if state.step < max_steps else 'finished'} at step {state.step}: "
             f"{state.tokens:,} tokens, {time.time() - run_clock.started:.1f}s; checkpoint {latest_checkpoint(run_dir)}")
-        say(next_commands(run_dir, finished=state.step >= max_steps))
+        say(next_commands(cfg, env, finished=state.step >= max_steps))
         return {"step": state.step, "tokens": state.tokens, "loss": last_loss, "val_loss": last_val}
     except BaseException as error:
         failure = error
@@ -262,7 +262,8 @@ def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
     checkpoint, state = broadcast_object((found[0], found[3]) if found else (None, None), env)
     if checkpoint is None:
         return None
-    changed = resume_changes(cfg, state["config"], checkpoint)
+    explicit = f" --train.resume={shlex.quote(str(checkpoint))}" if cfg.train.resume not in ("auto", "never") else ""
+    changed = resume_changes(cfg, state["config"], checkpoint, resume_command(cfg, env) + explicit)
     if changed:
         say(f"note: resuming with changed config keys: {', '.join(changed)}")
     return Resume(checkpoint, *(found[1:3] if found else (None, None)), state)
@@ -324,10 +325,15 @@ def describe(cfg: Config, model: torch.nn.Module, data: DataDir, loader: Sequenc
         f"{cfg.train.max_steps}; run dir {cfg.run.dir}")
 
 
-def next_commands(run_dir: Path, finished: bool) -> str:
-    """The run's last line: what to do with it next, with its real path."""
-    run = shlex.quote(str(run_dir))
-    then = "" if finished else f"\n  pretrainer train --run.dir={run}        # continue the run"
+def resume_command(cfg: Config, env: DistEnv) -> str:
+    """The command that continues this run (its saved config does the rest)."""
+    return f"pretrainer train --run.dir={shlex.quote(cfg.run.dir)}" + (f" --nproc {env.world_size}" if env.world_size > 1 else "")
+
+
+def next_commands(cfg: Config, env: DistEnv, finished: bool) -> str:
+    """The run's last lines: what to do with it next, with its real (absolute) path."""
+    run = shlex.quote(cfg.run.dir)
+    then = "" if finished else f"\n  {resume_command(cfg, env)}        # continue the run"
     return (f"next:{then}\n  pretrainer sample {run} --prompt \"...\"   # generate text\n"
             f"  pretrainer eval {run}                   # validation loss of the newest checkpoint\n"
             f"  pretrainer export {run}                 # report: manifest, metrics.csv, plots ({run}/report)\n"
