@@ -34,7 +34,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from pretrainer.runs import load_train_config
+    from pretrainer.config import load_train_config
 
     cfg = load_train_config(args.config, overrides)  # check the config before starting N processes
     if args.nproc > 1:
