@@ -27,15 +27,17 @@ def test_export_writes_the_x1_report(finished_run, tmp_path, run_cli):
     code, stdout, err = run_cli("export", finished_run, "--out", out)
     assert code == 0, err
     assert {p.name for p in out.iterdir()} == {"manifest.json", "metrics.csv", "loss-curve.png", "gradnorm-curve.png",
-                                               "lr.png", "throughput.png", "final.safetensors", "mlflow-run-uri.txt"}
+                                               "lr.png", "bpb.png", "throughput.png", "final.safetensors",
+                                               "mlflow-run-uri.txt"}
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["plots"] == ["loss-curve.png", "gradnorm-curve.png", "lr.png", "throughput.png"]
+    assert manifest["plots"] == ["loss-curve.png", "gradnorm-curve.png", "lr.png", "bpb.png", "throughput.png"]
     assert manifest["seed"] == 1337 and manifest["steps"] == 20 and manifest["tokens"] == 20 * 8 * 64
     assert set(manifest["versions"]) >= {"python", "torch", "numpy", "tiktoken", "safetensors", "mlflow"}
     assert manifest["hardware"]["device_type"] == "cpu" and manifest["hardware"]["cpu_model"]
     records = read_metrics(finished_run / "metrics.jsonl")
     assert manifest["final_train_loss"] == [r["loss"] for r in records if "loss" in r][-1]
     assert manifest["final_val_loss"] == [r["val_loss"] for r in records if "val_loss" in r][-1]
+    assert manifest["final_val_bpb"] == [r["val_bpb"] for r in records if "val_loss" in r][-1]
     assert manifest["spent_usd"] == pytest.approx(2.0 * manifest["wall_time_s"] / 3600)
     assert manifest["final_weights"]["reload_resave_byte_identical"] is True
     weights = load_file(out / "final.safetensors")
@@ -61,7 +63,7 @@ def test_plots_are_real_pngs_with_data(finished_run, tmp_path, run_cli):
 
     run_cli("export", finished_run, "--out", tmp_path / "report")
     first_line, second_line = np.array([0x1F, 0x77, 0xB4]) / 255, np.array([0xFF, 0x7F, 0x0E]) / 255  # matplotlib C0, C1
-    for name, lines in (("loss-curve.png", 2), ("gradnorm-curve.png", 2), ("lr.png", 1), ("throughput.png", 1)):
+    for name, lines in (("loss-curve.png", 2), ("gradnorm-curve.png", 2), ("lr.png", 1), ("bpb.png", 1), ("throughput.png", 1)):
         image = mpimg.imread(tmp_path / "report" / name)[..., :3]
         assert image.shape[0] > 300 and image.shape[1] > 500
         for colour in (first_line, second_line)[:lines]:  # the data lines are drawn, not just axes

@@ -51,7 +51,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.eval.loss import evaluate_target
 
-    evaluate_target(args.target, overrides)
+    evaluate_target(args.target, overrides, args.out)
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -226,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT",
                    help="a run dir (its newest checkpoint and its data), a checkpoint dir, or hf:DIR; --section.key=value "
                         "overrides follow (--data.dir=DIR, --eval.batches=N, ...)")
+    p.add_argument("--out", help="write the results as JSON here (default for a run's checkpoint: RUN_DIR/eval-STEP.json)")
 
     p = verbs.add_parser("plan", help="what a config will do: parameters, FLOPs, tokens, steps, time, cost and memory",
                          epilog="example: pretrainer plan configs/gpt2-124m.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw")

@@ -98,6 +98,14 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.encoding.n_vocab
 
+    def token_byte_lengths(self) -> list[int]:
+        """UTF-8 bytes each token id stands for (0 for special tokens such as the document separator),
+        so the bytes of any span of ids, cut anywhere, are the sum over its ids: bits per byte."""
+        lengths = [0] * self.vocab_size
+        for token, rank in self.ranks.items():
+            lengths[rank] = len(token)
+        return lengths
+
     def encode(self, text: str) -> list[int]:
         # Ordinary encoding: a literal "<|endoftext|>" inside a document is text, not a boundary.
         return self.encoding.encode_ordinary(text)

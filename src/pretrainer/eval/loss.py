@@ -1,12 +1,13 @@
 """Validation loss: the mean cross-entropy per token over a fixed set of validation batches.
 
-    val_loss = evaluate(model, batches, device, amp_dtype)        # in the training loop
+    evaluate(model, batches, device, amp_dtype, token_bytes)       # in the loop: {"val_loss", "val_bpb"}
     evaluate_target("runs/tiny", ["--eval.batches=50"])        # `pretrainer eval`: a run, a checkpoint or hf:DIR
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import torch
@@ -16,33 +17,53 @@ from pretrainer.data.loader import open_data_dir, validation_batches
 from pretrainer.device import autocast, autocast_dtype, resolve_device
 from pretrainer.errors import UserError
 from pretrainer.resolve import resolve
-from pretrainer.runs import build_model, init_source, open_run, with_overrides
+from pretrainer.io import atomic_write_json
+from pretrainer.runs import OpenRun, build_model, init_source, open_run, with_overrides
 from pretrainer.train.checkpoint import latest_checkpoint
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype: torch.dtype | None) -> float:
-    """Mean validation loss per token over a fixed set of batches."""
+def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype: torch.dtype | None,
+             token_bytes: torch.Tensor | None = None) -> dict[str, float]:
+    """Over a fixed set of batches: {"val_loss": mean loss per token} and, given `token_bytes` (the
+    UTF-8 bytes of each token id, Tokenizer.token_byte_lengths), {"val_bpb": bits per byte} = the nats
+    of the scored tokens / (ln 2 x their bytes), special tokens (0 bytes) left out of both. Unlike
+    the loss, bits per byte compare models with different tokenizers."""
     model.eval()
     total_loss, total_tokens = 0.0, 0
+    nats, n_bytes = torch.zeros((), dtype=torch.float64, device=device), torch.zeros((), dtype=torch.int64, device=device)
+    lengths = token_bytes.to(device) if token_bytes is not None else None
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         with autocast(device, amp_dtype):
-            _, loss = model(x, y)
+            losses, loss = model(x, y, per_token=True)
         total_loss += loss.item() * y.numel()
         total_tokens += y.numel()
+        if lengths is not None:
+            target_bytes = lengths[y]
+            nats += (losses.double() * (target_bytes > 0)).sum()
+            n_bytes += target_bytes.sum()
     if hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters gathered after a forward without backward
         model.reshard()
     model.train()
-    return total_loss / total_tokens
+    result = {"val_loss": total_loss / total_tokens}
+    if lengths is not None:
+        result["val_bpb"] = nats.item() / (math.log(2) * max(n_bytes.item(), 1))
+    return result
 
 
-def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, str]:
-    """-> (the config to evaluate with, the weights' spec). `target` is a run dir or checkpoint (its
+def token_bytes_tensor(tokenizer, vocab_size: int) -> torch.Tensor:
+    """Tokenizer.token_byte_lengths padded with 0 to the model's (possibly larger) vocabulary."""
+    lengths = tokenizer.token_byte_lengths()
+    return torch.tensor(lengths + [0] * (vocab_size - len(lengths)), dtype=torch.int64)
+
+
+def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, str, OpenRun | None]:
+    """-> (the config to evaluate with, the weights' spec, the run when the weights are a run's). `target` is a run dir or checkpoint (its
     saved config: data, seq_len, batch), `hf:DIR`, a TOML config (the old form: init.from or run.dir
     in it), or None (init.from or run.dir from the overrides). The model's shape always comes from
     the weights; overrides may change anything else (data.dir, eval.batches, train.micro_batch, ...)."""
-    cfg = None
+    cfg = run = None
     if target and target.endswith(".toml"):
         cfg = load_config(target, overrides)
         saved_in_run = Path(target).parent  # RUN/config.toml: that run's newest checkpoint, wherever it is now
@@ -61,20 +82,29 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, str]:
     source_cfg, _ = init_source(spec)
     model_overrides = [f"--{key}={value}" for key, value in parse_overrides(overrides) if key.startswith("model.")]
     cfg.model = with_overrides(Config(model=copy.deepcopy(source_cfg)), model_overrides).model  # the weights' shape
-    return cfg, spec
+    return cfg, spec, run
 
 
-def evaluate_target(target: str | None, overrides: list[str]) -> dict:
-    """`pretrainer eval`: validation loss of a run's newest checkpoint, a checkpoint or hf:DIR weights
-    on data.dir's val split (by default the data the run trained on)."""
-    cfg, spec = eval_config(target, overrides)
+def evaluate_target(target: str | None, overrides: list[str], out: str | None = None) -> dict:
+    """`pretrainer eval`: validation loss and bits per byte of a run's newest checkpoint, a checkpoint
+    or hf:DIR weights on data.dir's val split (by default the data the run trained on); written to
+    RUN_DIR/eval-STEP.json for a run's checkpoint, or to `out`."""
+    cfg, spec, run = eval_config(target, overrides)
     data = open_data_dir(cfg.data.dir)
     device = resolve_device(cfg.train.device)
     source_cfg, load_weights = init_source(spec)
     cfg = resolve(cfg, data=data, source=source_cfg, source_where=spec)
     model = build_model(cfg, load_weights, spec).to(device)
     batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
-    val_loss = evaluate(model, batches, device, autocast_dtype(cfg.train.dtype, device))
+    scores = evaluate(model, batches, device, autocast_dtype(cfg.train.dtype, device),
+                      token_bytes_tensor(data.tokenizer, cfg.model.vocab_size))
     tokens = sum(y.numel() for _, y in batches)
-    print(f"{spec}: val loss {val_loss:.4f} nats/token over {tokens:,} tokens of {data.path}/val.bin")
-    return {"val_loss": val_loss, "tokens": tokens}
+    result = {"weights": spec, "step": run.step if run else None, "data_dir": str(data.path), "tokenizer": data.tokenizer.name,
+              **scores, "tokens": tokens}
+    print(f"{spec}: val loss {scores['val_loss']:.4f} nats/token, {scores['val_bpb']:.4f} bits/byte over {tokens:,} "
+          f"tokens of {data.path}/val.bin")
+    path = Path(out) if out else run.run_dir / f"eval-{run.step:07d}.json" if run else None
+    if path is not None:
+        atomic_write_json(path, result)
+        print(f"wrote {path}")
+    return result

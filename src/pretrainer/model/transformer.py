@@ -176,10 +176,12 @@ class Transformer(nn.Module):
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                per_token: bool = False):
         """idx (B, T) token ids -> (logits (B, T, vocab), None) without targets; with targets (B, T) ->
         (None, mean cross-entropy over targets != IGNORE_INDEX): the loss is computed by the fused,
-        chunked output projection (model/loss.py), so the full logits are never made or kept."""
+        chunked output projection (model/loss.py), so the full logits are never made or kept.
+        per_token (evaluation): -> (each target's loss (B, T), the mean loss)."""
         T = idx.size(1)
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.cfg.seq_len:
@@ -195,6 +197,9 @@ class Transformer(nn.Module):
                 x = block(x, rope, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
+        if targets is not None and per_token:
+            mean, losses = linear_cross_entropy(self.norm(x), self.lm_head.weight, targets, per_token=True)
+            return losses, mean
         if targets is not None:
             return None, linear_cross_entropy(self.norm(x), self.lm_head.weight, targets)
         return self.lm_head(self.norm(x)), None

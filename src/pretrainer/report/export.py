@@ -157,6 +157,8 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
     figure("gradnorm-curve.png", [("grad norm (before clipping)", _series(records, "grad_norm"), "-"),
                                   ("param norm", _series(records, "param_norm"), "-")], "step", "L2 norm", log_y=True)
     figure("lr.png", [("learning rate", _series(records, "lr"), "-")], "step", "learning rate", from_zero=True)
+    if any("val_bpb" in r for r in records):  # runs from before bits per byte have none
+        figure("bpb.png", [("val bits per byte", _series(records, "val_bpb", x="tokens"), "o-")], "tokens", "bits per byte")
     throughput, time_label = throughput_series(records)
     figure("throughput.png", [("tokens/s", throughput, "-")], time_label, "tokens/s", from_zero=True)
     return written
@@ -220,6 +222,7 @@ def export_report(run, out: Path) -> dict:
             "tokens_per_step": state["tokens_per_step"],
             "final_train_loss": train_losses[-1]["loss"] if train_losses else None,
             "final_val_loss": val_losses[-1]["val_loss"] if val_losses else None,
+            "final_val_bpb": val_losses[-1].get("val_bpb") if val_losses else None,
             "wall_time_s": state["elapsed_s"],
             "spent_usd": state.get("spent_usd"),
             "final_weights": weights_check,

@@ -31,7 +31,7 @@ from pretrainer.config import Config, config_hash, save_config, to_dict
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir, validation_batches
 from pretrainer.device import autocast, autocast_dtype, device_peak_tflops
 from pretrainer.errors import RunStopped, UserError
-from pretrainer.eval.loss import evaluate
+from pretrainer.eval.loss import evaluate, token_bytes_tensor
 from pretrainer.flops import flops_per_token
 from pretrainer.io import atomic_write_json
 from pretrainer.metrics import MetricsLog, RunLog, hardware_info, layer_group_grad_norms, step_line, weight_norms
@@ -78,6 +78,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                                 env.world_size, env.rank, cfg.train.seed, where=f"{data.path}/train.bin",
                                 pin_memory=device.type == "cuda")
         val_batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
+        token_bytes = token_bytes_tensor(data.tokenizer, cfg.model.vocab_size)  # for bits per byte
 
         # --- what the run will do; refuse a launch the budget cannot pay for ---
         model_flops_per_token = flops_per_token(cfg.model, count_parameters(model)["non_embedding"])["total"]
@@ -113,10 +114,10 @@ def train(cfg: Config, clock=time.time) -> dict:
             state.saved_step = state.step
 
         def validate() -> float:  # every rank, the same batches
-            val_loss = evaluate(wrapped, val_batches, device, amp_dtype)
-            run_log.write({"step": state.step, "val_loss": val_loss, "tokens": state.tokens, "elapsed_s": run_clock.elapsed()})
-            say(f"step {state.step}: val loss {val_loss:.4f}")
-            return val_loss
+            scores = evaluate(wrapped, val_batches, device, amp_dtype, token_bytes)
+            run_log.write({"step": state.step, **scores, "tokens": state.tokens, "elapsed_s": run_clock.elapsed()})
+            say(f"step {state.step}: val loss {scores['val_loss']:.4f}, {scores['val_bpb']:.4f} bits/byte")
+            return scores["val_loss"]
 
         run_clock.start()
         last_loss, last_val = None, validate() if resume is None else None  # step 0's validation, once per run
