@@ -34,7 +34,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from pretrainer.config import load_train_config
+    from pretrainer.resolve import load_train_config
 
     cfg = load_train_config(args.config, overrides)  # check the config before starting N processes
     if args.nproc > 1:
@@ -169,7 +169,8 @@ def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
 
 def cmd_config(args: argparse.Namespace, overrides: list[str]) -> None:
     """Print the resolved config as TOML, each key's help as a comment: a starting point for a config file."""
-    from pretrainer.config import config_text_with_help, load_config
+    from pretrainer.config import load_config
+    from pretrainer.config_doc import config_text_with_help
 
     cfg = load_config(args.config, overrides)
     try:  # the data decides model.vocab_size (and checks it); without the data it stays 0
@@ -287,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def train_epilog() -> str:
-    from pretrainer.config import keys_reference
+    from pretrainer.config_doc import keys_reference
 
     return ("example: pretrainer train configs/tiny-cpu.toml --optim.lr=3e-4 --train.max_steps=200\n\n"
             "config keys: --section.key=value overrides the TOML file's value; a bare boolean flag (--train.compile)\n"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -401,71 +400,7 @@ def config_text(cfg: Config) -> str:
     return tomli_w.dumps(to_dict(cfg))
 
 
-def _toml_value(value: Any) -> str:
-    return tomli_w.dumps({"v": value})[len("v = "):].strip()  # tomli_w's quoting and number format, for one value
-
-
-def config_text_with_help(cfg: Config) -> str:
-    """The config as TOML with each key's help as a comment above it (and its default when it differs)."""
-    lines, defaults, helps = [], flatten(Config()), key_help()
-    for section, values in to_dict(cfg).items():
-        lines += ["", f"[{section}]"]
-        for name, value in values.items():
-            key = f"{section}.{name}"
-            default = f" (default {_toml_value(defaults[key])})" if value != defaults[key] else ""
-            lines += [f"# {helps[key]}{default}", f"{name} = {_toml_value(value)}"]
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def keys_reference(width: int = 100) -> str:
-    """Every key with its type, default and help, grouped by section: the `train --help` epilog."""
-    import textwrap
-
-    lines, types, helps = [], all_keys(), key_help()
-    for section, values in to_dict(Config()).items():
-        lines.append(f"[{section}]")
-        for name, default in values.items():
-            key = f"{section}.{name}"
-            lines.append(f"  --{key}  ({types[key].__name__}, default {_toml_value(default)})")
-            lines += textwrap.wrap(helps[key], width, initial_indent=" " * 6, subsequent_indent=" " * 6)
-    return "\n".join(lines)
-
-
 def save_config(cfg: Config, path: Path) -> None:
     from pretrainer.io import atomic_write_bytes
 
     atomic_write_bytes(path, config_text(cfg).encode())
-
-
-def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
-    """The config `pretrainer train` runs: the config file (or the defaults) with the overrides. With
-    no config file, a run is continued with its saved config, so nothing is retyped:
-    `--train.resume=CHECKPOINT` takes that checkpoint's config, else a run.dir holding config.toml
-    takes that one. (Given a config file anyway, the trainer compares it with the checkpoint's and
-    reports the changes.) The keys of one launch (stop_at_step, resume) are not inherited."""
-    given = load_config(path, overrides, validated=path is not None)  # checked once complete
-    resume, run_dir = given.train.resume, Path(os.path.expanduser(given.run.dir))
-    if path is not None:
-        return given
-    if resume not in ("auto", "never"):
-        cfg, source = read_trainer_config(Path(os.path.expanduser(resume))), resume
-    elif (run_dir / "config.toml").is_file():
-        cfg, source = load_config(run_dir / "config.toml", validated=False), f"{run_dir}/config.toml"
-    else:
-        return apply_overrides(given, [])
-    if os.environ.get("RANK", "0") == "0":  # the launcher (or the only process) says it once
-        print(f"note: continuing with the saved config {source}")
-    cfg.train.stop_at_step, cfg.train.resume = Config().train.stop_at_step, Config().train.resume
-    cfg.run.dir = str(run_dir)  # where it is now, if the run dir was moved
-    cfg = apply_overrides(cfg, overrides)
-    if not Path(cfg.data.dir).is_absolute() and not Path(cfg.data.dir).is_dir():
-        raise UserError(f"{source}: data.dir = {cfg.data.dir} is relative (saved by an older version) and not found "
-                        f"from here; pass --data.dir=DIR")
-    return cfg
-
-
-def read_trainer_config(checkpoint: Path) -> Config:
-    """The (resolved) config a checkpoint was trained with, from its state.json."""
-    from pretrainer.train.checkpoint import read_trainer_state  # torch: only for this case
-
-    return from_dict(read_trainer_state(checkpoint)["config"], f"{checkpoint}/state.json")

@@ -4,7 +4,8 @@
 
 `train`, `plan` and `eval` all call `resolve`; it returns a new config with model.vocab_size,
 model.d_ff, train.micro_batch and train.grad_accum filled in and checked. Nothing else mutates a
-config, and the tokens-per-step formula is written only here.
+config, and the tokens-per-step formula is written only here. `load_train_config` picks the config
+a `train` launch starts from: a config file, or a run's saved one (`train --run.dir=R`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from pretrainer.config import Config, ModelConfig, diff_keys, flatten, from_dict
+from pretrainer.config import Config, ModelConfig, apply_overrides, diff_keys, flatten, from_dict, load_config
 from pretrainer.errors import UserError
 
 
@@ -122,3 +123,37 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
                         f"To resume, drop those settings "
                         f"(`{resume_command}` resumes with its saved config); to train a different model, use a new run.dir")
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in changed]
+
+
+def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
+    """The config `pretrainer train` runs: the config file (or the defaults) with the overrides. With
+    no config file, a run is continued with its saved config, so nothing is retyped:
+    `--train.resume=CHECKPOINT` takes that checkpoint's config, else a run.dir holding config.toml
+    takes that one. (Given a config file anyway, the trainer compares it with the checkpoint's and
+    reports the changes.) The keys of one launch (stop_at_step, resume) are not inherited."""
+    given = load_config(path, overrides, validated=path is not None)  # checked once complete
+    resume, run_dir = given.train.resume, Path(os.path.expanduser(given.run.dir))
+    if path is not None:
+        return given
+    if resume not in ("auto", "never"):
+        cfg, source = read_trainer_config(Path(os.path.expanduser(resume))), resume
+    elif (run_dir / "config.toml").is_file():
+        cfg, source = load_config(run_dir / "config.toml", validated=False), f"{run_dir}/config.toml"
+    else:
+        return apply_overrides(given, [])
+    if os.environ.get("RANK", "0") == "0":  # the launcher (or the only process) says it once
+        print(f"note: continuing with the saved config {source}")
+    cfg.train.stop_at_step, cfg.train.resume = Config().train.stop_at_step, Config().train.resume
+    cfg.run.dir = str(run_dir)  # where it is now, if the run dir was moved
+    cfg = apply_overrides(cfg, overrides)
+    if not Path(cfg.data.dir).is_absolute() and not Path(cfg.data.dir).is_dir():
+        raise UserError(f"{source}: data.dir = {cfg.data.dir} is relative (saved by an older version) and not found "
+                        f"from here; pass --data.dir=DIR")
+    return cfg
+
+
+def read_trainer_config(checkpoint: Path) -> Config:
+    """The (resolved) config a checkpoint was trained with, from its state.json."""
+    from pretrainer.train.checkpoint import read_trainer_state  # torch: only for this case
+
+    return from_dict(read_trainer_state(checkpoint)["config"], f"{checkpoint}/state.json")

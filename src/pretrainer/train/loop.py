@@ -86,9 +86,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         max_steps = cfg.train.max_steps
         end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
         start_step, elapsed_before = (resume.state["step"], resume.state["elapsed_s"]) if resume else (0, 0.0)
-        describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say)
-        for warning in config_warnings(cfg) + data_warnings(cfg, data, env.world_size, resume.state if resume else None):
-            say(f"warning: {warning}")
+        describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say)  # and likely mistakes
         if start_step >= end_step:
             say(f"nothing to do: the run is already at step {start_step}")
             return {"step": start_step, "tokens": resume.state["tokens"] if resume else 0}
@@ -311,7 +309,7 @@ def run_metadata(cfg: Config, env: DistEnv, hardware: dict, data: DataDir) -> di
 
 def describe(cfg: Config, model: torch.nn.Module, data: DataDir, loader: SequenceLoader, env: DistEnv,
              amp_dtype: torch.dtype | None, resume: Resume | None, start_step: int, attention: str, say) -> None:
-    """The run in four lines: model, data, tokens per step, where it starts."""
+    """The run in four lines: model, data, tokens per step, where it starts; then a line per likely mistake."""
     counts = count_parameters(model)
     checkpoint = resume.checkpoint if resume else None
     init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
@@ -324,6 +322,8 @@ def describe(cfg: Config, model: torch.nn.Module, data: DataDir, loader: Sequenc
         + (f", {cfg.parallel.strategy}" if env.world_size > 1 else ""))
     say(f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
         f"{cfg.train.max_steps}; run dir {cfg.run.dir}")
+    for warning in config_warnings(cfg) + data_warnings(cfg, data, env.world_size, resume.state if resume else None):
+        say(f"warning: {warning}")
 
 
 def resume_command(cfg: Config, env: DistEnv) -> str:
