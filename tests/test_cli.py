@@ -153,3 +153,22 @@ def test_saved_configs_are_completed_by_overrides_then_checked(stopped_run, tmp_
     checkpoint = sorted((stopped_run / "checkpoints").iterdir())[0]
     cfg = load_train_config(None, [f"--run.dir={tmp_path / 'branch'}", f"--train.resume={checkpoint}"])
     assert cfg.model.d_model == 32 and cfg.run.dir == str(tmp_path / "branch") and cfg.train.resume == str(checkpoint)
+
+
+def test_eval_runs_in_context_tasks_and_writes_the_results(stopped_run, tmp_path, run_cli):
+    """Issue 14: `eval RUN --tasks FILE` prints the table and the suite score; bpb and tasks go to eval-STEP.json."""
+    import json
+
+    tasks = tmp_path / "toy.jsonl"
+    items = [{"type": "mc", "context": f"def f{i}(x):\n    return", "choices": [" x", " None", " 1"], "gold": 0} for i in range(4)]
+    items += [{"type": "lm", "context": "import", "continuation": " os"}]
+    tasks.write_text("".join(json.dumps(item) + "\n" for item in items))
+    code, out, err = run_cli("eval", stopped_run, "--tasks", tasks, "--num-fewshot", "1", "--eval.batches=1")
+    assert code == 0, err
+    assert "toy" in out and "acc_norm" in out and "suite score (mean centered accuracy, 1-shot)" in out
+    saved = json.loads(sorted(stopped_run.glob("eval-*.json"))[-1].read_text())
+    assert saved["tasks"][0]["items"] == 5 and saved["tasks"][0]["chance"] == pytest.approx(4 / 3 / 5)
+    assert {"val_loss", "val_bpb", "suite_score"} <= saved.keys()
+    (tmp_path / "bad.jsonl").write_text('{"type": "mc", "context": "x", "choices": [" a"], "gold": 0}\n')
+    code, _, err = run_cli("eval", stopped_run, "--tasks", tmp_path / "bad.jsonl")
+    assert code == 2 and "bad.jsonl:1: needs a list of at least 2 choices" in err

@@ -51,7 +51,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.eval.loss import evaluate_target
 
-    evaluate_target(args.target, overrides, args.out)
+    tasks = [path for path in (args.tasks or "").split(",") if path]
+    evaluate_target(args.target, overrides, args.out, tasks, args.num_fewshot)
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -228,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run dir (its newest checkpoint and its data), a checkpoint dir, or hf:DIR; --section.key=value "
                         "overrides follow (--data.dir=DIR, --eval.batches=N, ...)")
     p.add_argument("--out", help="write the results as JSON here (default for a run's checkpoint: RUN_DIR/eval-STEP.json)")
+    p.add_argument("--tasks", help="in-context task files, comma-separated (JSONL; the format is in src/pretrainer/eval/tasks.py)")
+    p.add_argument("--num-fewshot", type=int, default=0, help="examples from the same task before each item (fixed seed)")
 
     p = verbs.add_parser("plan", help="what a config will do: parameters, FLOPs, tokens, steps, time, cost and memory",
                          epilog="example: pretrainer plan configs/gpt2-124m.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw")

@@ -85,10 +85,12 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, str, 
     return cfg, spec, run
 
 
-def evaluate_target(target: str | None, overrides: list[str], out: str | None = None) -> dict:
+def evaluate_target(target: str | None, overrides: list[str], out: str | None = None, tasks: list[str] = (),
+                    num_fewshot: int = 0) -> dict:
     """`pretrainer eval`: validation loss and bits per byte of a run's newest checkpoint, a checkpoint
-    or hf:DIR weights on data.dir's val split (by default the data the run trained on); written to
-    RUN_DIR/eval-STEP.json for a run's checkpoint, or to `out`."""
+    or hf:DIR weights on data.dir's val split (by default the data the run trained on), and the
+    in-context `tasks` (task files, eval/tasks.py); written to RUN_DIR/eval-STEP.json for a run's
+    checkpoint, or to `out`."""
     cfg, spec, run = eval_config(target, overrides)
     data = open_data_dir(cfg.data.dir)
     device = resolve_device(cfg.train.device)
@@ -103,8 +105,26 @@ def evaluate_target(target: str | None, overrides: list[str], out: str | None = 
               **scores, "tokens": tokens}
     print(f"{spec}: val loss {scores['val_loss']:.4f} nats/token, {scores['val_bpb']:.4f} bits/byte over {tokens:,} "
           f"tokens of {data.path}/val.bin")
+    if tasks:
+        result.update(evaluate_tasks(model, tasks, data.tokenizer, device, autocast_dtype(cfg.train.dtype, device), num_fewshot))
     path = Path(out) if out else run.run_dir / f"eval-{run.step:07d}.json" if run else None
     if path is not None:
         atomic_write_json(path, result)
         print(f"wrote {path}")
     return result
+
+
+def evaluate_tasks(model, task_files: list[str], tokenizer, device: torch.device, amp_dtype: torch.dtype | None,
+                   num_fewshot: int) -> dict:
+    """Each task file's accuracies, printed as a table; -> {"tasks": [...], "suite_score": ...}."""
+    from pretrainer.eval.tasks import continuation_scorer, read_task_file, score_task, suite_score
+
+    scorer = continuation_scorer(model, device, amp_dtype)
+    results = [score_task(Path(path).stem, read_task_file(path), scorer, tokenizer, num_fewshot) for path in task_files]
+    print(f"{'task':<24} {'items':>6} {'acc':>7} {'acc_norm':>9} {'chance':>7} {'centered':>9}")
+    for r in results:
+        print(f"{r['task']:<24} {r['items']:>6} {r['accuracy']:>7.3f} {r['accuracy_norm']:>9.3f} {r['chance']:>7.3f} "
+              f"{r['centered']:>9.3f}")
+    score = suite_score(results)
+    print(f"suite score (mean centered accuracy, {num_fewshot}-shot): {score:.4f}")
+    return {"tasks": results, "suite_score": score}
