@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from pretrainer.config import Config, canonical_key, load_config, parse_overrides
+from pretrainer.config import Config, ModelConfig, canonical_key, load_config, parse_overrides
 from pretrainer.data.loader import open_data_dir, validation_batches
 from pretrainer.device import autocast, autocast_dtype, resolve_device
 from pretrainer.errors import UserError
 from pretrainer.resolve import resolve
 from pretrainer.io import atomic_write_json
-from pretrainer.runs import OpenRun, build_model, init_source, open_run, with_overrides
+from pretrainer.runs import OpenRun, WeightLoader, build_model, init_source, open_run, with_overrides
 from pretrainer.train.checkpoint import latest_checkpoint
 
 
@@ -58,12 +59,21 @@ def token_bytes_tensor(tokenizer, vocab_size: int) -> torch.Tensor:
     return torch.tensor(lengths + [0] * (vocab_size - len(lengths)), dtype=torch.int64)
 
 
-def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, str, OpenRun | None]:
-    """-> (the config to evaluate with, the weights' spec, the run when the weights are a run's). `target` is a run dir or checkpoint (its
-    saved config: data, seq_len, batch), `hf:DIR`, a TOML config (the old form: init.from or run.dir
-    in it), or None (init.from or run.dir from the overrides). The model's shape always comes from
-    the weights; overrides may change anything else (data.dir, eval.batches, train.micro_batch, ...)."""
-    cfg = run = None
+@dataclass
+class Weights:
+    """What `pretrainer eval` scores: a checkpoint (opened and verified once) or hf:DIR."""
+    spec: str  # the checkpoint dir or hf:DIR
+    model: ModelConfig  # the weights' shape
+    load: WeightLoader
+    run: OpenRun | None  # the run, when the weights are a run's checkpoint
+
+
+def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, Weights]:
+    """-> (the config to evaluate with, the weights). `target` is a run dir or checkpoint (its saved
+    config: data, seq_len, batch), `hf:DIR`, a TOML config (the old form: init.from or run.dir in
+    it), or None (init.from or run.dir from the overrides). The model's shape always comes from the
+    weights; overrides may change anything else (data.dir, eval.batches, train.micro_batch, ...)."""
+    cfg = None
     if target and target.endswith(".toml"):
         cfg = load_config(target, overrides)
         saved_in_run = Path(target).parent  # RUN/config.toml: that run's newest checkpoint, wherever it is now
@@ -74,15 +84,16 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, str, 
         spec = target or given.init.from_ or (given.run.dir if run_dir_given else "")
         if not spec:
             raise UserError("eval: say what to evaluate: RUN_DIR_OR_CHECKPOINT or hf:DIR (e.g. pretrainer eval runs/tiny)")
-    if not spec.startswith("hf:"):
+    if spec.startswith("hf:"):
+        weights = Weights(spec, *init_source(spec), run=None)
+    else:
         run = open_run(spec)
-        spec = str(run.checkpoint)
+        weights = Weights(str(run.checkpoint), run.cfg.model, run.load_weights, run)
         cfg = cfg or with_overrides(run.cfg, overrides)  # the run's data, seq_len and batch unless overridden
     cfg = cfg or load_config(None, overrides)
-    source_cfg, _ = init_source(spec)
     model_overrides = [f"--{key}={value}" for key, value in parse_overrides(overrides) if key.startswith("model.")]
-    cfg.model = with_overrides(Config(model=copy.deepcopy(source_cfg)), model_overrides).model  # the weights' shape
-    return cfg, spec, run
+    cfg.model = with_overrides(Config(model=copy.deepcopy(weights.model)), model_overrides).model  # the weights' shape
+    return cfg, weights
 
 
 def evaluate_target(target: str | None, overrides: list[str], out: str | None = None, tasks: list[str] = (),
@@ -91,22 +102,22 @@ def evaluate_target(target: str | None, overrides: list[str], out: str | None = 
     or hf:DIR weights on data.dir's val split (by default the data the run trained on), and the
     in-context `tasks` (task files, eval/tasks.py); written to RUN_DIR/eval-STEP.json for a run's
     checkpoint, or to `out`."""
-    cfg, spec, run = eval_config(target, overrides)
+    cfg, weights = eval_config(target, overrides)
+    spec, run = weights.spec, weights.run
     data = open_data_dir(cfg.data.dir)
     device = resolve_device(cfg.train.device)
-    source_cfg, load_weights = init_source(spec)
-    cfg = resolve(cfg, data=data, source=source_cfg, source_where=spec)
-    model = build_model(cfg, load_weights, spec).to(device)
+    amp_dtype = autocast_dtype(cfg.train.dtype, device)
+    cfg = resolve(cfg, data=data, source=weights.model, source_where=spec)
+    model = build_model(cfg, weights.load, spec).to(device)
     batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
-    scores = evaluate(model, batches, device, autocast_dtype(cfg.train.dtype, device),
-                      token_bytes_tensor(data.tokenizer, cfg.model.vocab_size))
+    scores = evaluate(model, batches, device, amp_dtype, token_bytes_tensor(data.tokenizer, cfg.model.vocab_size))
     tokens = sum(y.numel() for _, y in batches)
     result = {"weights": spec, "step": run.step if run else None, "data_dir": str(data.path), "tokenizer": data.tokenizer.name,
               **scores, "tokens": tokens}
     print(f"{spec}: val loss {scores['val_loss']:.4f} nats/token, {scores['val_bpb']:.4f} bits/byte over {tokens:,} "
           f"tokens of {data.path}/val.bin")
     if tasks:
-        result.update(evaluate_tasks(model, tasks, data.tokenizer, device, autocast_dtype(cfg.train.dtype, device), num_fewshot))
+        result.update(evaluate_tasks(model, tasks, data.tokenizer, device, amp_dtype, num_fewshot))
     path = Path(out) if out else run.run_dir / f"eval-{run.step:07d}.json" if run else None
     if path is not None:
         atomic_write_json(path, result)
