@@ -84,3 +84,15 @@ def test_directories_written_before_the_hugging_face_files_still_load(trained, t
     assert set(json.loads((tmp_path / "tokenizer.json").read_text())) == {"name", "pattern", "special_tokens", "vocab_size", "sha256"}
     again = Tokenizer.load(tmp_path)
     assert again.sha256 == trained.sha256 and again.encode(SAMPLES[1]) == trained.encode(SAMPLES[1])
+
+
+def test_a_saved_tokenizer_is_recognised_only_when_complete_and_the_same(tmp_path):
+    """A resumed run skips rewriting its tokenizer only when every file is there for this tokenizer."""
+    tok = train_bpe(iter(["def f(x):\n    return x * 2\n"] * 50), 265)
+    assert not tok.is_saved_in(tmp_path / "tok")
+    tok.save(tmp_path / "tok")
+    assert tok.is_saved_in(tmp_path / "tok")
+    other = train_bpe(iter(["other text entirely, with words\n"] * 50), 265)
+    assert not other.is_saved_in(tmp_path / "tok")
+    (tmp_path / "tok" / "tokenizer_config.json").unlink()  # an older layout, or a torn write
+    assert not tok.is_saved_in(tmp_path / "tok")

@@ -126,6 +126,16 @@ class Tokenizer:
         atomic_write_bytes(directory / METADATA_FILE, (json.dumps(meta, indent=2) + "\n").encode())
         hf_tokenizer_files(self, directory)
 
+    def is_saved_in(self, directory: Path) -> bool:
+        """Whether `directory` already holds this tokenizer, ours and Hugging Face's files (building the
+        latter takes seconds for GPT-2's 50K merges: a resumed run need not redo it)."""
+        directory = Path(directory)
+        try:
+            saved = json.loads((directory / METADATA_FILE).read_text())["sha256"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return saved == self.sha256 and all((directory / name).is_file() for name in TOKENIZER_FILES)
+
     @classmethod
     def load(cls, directory: Path) -> "Tokenizer":
         directory = Path(directory)

@@ -352,6 +352,7 @@ def write_run_dir(cfg: Config, data: DataDir, unigram: UnigramStats, run_dir: Pa
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.toml")
-        data.tokenizer.save(run_dir / "tokenizer")
+        if not data.tokenizer.is_saved_in(run_dir / "tokenizer"):
+            data.tokenizer.save(run_dir / "tokenizer")
         atomic_write_json(run_dir / "unigram.json", unigram.summary())
     barrier(env)
