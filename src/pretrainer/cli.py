@@ -49,10 +49,12 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
-    from pretrainer.eval.loss import evaluate_target
+    from pretrainer.eval.verb import evaluate_target
 
-    tasks = [path for path in (args.tasks or "").split(",") if path]
-    evaluate_target(args.target, overrides, args.out, tasks, args.num_fewshot)
+    # the flags are shorthands for config keys (one source of truth), given before any explicit override
+    shorthands = ([f"--eval.tasks={args.tasks}"] if args.tasks is not None else []) + (
+        [f"--eval.num_fewshot={args.num_fewshot}"] if args.num_fewshot is not None else [])
+    evaluate_target(args.target, shorthands + overrides, args.out, args.limit)
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -222,15 +224,20 @@ def build_parser() -> argparse.ArgumentParser:
                                              "--run.dir=R resumes R with its saved config")
     p.add_argument("--nproc", type=int, default=1, help="processes on this machine: runs torchrun --standalone for you")
 
-    p = verbs.add_parser("eval", help="validation loss of a run's newest checkpoint, a checkpoint or hf:DIR weights",
+    p = verbs.add_parser("eval", help="validation loss and bits per byte, in-context tasks and prompt probes of a run's "
+                                      "newest checkpoint, a checkpoint or hf:DIR weights",
                          epilog="examples: pretrainer eval runs/tiny;  pretrainer eval hf:exports/gpt2 --data.dir=data/fw "
-                                "--eval.batches=100")
+                                "--tasks olmo:hellaswag --limit 0")
     p.add_argument("target", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT",
                    help="a run dir (its newest checkpoint and its data), a checkpoint dir, or hf:DIR; --section.key=value "
                         "overrides follow (--data.dir=DIR, --eval.batches=N, ...)")
     p.add_argument("--out", help="write the results as JSON here (default for a run's checkpoint: RUN_DIR/eval-STEP.json)")
-    p.add_argument("--tasks", help="in-context task files, comma-separated (JSONL; the format is in src/pretrainer/eval/tasks.py)")
-    p.add_argument("--num-fewshot", type=int, default=0, help="examples from the same task before each item (fixed seed)")
+    p.add_argument("--tasks", help="= --eval.tasks: comma-separated task files (JSONL, format in src/pretrainer/eval/tasks.py), "
+                                   "olmo:TASK[/VARIANT] or a suite; default: the run's eval.tasks, else the olmes suite "
+                                   "(needs the [eval] extra); none for none")
+    p.add_argument("--num-fewshot", type=int, help="= --eval.num_fewshot: examples from the same task before each item of "
+                                                   "our own task files (fixed seed)")
+    p.add_argument("--limit", type=int, help="items per task, the first ones (default 500: SUITE_ITEMS); 0 = all")
 
     p = verbs.add_parser("plan", help="what a config will do: parameters, FLOPs, tokens, steps, time, cost and memory",
                          epilog="example: pretrainer plan configs/gpt2-124m.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw")

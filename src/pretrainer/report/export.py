@@ -9,6 +9,8 @@
       loss-curve.png        train and validation loss vs step
       gradnorm-curve.png    gradient norm and parameter norm vs step
       lr.png                learning rate vs step
+      evals.png             validation loss, bits per byte and (with eval.tasks_every) the suite score vs tokens
+      probes.md             the prompt probes' greedy completions at each in-loop evaluation (eval.tasks_every)
       throughput.png        tokens/s vs wall-clock time (seconds, minutes or hours: whichever fits the run)
       final.safetensors     the newest checkpoint's weights
       mlflow-run-uri.txt    where the mlflow run is (tracking URI and run id)
@@ -66,10 +68,12 @@ def number(value) -> float | None:
 
 
 def record_kinds(records: list[dict]) -> list[str]:
-    """step (a training step on the final trajectory), eval (a validation pass), rolled_back (a step
-    or pass that a rollback later ran again) or event (spikes, injections, rollbacks, budget, ...)."""
+    """step (a training step on the final trajectory), eval (a validation pass), tasks (an in-loop task
+    evaluation), rolled_back (a step or pass that a rollback later ran again) or event (spikes,
+    injections, rollbacks, budget, ...)."""
     def kind(r: dict) -> str:
-        return "event" if "step" not in r else "step" if "loss" in r else "eval" if "val_loss" in r else "event"
+        return ("event" if "step" not in r else "step" if "loss" in r else "eval" if "val_loss" in r
+                else "tasks" if "suite_score" in r else "event")
 
     kinds = [kind(r) for r in records]
     last = {(r["step"], k): i for i, (r, k) in enumerate(zip(records, kinds)) if k != "event"}
@@ -101,7 +105,7 @@ def _series(records: list[dict], name: str, x: str = "step") -> tuple[list[float
     (the later run), so a rolled-back run is not drawn backwards."""
     kinds = record_kinds(records)
     points = sorted((r[x], v) for r, kind in zip(records, kinds)
-                    if kind in ("step", "eval") and x in r and (v := number(r.get(name))) is not None)
+                    if kind in ("step", "eval", "tasks") and x in r and (v := number(r.get(name))) is not None)
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -145,6 +149,9 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
             ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend()
+        save(fig, name)
+
+    def save(fig, name: str) -> None:
         fig.tight_layout()
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png")
@@ -157,11 +164,36 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
     figure("gradnorm-curve.png", [("grad norm (before clipping)", _series(records, "grad_norm"), "-"),
                                   ("param norm", _series(records, "param_norm"), "-")], "step", "L2 norm", log_y=True)
     figure("lr.png", [("learning rate", _series(records, "lr"), "-")], "step", "learning rate", from_zero=True)
-    if any("val_bpb" in r for r in records):  # runs from before bits per byte have none
-        figure("bpb.png", [("val bits per byte", _series(records, "val_bpb", x="tokens"), "o-")], "tokens", "bits per byte")
+    panels = [(name, label, _series(records, name, x="tokens")) for name, label in
+              (("val_loss", "val loss (nats/token)"), ("val_bpb", "val bits per byte"),
+               ("suite_score", "suite score (mean centered accuracy)"))]
+    panels = [panel for panel in panels if panel[2][0]]  # runs from before bits per byte, or without tasks, have fewer
+    if panels:
+        fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), dpi=110, sharex=True, squeeze=False)
+        for ax, (_, label, (xs, ys)) in zip(axes[:, 0], panels):
+            ax.plot(xs, ys, "o-", linewidth=1.2, markersize=4)
+            ax.set_ylabel(label, fontsize=8)
+            ax.grid(alpha=0.3)
+        axes[0, 0].set_title(title)
+        axes[-1, 0].set_xlabel("tokens")
+        save(fig, "evals.png")
     throughput, time_label = throughput_series(records)
     figure("throughput.png", [("tokens/s", throughput, "-")], time_label, "tokens/s", from_zero=True)
     return written
+
+
+def write_probes_table(probes: list[dict], path: Path) -> None:
+    """probes.md: for each prompt, its greedy completion at each in-loop evaluation (the newest run of
+    a step, when a rollback ran it again)."""
+    latest = {(r["step"], r["prompt"]): r for r in probes}
+    cell = lambda text: text.replace("|", "\\|").replace("\n", "\\n")  # noqa: E731  (one table row per completion)
+    lines = ["# Prompt probes", "", "Greedy completions during training (eval.tasks_every).", ""]
+    for prompt in dict.fromkeys(r["prompt"] for r in probes):
+        lines += [f"## `{cell(prompt)}`", "", "| step | tokens | completion |", "|---:|---:|---|"]
+        lines += [f"| {r['step']} | {r['tokens']:,} | {cell(r['completion'])} |"
+                  for (step, p), r in sorted(latest.items()) if p == prompt]
+        lines.append("")
+    atomic_write_bytes(path, "\n".join(lines).encode())
 
 
 def export_weights(run, out: Path, dtype: str) -> None:
@@ -196,6 +228,10 @@ def export_report(run, out: Path) -> dict:
         weights_check = weights_round_trip(tmp / "final.safetensors", tmp / ".resave.safetensors")
         rows = write_metrics_csv(records, tmp / "metrics.csv")
         plots = write_plots(records, tmp, title=run_dir.name)
+        probes = read_metrics(run_dir / "probes.jsonl") if (run_dir / "probes.jsonl").is_file() else []
+        if probes:
+            write_probes_table(probes, tmp / "probes.md")
+        task_evals = [r for r in records if "suite_score" in r]
         train_losses = [r for r in records if "loss" in r]
         val_losses = [r for r in records if "val_loss" in r]
         config_path = run_dir / "config.toml"
@@ -223,11 +259,13 @@ def export_report(run, out: Path) -> dict:
             "final_train_loss": train_losses[-1]["loss"] if train_losses else None,
             "final_val_loss": val_losses[-1]["val_loss"] if val_losses else None,
             "final_val_bpb": val_losses[-1].get("val_bpb") if val_losses else None,
+            "final_suite_score": task_evals[-1]["suite_score"] if task_evals else None,
             "wall_time_s": state["elapsed_s"],
             "spent_usd": state.get("spent_usd"),
             "final_weights": weights_check,
             "metrics_csv_rows": rows,
             "plots": plots,
+            "probes_table": "probes.md" if probes else None,
             "mlflow": mlflow_uri,
         }
         atomic_write_json(tmp / "manifest.json", manifest)

@@ -31,7 +31,9 @@ from pretrainer.config import Config, config_hash, save_config, to_dict
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir, validation_batches
 from pretrainer.device import autocast, autocast_dtype, device_peak_tflops
 from pretrainer.errors import RunStopped, UserError
+from pretrainer.eval.inloop import InLoopEvals
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
+from pretrainer.eval.probes import format_probes
 from pretrainer.flops import flops_per_token
 from pretrainer.io import atomic_write_json
 from pretrainer.metrics import MetricsLog, RunLog, hardware_info, layer_group_grad_norms, step_line, weight_norms
@@ -61,7 +63,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
-    run_log = sequences = progress = state = failure = start_step = speed = None
+    run_log = sequences = probes_log = progress = state = failure = start_step = speed = None
     try:
         # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
         data = open_data_dir(cfg.data.dir)
@@ -79,6 +81,8 @@ def train(cfg: Config, clock=time.time) -> dict:
                                 pin_memory=device.type == "cuda")
         val_batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
         token_bytes = token_bytes_tensor(data.tokenizer, cfg.model.vocab_size)  # for bits per byte
+        in_context = InLoopEvals(cfg.eval, data.tokenizer, cfg.model.seq_len, cfg.train.micro_batch * cfg.model.seq_len,
+                                 device, amp_dtype) if cfg.eval.tasks_every else None  # tasks read and tokenized once
 
         # --- what the run will do; refuse a launch the budget cannot pay for ---
         model_flops_per_token = flops_per_token(cfg.model, count_parameters(model)["non_embedding"])["total"]
@@ -100,6 +104,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                             cfg.train.seed, run_dir, env, run_log.write, say, run_clock.elapsed)
         write_run_dir(cfg, data, spikes.unigram, run_dir, env)
         sequences = MetricsLog(run_dir / f"sequences-rank{env.rank}.jsonl", start_step) if cfg.log.sequences else None
+        probes_log = MetricsLog(run_dir / "probes.jsonl", start_step if resume else -1) if in_context and env.is_main else None
         stopper = Stopper(cfg.budget, env, signals, clock, run_log.write, say, resume_command(cfg, env))
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
@@ -117,8 +122,19 @@ def train(cfg: Config, clock=time.time) -> dict:
             say(f"step {state.step}: val loss {scores['val_loss']:.4f}, {scores['val_bpb']:.4f} bits/byte")
             return scores["val_loss"]
 
+        def evaluate_in_context() -> None:  # every rank, the same items and prompts: tasks subset and probes
+            record, probes = in_context.run(wrapped, model)
+            if record:
+                run_log.write({"step": state.step, **record, "tokens": state.tokens, "elapsed_s": run_clock.elapsed()})
+                say(f"step {state.step}: suite score {record['suite_score']:.4f} over {len(in_context.tasks)} tasks")
+            for row in probes if probes_log else ():
+                probes_log.write({"step": state.step, "tokens": state.tokens, **row})
+            say("\n".join([f"step {state.step}: probes"] + format_probes(probes)))
+
         run_clock.start()
         last_loss, last_val = None, validate() if resume is None else None  # step 0's validation, once per run
+        if in_context and resume is None:
+            evaluate_in_context()
         progress = tqdm(total=max_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
                         mininterval=1.0, disable=True if not env.is_main else None)  # None: a bar on a terminal only
         # tokens/s, MFU, data wait, host syncs between logging steps; the watchdog (too slow after warm-up: diagnose)
@@ -203,6 +219,10 @@ def train(cfg: Config, clock=time.time) -> dict:
                 last_val = validate()
                 speed.restart()  # tokens/s measures training, not evaluation
 
+            if in_context and (step % cfg.eval.tasks_every == 0 or step == max_steps):
+                evaluate_in_context()
+                speed.restart()
+
             if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
                 save()
                 speed.restart()
@@ -216,7 +236,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         failure = error
         raise
     finally:  # whatever happened: close the sinks, then say why the run ended in RUN_DIR/exit.json
-        end_run(run_dir, env, failure, state.step if state else start_step, run_log, speed, signals, progress, sequences)
+        end_run(run_dir, env, failure, state.step if state else start_step, run_log, speed, signals, progress, sequences,
+                probes_log)
 
 
 def end_run(run_dir: Path, env: DistEnv, failure: BaseException | None, step: int | None, run_log: RunLog | None,
@@ -336,7 +357,7 @@ def next_commands(cfg: Config, env: DistEnv, finished: bool) -> str:
     run = shlex.quote(cfg.run.dir)
     then = "" if finished else f"\n  {resume_command(cfg, env)}        # continue the run"
     return (f"next:{then}\n  pretrainer sample {run} --prompt \"...\"   # generate text\n"
-            f"  pretrainer eval {run}                   # validation loss of the newest checkpoint\n"
+            f"  pretrainer eval {run}                   # val loss, bits per byte, tasks and probes of the newest checkpoint\n"
             f"  pretrainer export {run}                 # report: manifest, metrics.csv, plots ({run}/report)\n"
             f"  pretrainer export {run} --format hf     # a transformers model ({run}/hf)")
 

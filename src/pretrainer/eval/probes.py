@@ -1,0 +1,67 @@
+"""Prompt probes: a few prompts completed greedily, to watch knowledge appear as a run trains.
+
+    prompts = read_probes("")                      # the built-in list (or a file: one prompt per line)
+    rows = run_probes(model, tokenizer, prompts, 24, device, amp_dtype)   # [{"prompt", "completion"}, ...]
+
+A probes file has one prompt per line; a literal \\n in a line stands for a newline (code prompts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pretrainer.device import autocast
+from pretrainer.errors import UserError
+
+# world knowledge, sentence completion, code: what a small model learns first and last
+DEFAULT_PROBES = [
+    "The capital of France is",
+    "The chemical symbol for gold is",
+    "Water freezes at a temperature of",
+    "Once upon a time, there was a little",
+    "The opposite of hot is",
+    "def fibonacci(n):\\n",
+    "import numpy as np\\n",
+]
+
+
+def read_probes(path: str) -> list[str]:
+    """The prompts in `path` (one per line, \\n for a newline), or the built-in list for ""."""
+    if not path:
+        lines = DEFAULT_PROBES
+    else:
+        if not Path(path).is_file():
+            raise UserError(f"eval.probes: {path}: file not found (one prompt per line; \"\" = the built-in prompts)")
+        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not lines:
+            raise UserError(f"eval.probes: {path}: no prompts")
+    return [line.replace("\\n", "\n") for line in lines]
+
+
+@torch.no_grad()
+def run_probes(model: torch.nn.Module, tokenizer, prompts: list[str], max_new_tokens: int, device: torch.device,
+               amp_dtype: torch.dtype | None) -> list[dict]:
+    """Each prompt's greedy completion (up to max_new_tokens, stopping at end-of-text), with a KV cache.
+    Under FSDP2 every rank must call this alike (each forward gathers the weights)."""
+    from pretrainer.model.generate import generate
+
+    was_training = model.training
+    rows = []
+    for prompt in prompts:
+        ids = torch.tensor([tokenizer.encode(prompt) or [tokenizer.eot_id]], dtype=torch.long, device=device)
+        with autocast(device, amp_dtype):
+            out = generate(model, ids, max_new_tokens, temperature=0.0, stop_id=tokenizer.eot_id)
+        completion = [i for i in out[0, ids.size(1):].tolist() if i != tokenizer.eot_id]
+        rows.append({"prompt": prompt, "completion": tokenizer.decode(completion)})
+    if hasattr(model, "reshard"):
+        model.reshard()
+    model.train(was_training)
+    return rows
+
+
+def format_probes(rows: list[dict], width: int = 100) -> list[str]:
+    """One console line per probe: prompt -> completion, newlines shown as \\n."""
+    show = lambda text: text.replace("\n", "\\n")  # noqa: E731
+    return [f"  {show(r['prompt'])!s} -> {show(r['completion'])[:width]}" for r in rows]
