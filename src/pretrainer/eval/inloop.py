@@ -1,7 +1,7 @@
 """In-loop evaluation (eval.tasks_every): a small, fixed subset of eval.tasks and the prompt probes.
 
     evals = InLoopEvals(cfg.eval, tokenizer, cfg.model.seq_len, batch_tokens, device, amp_dtype)  # tasks read and tokenized once
-    record, probes = evals.run(model)      # {"suite_score", "acc_norm/TASK", ...}, [{"prompt", "completion"}]
+    record, probes = evals.run(wrapped, model)   # {"suite_score", "acc_norm/TASK", ...}, [{"prompt", "completion"}]
 
 Every rank runs the same items in the same order (under FSDP2 each forward is a collective); rank 0 logs.
 """

@@ -43,21 +43,21 @@ def read_probes(path: str) -> list[str]:
 @torch.no_grad()
 def run_probes(model: torch.nn.Module, tokenizer, prompts: list[str], max_new_tokens: int, device: torch.device,
                amp_dtype: torch.dtype | None) -> list[dict]:
-    """Each prompt's greedy completion (up to max_new_tokens, stopping at end-of-text), with a KV cache.
-    Under FSDP2 every rank must call this alike (each forward gathers the weights)."""
+    """Each prompt's greedy completion (max_new_tokens, cut at end-of-text), with a KV cache. Under
+    FSDP2 every rank must call this alike (each forward gathers the weights), so generation never
+    stops early on what it produced: every rank runs the same number of forwards."""
+    from pretrainer.eval.tasks import evaluation_mode
     from pretrainer.model.generate import generate
 
-    was_training = model.training
     rows = []
-    for prompt in prompts:
-        ids = torch.tensor([tokenizer.encode(prompt) or [tokenizer.eot_id]], dtype=torch.long, device=device)
-        with autocast(device, amp_dtype):
-            out = generate(model, ids, max_new_tokens, temperature=0.0, stop_id=tokenizer.eot_id)
-        completion = [i for i in out[0, ids.size(1):].tolist() if i != tokenizer.eot_id]
-        rows.append({"prompt": prompt, "completion": tokenizer.decode(completion)})
-    if hasattr(model, "reshard"):
-        model.reshard()
-    model.train(was_training)
+    with evaluation_mode(model):
+        for prompt in prompts:
+            ids = torch.tensor([tokenizer.encode(prompt) or [tokenizer.eot_id]], dtype=torch.long, device=device)
+            with autocast(device, amp_dtype):
+                completion = generate(model, ids, max_new_tokens, temperature=0.0)[0, ids.size(1):].tolist()
+            if tokenizer.eot_id in completion:
+                completion = completion[:completion.index(tokenizer.eot_id)]
+            rows.append({"prompt": prompt, "completion": tokenizer.decode(completion)})
     return rows
 
 

@@ -33,6 +33,7 @@ then the choices run as one batch after it; items whose contexts have the same l
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib.util
 import json
@@ -80,6 +81,8 @@ class Task:
 
 def load_tasks(specs: list[str], num_fewshot: int = 0, limit: int = 0) -> list[Task]:
     """The tasks `specs` name (suites expanded), each cut to its first `limit` items (0 = all)."""
+    if limit < 0:
+        raise UserError(f"task items per task must be >= 0 (0 = all), got {limit}")
     tasks = []
     for spec in (s.strip() for s in specs):
         if not spec or spec == "none":
@@ -88,6 +91,10 @@ def load_tasks(specs: list[str], num_fewshot: int = 0, limit: int = 0) -> list[T
             olmo_tasks_dir(spec)  # a missing package is reported under the suite's name
         names = [f"olmo:{name}" for name in SUITES[spec]] if spec in SUITES else [spec]
         tasks += [load_task(name, num_fewshot, limit) for name in names]
+    names = [task.name for task in tasks]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # their metrics would overwrite each other, and the suite score count them twice
+        raise UserError(f"tasks {', '.join(twice)} named twice in {','.join(specs)}")
     return tasks
 
 
@@ -97,7 +104,7 @@ def load_task(spec: str, num_fewshot: int = 0, limit: int = 0) -> Task:
         path = olmo_tasks_dir(spec) / name / (variant or OLMO_DEFAULT_VARIANT) / "requests.jsonl.gz"
         if not path.is_file():
             raise UserError(f"{spec}: no {path}; the tasks are the directories of {olmo_tasks_dir(spec)}")
-        return olmo_task(path, limit, name=name)
+        return olmo_task(path, limit, name=name if variant in ("", OLMO_DEFAULT_VARIANT) else f"{name}/{variant}")
     path = Path(spec)
     if path.is_dir() and (path / "requests.jsonl.gz").is_file():
         path = path / "requests.jsonl.gz"
@@ -145,14 +152,24 @@ def read_task_file(path: str | Path) -> list[dict]:
     return items
 
 
+REQUIRED_TEXT = {"mc": ("context",), "schema": ("continuation",), "lm": ("context", "continuation")}
+
+
 def _item_problem(item) -> str:
     if not isinstance(item, dict) or item.get("type") not in TASK_TYPES:
         return f"'type' must be one of {', '.join(TASK_TYPES)}"
-    options = item.get("choices") if item["type"] == "mc" else item.get("contexts") if item["type"] == "schema" else None
-    if item["type"] != "lm" and not (isinstance(options, list) and len(options) >= 2
-                                     and isinstance(item.get("gold"), int) and 0 <= item["gold"] < len(options)):
-        return "needs a list of at least 2 choices/contexts and a 'gold' index into it"
-    return ""
+    missing = [key for key in REQUIRED_TEXT[item["type"]] if not isinstance(item.get(key), str)]
+    if missing:
+        article = "an" if item["type"] in ("mc", "lm") else "a"
+        return f"{article} {item['type']} item needs {' and '.join(repr(key) for key in missing)} as text"
+    if item["type"] == "lm":
+        return "" if item["continuation"] else "'continuation' is empty"
+    options = item.get("choices") if item["type"] == "mc" else item.get("contexts")
+    gold = item.get("gold")
+    if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) and o for o in options)
+            and isinstance(gold, int) and not isinstance(gold, bool) and 0 <= gold < len(options)):
+        return f"needs a list of at least 2 non-empty {'choices' if item['type'] == 'mc' else 'contexts'} and a 'gold' index into it"
+    return "" if item["type"] == "mc" or item["continuation"] else "'continuation' is empty"
 
 
 def olmo_task(path: Path, limit: int = 0, name: str = "") -> Task:
@@ -335,7 +352,8 @@ def continuation_scorer(model: torch.nn.Module, seq_len: int, device: torch.devi
     """A Scorer over our model. The choices of an item share its context: the context is prefilled
     once into a KV cache (batched with other items' contexts of the same length), the cache copied
     to one row per choice, and the continuations run as one right-padded batch after it. A request
-    longer than seq_len + 1 loses the start of its context (all of an item's choices alike).
+    longer than seq_len + 1 loses the start of its context (all of an item's choices alike); a
+    continuation of seq_len tokens or more is scored on its end alone, as lm-eval does.
     batch_tokens (0 = 16 rows of seq_len) bounds rows x positions per batch. `model` may be wrapped
     (DDP, FSDP2): only its forward is called; the cache is made by the model underneath."""
     batch_tokens = batch_tokens or 16 * seq_len
@@ -344,40 +362,56 @@ def continuation_scorer(model: torch.nn.Module, seq_len: int, device: torch.devi
     @torch.no_grad()
     def score(groups: list[list[Pair]]) -> list[list[tuple[float, bool]]]:
         results: list[list[tuple[float, bool]]] = [[(0.0, False)] * len(pairs) for pairs in groups]
-        was_training = model.training
-        model.eval()
-        for batch in unit_batches(prefix_units(groups, seq_len), batch_tokens):
-            longest = max(len(c) for unit in batch for c in unit.continuations)
-            cache = plain.new_kv_cache(len(batch), len(batch[0].context) + longest - 1)
+        with evaluation_mode(model):
+            for batch in unit_batches(prefix_units(groups, seq_len), batch_tokens):
+                score_batch(batch, results)
+        return results
+
+    def score_batch(batch: list[PrefixUnit], results: list[list[tuple[float, bool]]]) -> None:
+        """One batch of units: their contexts prefilled together, then every choice's continuation."""
+        longest = max(len(c) for unit in batch for c in unit.continuations)
+        cache = plain.new_kv_cache(len(batch), len(batch[0].context) + longest - 1)
+        with autocast(device, amp_dtype):
+            first, _ = model(torch.tensor([unit.context for unit in batch], device=device), kv_cache=cache, last_only=True)
+        first = torch.log_softmax(first[:, -1].float(), dim=-1)  # each unit's next-token distribution
+        counts = torch.tensor([len(unit.continuations) for unit in batch], device=device)
+        rest = None
+        if longest > 1:  # every continuation after its first token, one row per choice
+            cache.k, cache.v = cache.k.repeat_interleave(counts, dim=1), cache.v.repeat_interleave(counts, dim=1)
+            x = torch.zeros(int(counts.sum()), longest - 1, dtype=torch.long)
+            for row, c in enumerate(c for unit in batch for c in unit.continuations):
+                x[row, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
             with autocast(device, amp_dtype):
-                first, _ = model(torch.tensor([unit.context for unit in batch], device=device), kv_cache=cache, last_only=True)
-            first = torch.log_softmax(first[:, -1].float(), dim=-1)  # each unit's next-token distribution
-            counts = torch.tensor([len(unit.continuations) for unit in batch], device=device)
-            rest = None
-            if longest > 1:  # every continuation after its first token, one row per choice
-                cache.k, cache.v = cache.k.repeat_interleave(counts, dim=1), cache.v.repeat_interleave(counts, dim=1)
-                x = torch.zeros(int(counts.sum()), longest - 1, dtype=torch.long)
-                for row, c in enumerate(c for unit in batch for c in unit.continuations):
-                    x[row, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-                with autocast(device, amp_dtype):
-                    rest, _ = model(x.to(device), kv_cache=cache)
-            row = 0
-            for b, unit in enumerate(batch):
-                for i, c in zip(unit.pairs, unit.continuations):
-                    targets = torch.tensor(c, device=device)
-                    total, greedy = first[b, c[0]], bool(first[b].argmax() == c[0])
-                    if len(c) > 1:
-                        log_probs = torch.log_softmax(rest[row, :len(c) - 1].float(), dim=-1)
-                        total = total + log_probs.gather(1, targets[1:, None]).sum()
-                        greedy = greedy and bool((log_probs.argmax(-1) == targets[1:]).all())
-                    results[unit.group][i] = (total.item(), greedy)
-                    row += 1
+                rest, _ = model(x.to(device), kv_cache=cache)
+        row = 0
+        for b, unit in enumerate(batch):
+            for i, c in zip(unit.pairs, unit.continuations):
+                targets = torch.tensor(c, device=device)
+                total, greedy = first[b, c[0]], bool(first[b].argmax() == c[0])
+                if len(c) > 1:
+                    log_probs = torch.log_softmax(rest[row, :len(c) - 1].float(), dim=-1)
+                    total = total + log_probs.gather(1, targets[1:, None]).sum()
+                    greedy = greedy and bool((log_probs.argmax(-1) == targets[1:]).all())
+                results[unit.group][i] = (total.item(), greedy)
+                row += 1
+
+    return score
+
+
+@contextlib.contextmanager
+def evaluation_mode(model: torch.nn.Module):
+    """eval() for the duration, then the mode it had; compiled blocks run eager (a KV cache in their
+    arguments would recompile them per layer and shape); FSDP2 frees the root's gathered weights."""
+    was_training = model.training
+    model.eval()
+    stance = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else contextlib.nullcontext()
+    try:
+        with stance:
+            yield
+    finally:
         if hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters gathered after a forward without backward
             model.reshard()
         model.train(was_training)
-        return results
-
-    return score
 
 
 def print_task_table(results: list[dict], score: float, say=print) -> None:

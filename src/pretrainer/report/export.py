@@ -231,7 +231,7 @@ def export_report(run, out: Path) -> dict:
         probes = read_metrics(run_dir / "probes.jsonl") if (run_dir / "probes.jsonl").is_file() else []
         if probes:
             write_probes_table(probes, tmp / "probes.md")
-        task_evals = [r for r in records if "suite_score" in r]
+        suite_scores = _series(records, "suite_score")[1]  # the final trajectory's (a rollback's abandoned ones left out)
         train_losses = [r for r in records if "loss" in r]
         val_losses = [r for r in records if "val_loss" in r]
         config_path = run_dir / "config.toml"
@@ -259,7 +259,7 @@ def export_report(run, out: Path) -> dict:
             "final_train_loss": train_losses[-1]["loss"] if train_losses else None,
             "final_val_loss": val_losses[-1]["val_loss"] if val_losses else None,
             "final_val_bpb": val_losses[-1].get("val_bpb") if val_losses else None,
-            "final_suite_score": task_evals[-1]["suite_score"] if task_evals else None,
+            "final_suite_score": suite_scores[-1] if suite_scores else None,
             "wall_time_s": state["elapsed_s"],
             "spent_usd": state.get("spent_usd"),
             "final_weights": weights_check,

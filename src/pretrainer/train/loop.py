@@ -104,7 +104,8 @@ def train(cfg: Config, clock=time.time) -> dict:
                             cfg.train.seed, run_dir, env, run_log.write, say, run_clock.elapsed)
         write_run_dir(cfg, data, spikes.unigram, run_dir, env)
         sequences = MetricsLog(run_dir / f"sequences-rank{env.rank}.jsonl", start_step) if cfg.log.sequences else None
-        probes_log = MetricsLog(run_dir / "probes.jsonl", start_step if resume else -1) if in_context and env.is_main else None
+        probes_log = (MetricsLog(run_dir / "probes.jsonl", start_step if resume else -1)  # cut back to the checkpoint's step
+                      if env.is_main and (in_context or (run_dir / "probes.jsonl").exists()) else None)
         stopper = Stopper(cfg.budget, env, signals, clock, run_log.write, say, resume_command(cfg, env))
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
@@ -127,7 +128,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             if record:
                 run_log.write({"step": state.step, **record, "tokens": state.tokens, "elapsed_s": run_clock.elapsed()})
                 say(f"step {state.step}: suite score {record['suite_score']:.4f} over {len(in_context.tasks)} tasks")
-            for row in probes if probes_log else ():
+            for row in probes if probes_log else ():  # rank 0
                 probes_log.write({"step": state.step, "tokens": state.tokens, **row})
             say("\n".join([f"step {state.step}: probes"] + format_probes(probes)))
 
