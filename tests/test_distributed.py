@@ -48,19 +48,28 @@ def settings(**extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def single(stdlib_data, tmp_path_factory) -> Path:
+def in_loop_evals(tmp_path_factory) -> dict:
+    """Issue 14: in-loop tasks and probes every 10 steps (a KV-cache prefill and decode through DDP and FSDP2)."""
+    path = tmp_path_factory.mktemp("tasks") / "toy.jsonl"
+    path.write_text("".join(json.dumps({"type": "mc", "context": f"x = {i} +", "choices": [" 1", " 22", " 333"], "gold": i % 3})
+                            + "\n" for i in range(9)))
+    return {"eval.tasks_every": 10, "eval.tasks": str(path), "eval.probe_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def single(stdlib_data, tmp_path_factory, in_loop_evals) -> Path:
     """One process, micro-batch 4 x grad_accum 2: the reference for every 2-rank run."""
     run = tmp_path_factory.mktemp("single") / "run"
-    train(tiny_config(stdlib_data, run, **settings(**{"train.grad_accum": 2})))
+    train(tiny_config(stdlib_data, run, **settings(**{"train.grad_accum": 2}, **in_loop_evals)))
     return run
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_data, tmp_path):
+def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_data, tmp_path, in_loop_evals):
     run = tmp_path / "run"
     # logging every 4th step, with the host-sync audit on the 3 steps between (issue 12: none may sync)
     out = torchrun(2, *tiny_overrides(stdlib_data, run, **settings(**{"parallel.strategy": strategy, "log.every": 4,
-                                                                      "train.audit_syncs": True})))
+                                                                      "train.audit_syncs": True}, **in_loop_evals)))
     assert "tokens per step: 512 = 4 micro-batch x 64 seq_len x 1 grad_accum x 2 ranks" in out.stdout
     two_ranks, one = losses(run), losses(single)
     assert list(two_ranks) == list(range(4, STEPS + 1, 4))
@@ -71,6 +80,12 @@ def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_da
     records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
     assert [r["tokens"] for r in records] == [512 * s for s in range(4, STEPS + 1, 4)]
     assert [r["host_syncs_per_step"] for r in records] == [0.0] * len(records)
+    suite = [{k: v for k, v in r.items() if k not in ("elapsed_s", "tasks_eval_s")} for r in read_metrics(run / "metrics.jsonl")
+             if "suite_score" in r]
+    assert [r["step"] for r in suite] == [0, 10, 20] and suite == [
+        {k: v for k, v in r.items() if k not in ("elapsed_s", "tasks_eval_s")} for r in read_metrics(single / "metrics.jsonl")
+        if "suite_score" in r]
+    assert read_metrics(run / "probes.jsonl") == read_metrics(single / "probes.jsonl")  # rank 0 writes, greedy alike
 
 
 def sequences_seen(run: Path) -> Counter:
