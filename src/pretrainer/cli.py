@@ -100,7 +100,8 @@ def cmd_export(args: argparse.Namespace) -> None:
     if args.format == "report":
         manifest = export_report(run, out)
         check = "reloads byte-identically" if manifest["final_weights"]["reload_resave_byte_identical"] else "CHANGED on reload"
-        print(f"report: {out}/ (manifest.json, metrics.csv, {', '.join(manifest['plots'])}, final.safetensors: {check})")
+        tables = [manifest["probes_table"]] if manifest["probes_table"] else []
+        print(f"report: {out}/ (manifest.json, metrics.csv, {', '.join(manifest['plots'] + tables)}, final.safetensors: {check})")
         return
     if args.format == "hf":
         from pretrainer import hf
