@@ -175,4 +175,4 @@ def test_eval_runs_in_context_tasks_and_writes_the_results(stopped_run, tmp_path
     assert code == 0 and json.loads(sorted(stopped_run.glob("eval-*.json"))[-1].read_text())["tasks"][0]["items"] == 2
     (tmp_path / "bad.jsonl").write_text('{"type": "mc", "context": "x", "choices": [" a"], "gold": 0}\n')
     code, _, err = run_cli("eval", stopped_run, "--tasks", tmp_path / "bad.jsonl")
-    assert code == 2 and "bad.jsonl:1: needs a list of at least 2 choices" in err
+    assert code == 2 and "bad.jsonl:1: needs a list of at least 2 non-empty choices" in err
