@@ -289,8 +289,8 @@ def task_result(task: Task, scores: list[list[tuple[float, bool]]]) -> dict:
             "accuracy_norm": accuracy_norm, "chance": chance, "centered": (accuracy_norm - chance) / (1 - chance)}
 
 
-def score_task(task: Task, scorer: Scorer, tokenizer, seed: int = 1234, encoded: list[list[Pair]] | None = None) -> dict:
-    return task_result(task, scorer(encoded if encoded is not None else encode_task(task, tokenizer, seed)))
+def score_task(task: Task, scorer: Scorer, tokenizer, seed: int = 1234) -> dict:
+    return task_result(task, scorer(encode_task(task, tokenizer, seed)))
 
 
 def suite_score(results: list[dict]) -> float:
