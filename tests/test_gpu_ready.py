@@ -116,13 +116,21 @@ def test_watchdog_passes_a_fast_enough_run(stdlib_data, tmp_path, run_cli):
 def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(stdlib_data, tmp_path, monkeypatch):
     """train.compile = true (each block compiled, with activation checkpointing around it) against
     eager over 8 steps; evaluation (eval mode, no grad) compiles its graphs once: later passes, and
-    training between them, add none."""
+    training between them, add none; nor do the in-loop task scoring and probes, which call the
+    compiled blocks with a KV cache."""
+    import json
+
     import torch._dynamo.utils
+
+    from pretrainer.eval import inloop
 
     settings = {"train.max_steps": 8, "eval.every": 2, "ckpt.every": 0, "log.every": 1}
     train(tiny_config(stdlib_data, tmp_path / "eager", **settings))
+    tasks = tmp_path / "toy.jsonl"
+    tasks.write_text("".join(json.dumps({"type": "mc", "context": f"x = {i}", "choices": [" 1", " 22"], "gold": 0}) + "\n"
+                             for i in range(4)))
     graphs = []
-    real = loop.evaluate
+    real = inloop.evaluate
 
     def counting(*args, **kwargs):
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
@@ -130,9 +138,11 @@ def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(stdli
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
         return result
 
-    monkeypatch.setattr(loop, "evaluate", counting)
+    monkeypatch.setattr(inloop, "evaluate", counting)
     train(tiny_config(stdlib_data, tmp_path / "compiled", **settings, **{"train.compile": True,
-                                                                         "train.activation_checkpointing": True}))
+                                                                         "train.activation_checkpointing": True,
+                                                                         "eval.tasks_every": 2, "eval.tasks": str(tasks),
+                                                                         "eval.probe_tokens": 2}))
     eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert eager.keys() == compiled.keys() == set(range(1, 9))
     for step in eager:

@@ -1,47 +1,74 @@
-"""In-loop evaluation (eval.tasks_every): a small, fixed subset of eval.tasks and the prompt probes.
+"""The training loop's evaluations and where their results go: validation loss and bits per byte
+(eval.every), and the task subset and prompt probes (eval.tasks_every).
 
-    evals = InLoopEvals(cfg.eval, tokenizer, cfg.model.seq_len, batch_tokens, device, amp_dtype)  # tasks read and tokenized once
-    record, probes = evals.run(wrapped, model)   # {"suite_score", "acc_norm/TASK", ...}, [{"prompt", "completion"}]
+    evals = LoopEvals(cfg, data, device, amp_dtype)   # at launch: val batches; tasks read and tokenized once
+    evals.attach(run_dir, keep_through_step, env.is_main, run_log.write, say, run_clock.elapsed)  # once the run dir exists
+    val_loss = evals.validate(wrapped, step, tokens)
+    evals.in_context(wrapped, model, step, tokens)   # {"suite_score", "acc_norm/TASK"}; probes.jsonl
 
-Every rank runs the same items in the same order (under FSDP2 each forward is a collective); rank 0 logs.
+Every rank runs the same batches, items and prompts in the same order (under FSDP2 each forward is a
+collective); rank 0 writes.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
-from pretrainer.config import EvalConfig
-from pretrainer.eval.probes import read_probes, run_probes
+from pretrainer.config import Config
+from pretrainer.data.loader import DataDir, validation_batches
+from pretrainer.eval.loss import evaluate, token_bytes_tensor
+from pretrainer.eval.probes import format_probes, read_probes, run_probes
 from pretrainer.eval.task_files import load_tasks
-from pretrainer.eval.tasks import (
-    continuation_scorer,
-    encode_task,
-    suite_score,
-    task_result,
-)
+from pretrainer.eval.tasks import continuation_scorer, encode_task, suite_score, task_result
+from pretrainer.metrics import MetricsLog
 
 
-class InLoopEvals:
-    def __init__(self, cfg: EvalConfig, tokenizer, seq_len: int, batch_tokens: int, device: torch.device,
-                 amp_dtype: torch.dtype | None):
-        self.cfg, self.tokenizer, self.seq_len, self.batch_tokens = cfg, tokenizer, seq_len, batch_tokens
-        self.device, self.amp_dtype = device, amp_dtype
-        self.tasks = load_tasks(cfg.tasks.split(","), cfg.num_fewshot, cfg.tasks_items)  # a bad task fails the launch
-        self.encoded = [encode_task(task, tokenizer) for task in self.tasks]
-        self.prompts = read_probes(cfg.probes)
+class LoopEvals:
+    def __init__(self, cfg: Config, data: DataDir, device: torch.device, amp_dtype: torch.dtype | None):
+        self.cfg, self.tokenizer, self.device, self.amp_dtype = cfg, data.tokenizer, device, amp_dtype
+        seq_len, micro_batch = cfg.model.seq_len, cfg.train.micro_batch
+        self.val_batches = validation_batches(data.tokens("val"), seq_len, micro_batch, cfg.eval.batches)
+        self.token_bytes = token_bytes_tensor(data.tokenizer, cfg.model.vocab_size)  # for bits per byte
+        self.batch_tokens = micro_batch * seq_len  # what fits a training micro-batch fits a scoring batch
+        on = cfg.eval.tasks_every > 0  # a bad task or probes file fails the launch, before the run dir is touched
+        self.tasks = load_tasks(cfg.eval.tasks.split(","), cfg.eval.num_fewshot, cfg.eval.tasks_items) if on else []
+        self.encoded = [encode_task(task, data.tokenizer) for task in self.tasks]
+        self.prompts = read_probes(cfg.eval.probes) if on else []
+        self.write = self.say = self.elapsed = self.probes_log = None
 
-    def run(self, model: torch.nn.Module, plain_model: torch.nn.Module) -> tuple[dict, list[dict]]:
-        """-> (metrics: the suite score, each task's normalised accuracy, the seconds taken; empty without
-        tasks), the probes' completions. `model` scores (DDP/FSDP2-wrapped), `plain_model` generates."""
+    def attach(self, run_dir: Path, keep_through_step: int, is_main: bool, write, say, elapsed) -> None:
+        """Where results go: `write` (metrics.jsonl and mlflow), `say`, and RUN_DIR/probes.jsonl on rank 0,
+        cut back to the resumed checkpoint's step (also when this launch runs no probes); `elapsed()`:
+        the run's clock, read when a record is written."""
+        self.write, self.say, self.elapsed = write, say, elapsed
+        path = Path(run_dir) / "probes.jsonl"
+        if is_main and (self.prompts or path.exists()):
+            self.probes_log = MetricsLog(path, keep_through_step)
+
+    def validate(self, model: torch.nn.Module, step: int, tokens: int) -> float:
+        scores = evaluate(model, self.val_batches, self.device, self.amp_dtype, self.token_bytes)
+        self.write({"step": step, **scores, "tokens": tokens, "elapsed_s": self.elapsed()})
+        self.say(f"step {step}: val loss {scores['val_loss']:.4f}, {scores['val_bpb']:.4f} bits/byte")
+        return scores["val_loss"]
+
+    def in_context(self, model: torch.nn.Module, plain_model: torch.nn.Module, step: int, tokens: int) -> None:
+        """The task subset (`model`: DDP/FSDP2-wrapped, scores) and the probes (`plain_model` generates)."""
         started = time.perf_counter()
-        record = {}
         if self.tasks:
-            scorer = continuation_scorer(model, self.seq_len, self.device, self.amp_dtype, self.batch_tokens)
+            scorer = continuation_scorer(model, self.cfg.model.seq_len, self.device, self.amp_dtype, self.batch_tokens)
             results = [task_result(task, scorer(groups)) for task, groups in zip(self.tasks, self.encoded)]
-            record = {"suite_score": suite_score(results), **{f"acc_norm/{r['task']}": r["accuracy_norm"] for r in results}}
-        probes = run_probes(plain_model, self.tokenizer, self.prompts, self.cfg.probe_tokens, self.device, self.amp_dtype)
-        if record:
-            record["tasks_eval_s"] = time.perf_counter() - started
-        return record, probes
+            self.write({"step": step, "suite_score": suite_score(results),
+                        **{f"acc_norm/{r['task']}": r["accuracy_norm"] for r in results},
+                        "tasks_eval_s": time.perf_counter() - started, "tokens": tokens, "elapsed_s": self.elapsed()})
+            self.say(f"step {step}: suite score {suite_score(results):.4f} over {len(self.tasks)} tasks")
+        probes = run_probes(plain_model, self.tokenizer, self.prompts, self.cfg.eval.probe_tokens, self.device, self.amp_dtype)
+        for row in probes if self.probes_log else ():  # rank 0
+            self.probes_log.write({"step": step, "tokens": tokens, **row})
+        self.say("\n".join([f"step {step}: probes"] + format_probes(probes)))
+
+    def close(self) -> None:
+        if self.probes_log is not None:
+            self.probes_log.close()

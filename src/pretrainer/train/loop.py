@@ -28,12 +28,10 @@ from tqdm import tqdm
 
 from pretrainer import __version__
 from pretrainer.config import Config, config_hash, save_config, to_dict
-from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir, validation_batches
+from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir
 from pretrainer.device import autocast, autocast_dtype, device_peak_tflops
 from pretrainer.errors import RunStopped, UserError
-from pretrainer.eval.inloop import InLoopEvals
-from pretrainer.eval.loss import evaluate, token_bytes_tensor
-from pretrainer.eval.probes import format_probes
+from pretrainer.eval.inloop import LoopEvals
 from pretrainer.flops import flops_per_token
 from pretrainer.io import atomic_write_json
 from pretrainer.metrics import MetricsLog, RunLog, hardware_info, layer_group_grad_norms, step_line, weight_norms
@@ -63,7 +61,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
-    run_log = sequences = probes_log = progress = state = failure = start_step = speed = None
+    run_log = sequences = evals = progress = state = failure = start_step = speed = None
     try:
         # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
         data = open_data_dir(cfg.data.dir)
@@ -79,10 +77,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         loader = SequenceLoader(data.tokens("train"), cfg.model.seq_len, cfg.train.micro_batch, grad_accum,
                                 env.world_size, env.rank, cfg.train.seed, where=f"{data.path}/train.bin",
                                 pin_memory=device.type == "cuda")
-        val_batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
-        token_bytes = token_bytes_tensor(data.tokenizer, cfg.model.vocab_size)  # for bits per byte
-        in_context = InLoopEvals(cfg.eval, data.tokenizer, cfg.model.seq_len, cfg.train.micro_batch * cfg.model.seq_len,
-                                 device, amp_dtype) if cfg.eval.tasks_every else None  # tasks read and tokenized once
+        evals = LoopEvals(cfg, data, device, amp_dtype)  # val batches (bits per byte); eval.tasks read and tokenized once
 
         # --- what the run will do; refuse a launch the budget cannot pay for ---
         model_flops_per_token = flops_per_token(cfg.model, count_parameters(model)["non_embedding"])["total"]
@@ -104,8 +99,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                             cfg.train.seed, run_dir, env, run_log.write, say, run_clock.elapsed)
         write_run_dir(cfg, data, spikes.unigram, run_dir, env)
         sequences = MetricsLog(run_dir / f"sequences-rank{env.rank}.jsonl", start_step) if cfg.log.sequences else None
-        probes_log = (MetricsLog(run_dir / "probes.jsonl", start_step if resume else -1)  # cut back to the checkpoint's step
-                      if env.is_main and (in_context or (run_dir / "probes.jsonl").exists()) else None)
+        evals.attach(run_dir, start_step if resume else -1, env.is_main, run_log.write, say, run_clock.elapsed)
         stopper = Stopper(cfg.budget, env, signals, clock, run_log.write, say, resume_command(cfg, env))
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
@@ -117,25 +111,10 @@ def train(cfg: Config, clock=time.time) -> dict:
                              lambda: {**state.state_dict(), **run_info})
             state.saved_step = state.step
 
-        def validate() -> float:  # every rank, the same batches
-            scores = evaluate(wrapped, val_batches, device, amp_dtype, token_bytes)
-            run_log.write({"step": state.step, **scores, "tokens": state.tokens, "elapsed_s": run_clock.elapsed()})
-            say(f"step {state.step}: val loss {scores['val_loss']:.4f}, {scores['val_bpb']:.4f} bits/byte")
-            return scores["val_loss"]
-
-        def evaluate_in_context() -> None:  # every rank, the same items and prompts: tasks subset and probes
-            record, probes = in_context.run(wrapped, model)
-            if record:
-                run_log.write({"step": state.step, **record, "tokens": state.tokens, "elapsed_s": run_clock.elapsed()})
-                say(f"step {state.step}: suite score {record['suite_score']:.4f} over {len(in_context.tasks)} tasks")
-            for row in probes if probes_log else ():  # rank 0
-                probes_log.write({"step": state.step, "tokens": state.tokens, **row})
-            say("\n".join([f"step {state.step}: probes"] + format_probes(probes)))
-
         run_clock.start()
-        last_loss, last_val = None, validate() if resume is None else None  # step 0's validation, once per run
-        if in_context and resume is None:
-            evaluate_in_context()
+        last_loss, last_val = None, evals.validate(wrapped, 0, 0) if resume is None else None  # step 0's, once per run
+        if cfg.eval.tasks_every and resume is None:
+            evals.in_context(wrapped, model, 0, 0)
         progress = tqdm(total=max_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
                         mininterval=1.0, disable=True if not env.is_main else None)  # None: a bar on a terminal only
         # tokens/s, MFU, data wait, host syncs between logging steps; the watchdog (too slow after warm-up: diagnose)
@@ -158,26 +137,14 @@ def train(cfg: Config, clock=time.time) -> dict:
                 stopper.local_view(state.step, run_clock.elapsed(), max_steps, cfg.parallel.hang_drill_step)
                 + [speed.watchdog.stop_wanted, spikes.out_of_vocab(micro_batches)], env)
             request = stopper.request(state.step, budget_action, signum, slow, speed.watchdog.message)
-            if request is not None:
-                speed.end_step()
-                loader.cursor = cursor  # this batch was not trained on: a resume reads it first
-                if request.checkpoint and state.saved_step != state.step:
-                    save()
-                raise RunStopped(request.message, request.exit_code, request.reason)
+            if request is not None:  # this batch was not trained on: a resume reads it first
+                stop_run(request, speed, loader, cursor, save if state.saved_step != state.step else None)
             if out_of_vocab:  # ids outside the vocabulary never reach the embedding: an error, or the batch is dropped
                 speed.end_step()
                 spikes.reject(step, cursor)
                 continue
 
-            # forward/backward over grad_accum micro-batches, gradients reduced across ranks on the last one only
-            loss_sum = torch.zeros((), device=device)
-            for micro_step, (x, y) in enumerate(micro_batches):
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with gradient_sync(wrapped, strategy, env, sync=micro_step == grad_accum - 1):
-                    with autocast(device, amp_dtype):
-                        _, loss = wrapped(x, y)
-                    (loss / grad_accum).backward()
-                loss_sum += loss.detach()
+            loss_sum = forward_backward(wrapped, micro_batches, grad_accum, strategy, env, amp_dtype)
             group_norms = (layer_group_grad_norms(model) if logging_step and cfg.spike.layer_norms_every
                            and step % cfg.spike.layer_norms_every == 0 else {})
             grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(),
@@ -217,11 +184,11 @@ def train(cfg: Config, clock=time.time) -> dict:
                 speed.check(step, figures)  # the throughput watchdog, once after its warm-up
 
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
-                last_val = validate()
+                last_val = evals.validate(wrapped, step, state.tokens)  # every rank, the same batches
                 speed.restart()  # tokens/s measures training, not evaluation
 
-            if in_context and (step % cfg.eval.tasks_every == 0 or step == max_steps):
-                evaluate_in_context()
+            if cfg.eval.tasks_every and (step % cfg.eval.tasks_every == 0 or step == max_steps):
+                evals.in_context(wrapped, model, step, state.tokens)  # the task subset and the probes
                 speed.restart()
 
             if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
@@ -229,16 +196,13 @@ def train(cfg: Config, clock=time.time) -> dict:
                 speed.restart()
 
         progress.close()
-        say(f"{'stopped early (train.stop_at_step)' if state.step < max_steps else 'finished'} at step {state.step}: "
-            f"{state.tokens:,} tokens, {time.time() - run_clock.started:.1f}s; checkpoint {latest_checkpoint(run_dir)}")
-        say(next_commands(cfg, env, finished=state.step >= max_steps))
+        say(closing_lines(cfg, env, state.step, state.tokens, time.time() - run_clock.started))
         return {"step": state.step, "tokens": state.tokens, "loss": last_loss, "val_loss": last_val}
     except BaseException as error:
         failure = error
         raise
     finally:  # whatever happened: close the sinks, then say why the run ended in RUN_DIR/exit.json
-        end_run(run_dir, env, failure, state.step if state else start_step, run_log, speed, signals, progress, sequences,
-                probes_log)
+        end_run(run_dir, env, failure, state.step if state else start_step, run_log, speed, signals, progress, sequences, evals)
 
 
 def end_run(run_dir: Path, env: DistEnv, failure: BaseException | None, step: int | None, run_log: RunLog | None,
@@ -258,6 +222,31 @@ def end_run(run_dir: Path, env: DistEnv, failure: BaseException | None, step: in
                 write_exit_record(run_dir, reason, exit_code, step, failure)
         finally:
             shutdown()
+
+
+def forward_backward(wrapped: torch.nn.Module, micro_batches, grad_accum: int, strategy: str, env: DistEnv,
+                     amp_dtype: torch.dtype | None) -> torch.Tensor:
+    """Forward and backward over the step's grad_accum micro-batches, each loss divided by grad_accum,
+    gradients reduced across ranks on the last one only. -> the summed loss (on the device)."""
+    loss_sum = torch.zeros((), device=env.device)
+    for micro_step, (x, y) in enumerate(micro_batches):
+        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+        with gradient_sync(wrapped, strategy, env, sync=micro_step == grad_accum - 1):
+            with autocast(env.device, amp_dtype):
+                _, loss = wrapped(x, y)
+            (loss / grad_accum).backward()
+        loss_sum += loss.detach()
+    return loss_sum
+
+
+def stop_run(request, speed: SpeedMonitor, loader: SequenceLoader, cursor, save) -> None:
+    """Stop before the step: its batch goes back to the loader (a resume reads it first), a checkpoint
+    is written when the request asks for one and `save` is given (None: the newest one is current)."""
+    speed.end_step()
+    loader.cursor = cursor
+    if request.checkpoint and save is not None:
+        save()
+    raise RunStopped(request.message, request.exit_code, request.reason)
 
 
 def resolve_for_training(cfg: Config, data: DataDir, env: DistEnv, amp_dtype: torch.dtype | None, say):
@@ -351,6 +340,13 @@ def describe(cfg: Config, model: torch.nn.Module, data: DataDir, loader: Sequenc
 def resume_command(cfg: Config, env: DistEnv) -> str:
     """The command that continues this run (its saved config does the rest)."""
     return f"pretrainer train --run.dir={shlex.quote(cfg.run.dir)}" + (f" --nproc {env.world_size}" if env.world_size > 1 else "")
+
+
+def closing_lines(cfg: Config, env: DistEnv, step: int, tokens: int, wall_s: float) -> str:
+    """How the run ended, where its checkpoint is, and what to run next."""
+    how = "stopped early (train.stop_at_step)" if step < cfg.train.max_steps else "finished"
+    return (f"{how} at step {step}: {tokens:,} tokens, {wall_s:.1f}s; checkpoint {latest_checkpoint(Path(cfg.run.dir))}\n"
+            + next_commands(cfg, env, finished=step >= cfg.train.max_steps))
 
 
 def next_commands(cfg: Config, env: DistEnv, finished: bool) -> str:
