@@ -8,6 +8,9 @@ calls one function; user errors print one line (`error: ...`) and exit with code
     pretrainer eval runs/tiny                                # or a checkpoint, or hf:DIR --data.dir=DIR
     pretrainer export runs/tiny --format hf                  # -> runs/tiny/hf (default: the report, runs/tiny/report)
     pretrainer plan configs/llama3-1b.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw
+    pretrainer sweep configs/sweep-tiny.toml --data.dir=data/stdlib-bpe4k   # a ladder of sizes
+    pretrainer fit sweeps/tiny                               # scaling law, intervals, predictions
+    pretrainer plan configs/llama3-1b.toml --fit sweeps/tiny/fit.json   # + the predicted final loss
     pretrainer fetch-gpt2
     pretrainer config configs/tiny-cpu.toml --optim.lr=1e-3
 """
@@ -67,7 +70,42 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
     plan = make_plan(cfg, tokens=args.tokens, tokens_per_param=args.tokens_per_param, gpus=args.gpus, gpu=args.gpu,
                      peak_tflops=args.peak_tflops, gpu_memory_gb=args.gpu_memory_gb, gpu_watts=args.gpu_watts, mfu=args.mfu,
                      usd_per_gpu_hour=args.usd_per_gpu_hour, flops_convention=args.flops, data=data_for_vocab(cfg))
+    if args.fit:
+        from pretrainer.scaling.report import predict_for_plan, read_fit
+
+        plan["predicted_loss"] = predict_for_plan(read_fit(Path(args.fit)), plan["params_total"],
+                                                  plan["params_non_embedding"], plan["tokens_trained"])
     print_to_stdout(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+
+
+def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> int:
+    from pretrainer.scaling.ladder import load_sweep
+    from pretrainer.scaling.sweep import run_sweep
+
+    # the flags are shorthands for sweep keys (one source of truth), given before any explicit override
+    flags = {"sizes": args.sizes, "mode": args.mode, "tokens": args.tokens, "tokens_per_param": args.tokens_per_param,
+             "budgets": args.budgets, "dir": args.out, "parallel_runs": args.parallel_runs, "gpu": args.gpu}
+    shorthands = [f"--sweep.{key}={value}" for key, value in flags.items() if value is not None]
+    sweep, base = load_sweep(args.config, shorthands + overrides)
+    if args.dry_run:
+        from pretrainer.scaling.sweep import cost_rows, format_plan, prepare_plan
+
+        _, runs = prepare_plan(sweep, base)
+        print_to_stdout(format_plan(sweep, base, runs, *cost_rows(sweep, base, runs)))
+        return 0
+    return run_sweep(sweep, base)
+
+
+def cmd_fit(args: argparse.Namespace) -> None:
+    from pretrainer.scaling.ladder import listed, number
+    from pretrainer.scaling.report import fit_sweep
+
+    fit = fit_sweep(Path(args.sweep), Path(args.out) if args.out else None, params=args.params, form=args.form,
+                    resamples=args.resamples, seed=args.seed,
+                    predict_params=[number(n, "--predict-params") for n in listed(args.predict_params)],
+                    predict_compute=[number(c, "--predict-compute") for c in listed(args.predict_compute or "")])
+    out = Path(args.out) if args.out else Path(fit["source"]).parent
+    print_to_stdout((out / "fit.md").read_text() + f"\nwrote {out}/fit.json, fit.md, {', '.join(fit['plots'])}")
 
 
 def data_for_vocab(cfg):
@@ -258,6 +296,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flops", default="full", choices=["full", "6n"],
                    help="full: 6 x matmul params + attention (default); 6n: 6 x non-embedding params (Kaplan/Chinchilla C=6ND)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--fit", help="a fit.json (pretrainer fit): also print the loss this run should reach, with its interval")
+
+    p = verbs.add_parser("sweep", help="train a ladder of sizes from one base config (scaling laws); resumes where it stopped",
+                         epilog="examples: pretrainer sweep configs/sweep-tiny.toml --data.dir=data/stdlib-bpe4k;  "
+                                "pretrainer sweep configs/gpt2-124m.toml --sizes 5M,25M,100M --tokens 2e9 --out sweeps/lab "
+                                "--gpu h100-sxm --parallel-runs 3")
+    p.add_argument("config", nargs="?", help="a sweep file ([sweep] section, format in src/pretrainer/scaling/ladder.py) or a "
+                                             "base config; --sweep.key=value and --section.key=value overrides follow")
+    p.add_argument("--sizes", help="= --sweep.sizes: target non-embedding parameters (1M,3M,10M) or shapes LAYERSxWIDTH (2x64)")
+    p.add_argument("--mode", help="= --sweep.mode: tokens, tokens_per_param or isoflop")
+    p.add_argument("--tokens", help="= --sweep.tokens: training tokens per run (comma-separated: each size at each)")
+    p.add_argument("--tokens-per-param", help="= --sweep.tokens_per_param (mode tokens_per_param)")
+    p.add_argument("--budgets", help="= --sweep.budgets: compute budgets in FLOPs (mode isoflop)")
+    p.add_argument("--out", help="= --sweep.dir: the sweep directory")
+    p.add_argument("--parallel-runs", help="= --sweep.parallel_runs: runs at once, one per GPU")
+    p.add_argument("--gpu", help="= --sweep.gpu: GPU model for the plan's time and $ (budget.* gives price and MFU)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+
+    p = verbs.add_parser("fit", help="fit L(N, D) = E + A/N^a + B/D^b to a sweep, with bootstrap intervals and predictions")
+    p.add_argument("sweep", metavar="SWEEP_DIR_OR_CSV", help="a sweep dir (its sweep.csv) or a CSV with the same columns")
+    p.add_argument("--out", help="where fit.json, fit.md and the plots go (default: next to the CSV)")
+    p.add_argument("--params", default="total", choices=["total", "non_embedding"],
+                   help="N counts total parameters (Hoffmann's convention, default) or non-embedding ones (Kaplan's)")
+    p.add_argument("--form", default="auto", choices=["auto", "nd", "n", "d"],
+                   help="auto (the full law when the runs determine it, else the form they support), nd, n or d")
+    p.add_argument("--predict-params", default="1e9", help="model sizes to predict compute-optimal tokens for (default 1e9)")
+    p.add_argument("--predict-compute", help="compute budgets (FLOPs) to predict the optimal size and tokens for")
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
 
     p = verbs.add_parser("export", help="the run's report, or its newest checkpoint as a model (hf / safetensors)")
     p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir (its newest intact checkpoint) or a checkpoint dir")
@@ -330,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = join_dotted_overrides(sys.argv[1:] if argv is None else [str(a) for a in argv])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.verb not in ("train", "eval", "plan", "budget-check", "config"):
+    if extra and args.verb not in ("train", "eval", "plan", "budget-check", "config", "sweep"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.verb == "prepare":
@@ -341,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd_eval(args, extra)
         elif args.verb == "plan":
             cmd_plan(args, extra)
+        elif args.verb == "sweep":
+            return cmd_sweep(args, extra)
+        elif args.verb == "fit":
+            cmd_fit(args)
         elif args.verb == "export":
             cmd_export(args)
         elif args.verb == "sample":

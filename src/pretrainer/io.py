@@ -90,3 +90,16 @@ def atomic_directory(out: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def save_figure(fig, path: Path) -> None:
+    """A matplotlib figure as a PNG, written atomically, and closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())

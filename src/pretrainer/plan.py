@@ -219,6 +219,12 @@ def format_plan(plan: dict) -> str:
     if "max_micro_batch" in m:
         rows.append(("  largest micro-batch", f"{m['max_micro_batch']} ({m['max_micro_batch_checkpointed']} with activation "
                                               f"checkpointing) in {g['memory_gb']:g} GB"))
+    if "predicted_loss" in plan:
+        p = plan["predicted_loss"]
+        loss = p["loss"]
+        rows.append(("predicted final loss", f"{loss['value']:.3f} ({loss['low']:.3f} to {loss['high']:.3f}, {p['level']:.0%} "
+                                             f"interval) for N = {p['params']:,.0f}, D = {p['tokens']:,.0f}, from {p['source']}"))
+        rows += [("  note", note) for note in p["notes"]]
     rows += [("warning", warning) for warning in plan["warnings"]]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows if value)

@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_directory, atomic_write_bytes, atomic_write_json, save_safetensors, sha256_file
+from pretrainer.io import atomic_directory, atomic_write_bytes, atomic_write_json, save_figure, save_safetensors, sha256_file
 from pretrainer.metrics import read_metrics
 
 PACKAGES = ("torch", "numpy", "tiktoken", "safetensors", "mlflow", "pretrainer")
@@ -152,11 +152,7 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
         save(fig, name)
 
     def save(fig, name: str) -> None:
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png")
-        plt.close(fig)
-        atomic_write_bytes(out / name, buffer.getvalue())
+        save_figure(fig, out / name)
         written.append(name)
 
     figure("loss-curve.png", [("train loss", _series(records, "loss"), "-"), ("val loss", _series(records, "val_loss"), "o-")],

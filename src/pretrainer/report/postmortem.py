@@ -10,7 +10,6 @@ event; the run has recovered at the first later step whose loss is within 1% of 
 
 from __future__ import annotations
 
-import io
 import json
 import tomllib
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import numpy as np
 
 from pretrainer.config import from_dict
 from pretrainer.errors import UserError
-from pretrainer.io import atomic_write_bytes
+from pretrainer.io import atomic_write_bytes, save_figure
 from pretrainer.metrics import read_metrics
 from pretrainer.train.optim import lr_at
 
@@ -206,11 +205,7 @@ def write_figure(event: Event, records: list[dict], unigram: dict | None, path: 
         ax.set_ylabel("fraction of tokens")
         ax.set_title("batch tokens vs the training distribution")
         ax.legend()
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_figure(fig, path)
 
 
 def detector_coverage(records: list[dict], cfg) -> str:
