@@ -83,6 +83,9 @@ def choose_form(points: Points, wanted: str = "auto") -> tuple[str, str]:
         raise UserError(f"fit: --form must be auto, nd, n or d, got '{wanted}'")
     if wanted in ("auto", "nd") and sizes >= 2 and budgets >= 2 and n > 5:
         return "nd", ""
+    if wanted == "auto" and sizes >= 2 and budgets >= 2:  # D varies: a fixed-D form would be wrong, the full one is short
+        raise UserError(f"fit: {n} runs for the 5 constants of {FORM_TEXT['nd']}: add runs (at least 6, several sizes at "
+                        f"several token counts), or fit the runs of one token count alone (a CSV with those rows)")
     why = []
     if budgets < 2:
         why.append(f"every run trained the same number of tokens ({points.tokens[0]:,.0f}), so B and beta (the D-term) "
@@ -105,7 +108,7 @@ def choose_form(points: Points, wanted: str = "auto") -> tuple[str, str]:
         raise UserError(f"fit: {FORM_TEXT[form]} needs at least 3 distinct {what} and 4 runs (3 constants and one to "
                         f"spare); the sweep has {distinct} distinct {what} in {n} runs. Add runs"
                         + (f" ({'; '.join(why)})" if why else ""))
-    if form == "n" and budgets > 1 or form == "d" and sizes > 1:
+    if wanted != "auto" and (form == "n" and budgets > 1 or form == "d" and sizes > 1):
         why.append(f"--form {form} asked for")
     return form, "; ".join(why)
 
@@ -193,6 +196,8 @@ def optimal_tokens_for_params(law: dict[str, float], params: float) -> float:
     """The D that minimises loss at the compute 6 N D spends, for this N: the optimum's condition
     alpha A / N^alpha = beta B / D^beta, i.e. D = (beta B N^alpha / (alpha A))^(1/beta)."""
     alpha, beta = law["alpha"], law["beta"]
+    if not (alpha > 0 and beta > 0):  # no interior optimum
+        return math.nan
     log_d = (_log(beta) + law["log_B"] + alpha * math.log(params) - _log(alpha) - law["log_A"]) / beta
     return math.exp(min(log_d, 700.0)) if math.isfinite(log_d) else math.nan
 
@@ -201,6 +206,8 @@ def optimal_for_compute(law: dict[str, float], compute: float) -> tuple[float, f
     """(N_opt, D_opt) minimising L(N, D) subject to 6 N D = compute: N_opt = G (C/6)^(beta/(alpha+beta)),
     G = (alpha A / (beta B))^(1/(alpha+beta))."""
     alpha, beta = law["alpha"], law["beta"]
+    if not (alpha > 0 and beta > 0):
+        return math.nan, math.nan
     log_g = (_log(alpha) + law["log_A"] - _log(beta) - law["log_B"]) / (alpha + beta)
     log_n = log_g + beta / (alpha + beta) * math.log(compute / 6)
     if not math.isfinite(log_n):

@@ -228,6 +228,14 @@ def plan_runs(sweep: SweepConfig, base: Config, sweep_dir: Path) -> list[RunSpec
 
     if not base.model.vocab_size:
         raise UserError("sweep: model.vocab_size is unknown; pass --data.dir=DIR (a prepared data dir) or set it in the base")
+    if not base.train.micro_batch:
+        raise UserError("sweep: the base has train.micro_batch = auto; set a number (each run's batch is planned exactly)")
+    if base.train.global_batch:  # one device per run: the global batch is micro_batch x grad_accum
+        if base.train.global_batch % base.train.micro_batch:
+            raise UserError(f"sweep: train.global_batch = {base.train.global_batch} is not a multiple of train.micro_batch "
+                            f"= {base.train.micro_batch}")
+        base = copy.deepcopy(base)
+        base.train.grad_accum, base.train.global_batch = base.train.global_batch // base.train.micro_batch, 0
     base_total, base_non_embedding, _ = parameter_counts(base)
     shapes, seen = [], set()
     for size in listed(sweep.sizes):

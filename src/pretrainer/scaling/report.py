@@ -51,8 +51,11 @@ def read_points(source: Path, params: str) -> tuple[F.Points, Path]:
 
 
 def summary(values: list[float], point: float) -> dict:
+    """A point value, its interval, and the share of resamples where it does not exist (no optimum):
+    left out of the interval, and said when it is more than 5%."""
     low, high = F.interval(values)
-    return {"value": point, "low": low, "high": high}
+    values = np.asarray(values, dtype=float)
+    return {"value": point, "low": low, "high": high, "undefined_share": float(np.mean(~np.isfinite(values))) if len(values) else 1.0}
 
 
 def predictions(law: dict, laws: list[dict], form: str, points: F.Points, predict_params: list[float],
@@ -110,6 +113,10 @@ def isoflop_analysis(points: F.Points, resamples: int, seed: int, predict_params
                              "(each budget needs 3 sizes that bracket its optimum)")
         return result
     samples, skipped = F.bootstrap_isoflop(points, power["budgets"], resamples, seed)
+    if len(samples) < resamples / 2:
+        result["problem"] = (f"only {len(samples)} of {resamples} resamples keep a minimum in every budget: too few sizes per "
+                             f"budget for an interval (add sizes around each budget's optimum)")
+        return result
     result.update({"bootstrap": {"resamples": resamples, "used": len(samples), "skipped": skipped},
                    "a": summary([s["a"] for s in samples], power["a"]), "b": summary([s["b"] for s in samples], power["b"])})
     asked = [("compute", c) for c in predict_compute] + [("params", n) for n in predict_params]
@@ -192,7 +199,8 @@ def sci(x: float) -> str:
 
 
 def span(s: dict) -> str:
-    return f"{sci(s['value'])} ({sci(s['low'])} to {sci(s['high'])})"
+    undefined = f"; undefined in {s['undefined_share']:.0%} of resamples" if s.get("undefined_share", 0) > 0.05 else ""
+    return f"{sci(s['value'])} ({sci(s['low'])} to {sci(s['high'])}{undefined})"
 
 
 def fit_markdown(fit: dict) -> str:
@@ -234,7 +242,8 @@ def fit_markdown(fit: dict) -> str:
         if "problem" in iso:
             lines.append(f"- {iso['problem']}")
         else:
-            lines.append(f"- N_opt proportional to C^{span(iso['a'])}, D_opt to C^{span(iso['b'])}.")
+            lines.append(f"- N_opt proportional to C^{span(iso['a'])}, D_opt to C^{span(iso['b'])}; here C is the sweep's "
+                         f"FLOPs (6 x matmul parameters + attention, per token), not the 6ND above.")
             for p in iso["predictions"]:
                 lines.append(f"- For {'a budget of ' + sci(p['value']) + ' FLOPs' if p['given'] == 'compute' else 'N = ' + sci(p['value'])}: "
                              f"N_opt {span(p['params'])}, D_opt {span(p['tokens'])} ({span(p['tokens_per_param'])} tokens per "

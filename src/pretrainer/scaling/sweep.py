@@ -39,14 +39,14 @@ TIMING_COLUMNS = ("wall_s", "usd")  # differ between an interrupted and an unint
 
 
 def prepare_plan(sweep: SweepConfig, base: Config) -> tuple[Path, list[RunSpec]]:
-    """Resolve the base against its data (the vocabulary) and plan every run."""
+    """Resolve the base against its data (the vocabulary) and plan every run. Without the data yet,
+    model.vocab_size must be set (a dry run plans before the data is prepared)."""
     from pretrainer.data.loader import open_data_dir
 
-    if not base.data.dir:
+    if not base.data.dir and not base.model.vocab_size:
         raise UserError("sweep: data.dir is not set; pass --data.dir=DIR (a directory written by `pretrainer prepare`)")
-    data = open_data_dir(base.data.dir)
-    if not base.model.vocab_size:
-        base.model.vocab_size = data.vocab_size
+    if not base.model.vocab_size or Path(base.data.dir).is_dir():
+        base.model.vocab_size = base.model.vocab_size or open_data_dir(base.data.dir).vocab_size
     sweep_dir = Path(os.path.abspath(os.path.expanduser(sweep.dir)))
     return sweep_dir, plan_runs(sweep, base, sweep_dir)
 
@@ -84,8 +84,10 @@ def format_plan(sweep: SweepConfig, base: Config, runs: list[RunSpec], costs: li
                      f"{run.flops:>10.3e} {hours:>9} {usd:>9}")
     total_flops = sum(r.flops for r in runs)
     if total_usd is not None:
+        over = base.budget.cap_usd and total_usd > base.budget.cap_usd
         lines.append(f"total: {total_flops:.3e} FLOPs, ${total_usd:,.2f} at ${base.budget.usd_per_gpu_hour:g}/GPU-hour and "
-                     f"MFU {base.budget.mfu:g}" + (f"; cap ${base.budget.cap_usd:,.2f}" if base.budget.cap_usd else ""))
+                     f"MFU {base.budget.mfu:g}" + (f"; cap ${base.budget.cap_usd:,.2f}" if base.budget.cap_usd else "")
+                     + (" (OVER the cap: the sweep refuses to start)" if over else ""))
     else:
         lines.append(f"total: {total_flops:.3e} FLOPs (time and $: set sweep.gpu or budget.peak_tflops, and "
                      f"budget.usd_per_gpu_hour)")
@@ -96,9 +98,12 @@ def check_plan_files(sweep_dir: Path, runs: list[RunSpec]) -> None:
     """A rerun must plan the same runs: a run whose saved config differs is refused, naming the keys."""
     for run in runs:
         path = sweep_dir / "configs" / f"{run.name}.toml"
-        if path.is_file() and path.read_text() != config_text(run.cfg):
-            changed = diff_keys(load_config(path, validated=False), run.cfg)
-            raise UserError(f"{path}: this sweep dir planned run {run.name} differently ({', '.join(changed) or 'paths'}); "
+        if not path.is_file():
+            continue
+        # budget.* may change between launches (a raised cap continues a budget-stopped sweep)
+        changed = [k for k in diff_keys(load_config(path, validated=False), run.cfg) if not k.startswith("budget.")]
+        if changed:
+            raise UserError(f"{path}: this sweep dir planned run {run.name} differently ({', '.join(changed)}); "
                             f"rerun with the same settings to continue it, or use a new sweep.dir")
 
 
@@ -155,6 +160,9 @@ def run_sweep(sweep: SweepConfig, base: Config, say=print) -> int:
     costs, total_usd = cost_rows(sweep, base, runs)
     say(format_plan(sweep, base, runs, costs, total_usd))
     cap = base.budget.cap_usd
+    if cap and total_usd is None:
+        say("warning: budget.cap_usd is set but the sweep's cost cannot be planned (set sweep.gpu or budget.peak_tflops): "
+            "only each run's own guard checks it")
     if cap and total_usd is not None and total_usd > cap and not base.budget.allow_over_cap:
         raise UserError(f"sweep: the planned ${total_usd:,.2f} exceeds budget.cap_usd = ${cap:,.2f}; drop sizes or tokens, "
                         f"raise the cap, or set --budget.allow_over_cap")
@@ -180,14 +188,14 @@ def run_sweep(sweep: SweepConfig, base: Config, say=print) -> int:
     return code
 
 
-def with_remaining_cap(run: RunSpec, base: Config, spent: float) -> Config:
-    """The run's config with budget.cap_usd = what the sweep's cap leaves (each run's guard then stops
-    the sweep before the whole goes over)."""
+def with_remaining_cap(run: RunSpec, base: Config, spent: float, share: int = 1) -> Config:
+    """The run's config with budget.cap_usd = its share of what the sweep's cap leaves (each run's guard
+    then stops before the whole goes over; `share` runs at once split it)."""
     import copy
 
     cfg = copy.deepcopy(run.cfg)
     if base.budget.cap_usd:
-        cfg.budget.cap_usd = max(base.budget.cap_usd - spent, 1e-9)
+        cfg.budget.cap_usd = max((base.budget.cap_usd - spent) / share, 1e-9)
     return cfg
 
 
@@ -233,6 +241,7 @@ def run_parallel(sweep: SweepConfig, base: Config, sweep_dir: Path, runs: list[R
 
     def forward(signum, frame):
         received.append(signum)
+        queue.clear()  # no new runs; the running ones checkpoint and exit
         for _, child in running.values():
             if child.poll() is None:
                 child.send_signal(signum)
@@ -243,7 +252,7 @@ def run_parallel(sweep: SweepConfig, base: Config, sweep_dir: Path, runs: list[R
             free = [slot for slot in slots if slot not in running]
             while queue and free and not stop_code and not received:
                 run, slot = queue.pop(0), free.pop(0)
-                cfg = with_remaining_cap(run, base, spent())
+                cfg = with_remaining_cap(run, base, spent(), share=len(slots))
                 log = open(sweep_dir / "logs" / f"{run.name}.log", "a")
                 env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": str(slot)} if base.train.device != "cpu" else {})}
                 command = [sys.executable, "-m", "pretrainer", "train", str(sweep_dir / "configs" / f"{run.name}.toml"),
