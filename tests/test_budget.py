@@ -102,7 +102,7 @@ def test_estimate_without_a_file_uses_price_gpus_and_time():
 
 
 def test_launch_is_refused_when_the_plan_exceeds_the_cap(stdlib_data, tmp_path, run_cli):
-    overrides = tiny_overrides(stdlib_data, tmp_path / "run", **{"budget.cap_usd": 1, "budget.usd_per_gpu_hour": 1000,
+    overrides = tiny_overrides(stdlib_data, tmp_path / "run", **{"budget.cap_usd": 1, "budget.usd_per_gpu_hour": 100,
                                                                   "budget.peak_tflops": 1e-6, "train.max_steps": 10})
     code, _, err = run_cli("train", *overrides)
     assert code == 2 and "over budget.cap_usd $1.00" in err and "--budget.allow_over_cap=true" in err
