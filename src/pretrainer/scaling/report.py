@@ -151,11 +151,16 @@ def fit_sweep(source: Path, out: Path | None = None, params: str = "total", form
     if problems:  # a law with a meaningless exponent predicts anything: say why instead of printing it
         predicted = [p for p in predicted if p["kind"] == "loss"]
         no_optimum = "the fit does not determine the law: " + "; ".join(problems)
+    intervals = {k: F.interval([x[k] for x in laws]) for k in free}
+    loose = [f"{name}'s {F.LEVEL:.0%} interval ({intervals[name][0]:.3g} to {intervals[name][1]:.3g}) reaches past "
+             f"{F.MAX_EXPONENT}: resamples of these runs fit laws of any steepness in {variable}"
+             for name, variable in (("alpha", "N"), ("beta", "D")) if name in intervals and not problems
+             and intervals[name][1] > F.MAX_EXPONENT]
     fitted = F.predict_loss(law, points.params, points.tokens)
     result = {
         "source": str(csv_path), "params": params, "form": form, "form_text": F.FORM_TEXT[form], "fallback": fallback,
-        "law": law, "objective": objective, "level": F.LEVEL, "problems": problems,
-        "intervals": {k: F.interval([x[k] for x in laws]) for k in free},
+        "law": law, "objective": objective, "level": F.LEVEL, "problems": problems, "weakly_determined": loose,
+        "intervals": intervals,
         "bootstrap": {"resamples": resamples, "used": len(laws), "skipped": skipped, "seed": seed,
                       "laws": [[x[k] for k in F.NAMES] for x in laws]},
         "fixed": ({"tokens": float(points.tokens[0])} if form in F.FIXED_D_FORMS else {"params": float(points.params[0])} if form == "d" else {}),
@@ -215,6 +220,9 @@ def fit_markdown(fit: dict) -> str:
         lines += [f"**Fallback:** {fit['fallback']}; fitted {fit['form_text']} instead of the full law.", ""]
     if fit["problems"]:
         lines += [f"**Not determined:** {'; '.join(fit['problems'])}.", ""]
+    if fit.get("weakly_determined"):
+        lines += [f"**Weakly determined:** {'; '.join(fit['weakly_determined'])}. The predictions below extrapolate with "
+                  f"that uncertainty (see their intervals); runs with more tokens, or sizes further apart, pin the law.", ""]
     lines += ["| constant | fit | " + f"{level} interval |", "|---|---|---|"]
     lines += [f"| {k.removeprefix('log_')} | {constant_text(k, law[k])} | {constant_text(k, lo)} to {constant_text(k, hi)} |"
               for k, (lo, hi) in fit["intervals"].items()]
@@ -277,8 +285,10 @@ def plot_fit(fit: dict, points: F.Points, laws: list[dict], out: Path) -> list[s
             ax.fill_between(grid, low, high, color=color, alpha=0.2)
     if not series:
         ax.scatter(points.params, points.loss, c=np.log(points.tokens), zorder=3)
+    # the runs set the scale: a wide band (a poorly determined law) is cut off rather than flattening the points
+    lowest = min(points.loss.min(), *(F.predict_loss(law, grid, d).min() for d, _ in series)) if fit["form"] != "d" and series else points.loss.min()
     ax.set(xscale="log", xlabel=f"N ({fit['params']} parameters)", ylabel="final validation loss",
-           title=f"{fit['form_text']} ({F.LEVEL:.0%} bands)")
+           title=f"{fit['form_text']} ({F.LEVEL:.0%} bands)", ylim=(max(0.0, 0.9 * lowest), 1.2 * points.loss.max()))
     ax.legend(fontsize=8)
     save_figure(fig, out / "scaling.png")
     written.append("scaling.png")
