@@ -201,6 +201,7 @@ def test_no_intact_checkpoint_is_one_line_and_exit_2(stdlib_data, tmp_path, run_
 
 # --- kill -9 at random moments: at most ckpt.every steps lost, metrics.jsonl exact, continuation identical ---
 
+@pytest.mark.slow  # `make test-all` (45 s); the SIGTERM tests check the checkpoint-and-resume path in `make test`
 def test_kill_9_at_many_random_points_continues_identically(stdlib_data, tmp_path):
     import random
 

@@ -113,6 +113,7 @@ def test_checkpoint_moves_between_strategies_and_world_sizes(first, then, single
     assert sum(sequences_seen(run).values()) == STEPS * 8
 
 
+@pytest.mark.slow  # `make test-all`; test_cluster's hang case checks the same timeout through --nproc
 def test_a_rank_dependent_collective_times_out_instead_of_hanging(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(

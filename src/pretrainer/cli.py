@@ -5,6 +5,7 @@ calls one function; user errors print one line (`error: ...`) and exit with code
     pretrainer train configs/tiny-cpu.toml --data.dir=data/stdlib-bpe4k --run.dir=runs/tiny
     pretrainer train --run.dir=runs/tiny                     # resume with the run's saved config
     pretrainer sample runs/tiny --prompt "def main(" --max-new-tokens 200 --temperature 0.8 --top-k 50
+    pretrainer chat runs/sft                                 # talk to a model fine-tuned on conversations
     pretrainer eval runs/tiny                                # or a checkpoint, or hf:DIR --data.dir=DIR
     pretrainer export runs/tiny --format hf                  # -> runs/tiny/hf (default: the report, runs/tiny/report)
     pretrainer plan configs/llama3-1b.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw
@@ -31,9 +32,11 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
     from pretrainer.data.prepare import prepare
     from pretrainer.data.sources import Corpus
 
-    corpus = Corpus(args.corpus, txt_docs=args.txt_docs, utf8_errors=args.utf8_errors)
+    corpus = Corpus(args.corpus, txt_docs=args.txt_docs, utf8_errors=args.utf8_errors,
+                    column="messages" if args.format == "chat" else "text", on_bad=args.on_bad)
     prepare(corpus, args.tokenizer, Path(args.out), val_fraction=args.val_fraction, seed=args.seed, workers=args.workers,
-            max_docs=args.max_docs, force=args.force, command="pretrainer " + shlex.join(argv))
+            max_docs=args.max_docs, force=args.force, command="pretrainer " + shlex.join(argv), fmt=args.format,
+            tokenizer_from=args.tokenizer_from or "")
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -111,12 +114,12 @@ def cmd_fit(args: argparse.Namespace) -> None:
 def data_for_vocab(cfg):
     """The data dir that supplies the vocabulary, if data.dir names one; a missing one is fine when
     model.vocab_size is set (plans are made before the data is prepared)."""
-    from pretrainer.data.loader import open_data_dir
+    from pretrainer.data.loader import open_training_data
 
-    if not cfg.data.dir:
+    if not cfg.data.dir and not cfg.data.mixture:
         return None
     try:
-        return open_data_dir(cfg.data.dir)
+        return open_training_data(cfg.data.dir, cfg.data.mixture)
     except UserError:
         if not cfg.model.vocab_size:
             raise
@@ -171,6 +174,18 @@ def cmd_sample(args: argparse.Namespace) -> None:
         start = 1 if not args.prompt else 0
         text = tokenizer.decode(row[start:]).replace("<|endoftext|>", "\n<|endoftext|>\n")
         print(f"--- sample {i + 1} ---\n{text}")
+
+
+def cmd_chat(args: argparse.Namespace) -> None:
+    from pretrainer.chat import ChatSession, run_chat
+    from pretrainer.device import resolve_device
+    from pretrainer.runs import build_model, open_run
+
+    run = open_run(args.run)
+    device = resolve_device(args.device)
+    model = build_model(run.cfg, run.load_weights, str(run.checkpoint)).to(device).eval()
+    session = ChatSession(model, run.tokenizer(), args.temperature, args.top_k, args.max_new_tokens, args.seed, args.system)
+    run_chat(session)
 
 
 def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -259,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd_export(args)
         elif args.verb == "sample":
             cmd_sample(args)
+        elif args.verb == "chat":
+            cmd_chat(args)
         elif args.verb == "postmortem":
             cmd_postmortem(args)
         elif args.verb == "budget-check":

@@ -17,6 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", action="append", required=True,
                    help="stdlib | PATH (.txt/.jsonl/.parquet file, dir or glob) | hf:ORG/NAME[:GLOB]; repeatable")
     p.add_argument("--tokenizer", default="gpt2", help="gpt2 (tiktoken GPT-2 BPE) or bpe:N (train a BPE of vocab N)")
+    p.add_argument("--tokenizer-from", metavar="RUN_OR_DATA_DIR",
+                   help="reuse this run's (or data dir's) tokenizer exactly instead of --tokenizer (chat: plus the chat tokens)")
+    p.add_argument("--format", default="text", choices=["text", "chat"],
+                   help="text: documents (a 'text' field/column); chat: conversations (a 'messages' list of {role, content} "
+                        "per JSONL line or parquet row) in the chat template, with a loss mask on the assistant's tokens")
+    p.add_argument("--on-bad", default="error", choices=["error", "skip"],
+                   help="chat: a malformed conversation is an error naming file and line (default), or skipped and counted")
     p.add_argument("--out", required=True, help="output data directory (must not exist unless --force)")
     p.add_argument("--val-fraction", type=float, default=0.005, help="fraction of documents held out for validation")
     p.add_argument("--seed", type=int, default=0, help="seed of the document-level validation split")
@@ -117,6 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens; 0 = all (default 50)")
     p.add_argument("--num-samples", type=int, default=1, help="independent samples of the same prompt (default 1)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed gives the same text (default 0)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
+
+    p = verbs.add_parser("chat", help="talk to a run fine-tuned on conversations (KV cache, history, streaming); "
+                                      "with piped stdin it answers each line and exits",
+                         epilog='example: echo "What is 2+3?" | pretrainer chat runs/sft --max-new-tokens 20')
+    p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir (its newest intact checkpoint) or a checkpoint dir")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply, in tokens (default 256)")
+    p.add_argument("--temperature", type=float, default=0.6, help="softmax temperature; 0 = greedy (default 0.6; /temp T changes it)")
+    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens; 0 = all (default 50)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed and input give the same replies")
+    p.add_argument("--system", default="", help="a system message that starts the conversation")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
 
     p = verbs.add_parser("postmortem", help="write RUN_DIR/spike-postmortem.md and figures for every detected spike")

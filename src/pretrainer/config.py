@@ -27,6 +27,8 @@ from pretrainer.suggest import suggest
 
 def opt(default: Any, help: str) -> Any:
     """A config field with its help: the one place a key is described (`train --help`, `pretrainer config`)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
 
 
@@ -56,6 +58,10 @@ class InitConfig:
 @dataclass
 class DataConfig:
     dir: str = opt("", "a directory written by `pretrainer prepare`")
+    mixture: list = opt([], 'instead of data.dir, several prepared dirs sampled by weight: [{dir = "a", weight = 0.7}, '
+                            '{dir = "b", weight = 0.3}] in TOML, "a:0.7,b:0.3" on the command line; text and chat dirs may mix')
+    packing: str = opt("auto", '"concat" (documents run on), "document" (attention and loss stop at each end-of-text), "pad" '
+                               '(one document per sequence, padded); "auto": document for chat data, concat otherwise')
 
 
 @dataclass
@@ -253,6 +259,8 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
     try:
         if key == "train.micro_batch" and value == "auto":
             return 0
+        if typ is list:
+            return _mixture(value)
         if isinstance(value, str) and typ is not str:
             if typ is bool:
                 return BOOL_WORDS[value.strip().lower()]
@@ -270,7 +278,25 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
             return value
         raise ValueError(value)
     except (ValueError, KeyError):
-        raise UserError(f"{where}: '{key}' must be {typ.__name__}, got {value!r}") from None
+        expected = "[{dir, weight > 0}, ...] in TOML or DIR:WEIGHT,DIR:WEIGHT" if typ is list else typ.__name__
+        raise UserError(f"{where}: '{key}' must be {expected}, got {value!r}") from None
+
+
+def _mixture(value: Any) -> list[dict]:
+    """data.mixture from TOML ([{dir, weight}, ...]) or the command line ("DIR:WEIGHT,DIR:WEIGHT")."""
+    if isinstance(value, str):
+        value = [dict(zip(("dir", "weight"), item.rsplit(":", 1))) for item in value.split(",") if item.strip()]
+    if not isinstance(value, list):
+        raise ValueError(value)
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or set(item) != {"dir", "weight"} or not str(item["dir"]):
+            raise ValueError(value)
+        weight = float(item["weight"])
+        if not weight > 0:
+            raise ValueError(value)
+        out.append({"dir": str(item["dir"]), "weight": weight})
+    return out
 
 
 def set_key(cfg: Config, typed_key: str, value: Any, where: str) -> None:
@@ -369,6 +395,10 @@ def validate(cfg: Config) -> None:
         (cfg.spike.max_consecutive == 0 or cfg.spike.max_consecutive >= 2, "spike.max_consecutive must be 0 (off) or >= 2"),
         (cfg.spike.rollback_margin_steps >= 0, "spike.rollback_margin_steps must be >= 0"),
         (cfg.eval.batches > 0, "eval.batches must be positive"),
+        (cfg.data.packing in ("auto", "concat", "document", "pad"),
+         f"data.packing must be auto, concat, document or pad, got '{cfg.data.packing}'"),
+        (not (cfg.data.dir and cfg.data.mixture), "set data.dir or data.mixture, not both"),
+        (len(cfg.data.mixture) != 1, "data.mixture needs two or more sources (one source: data.dir)"),
         (cfg.eval.tasks_every >= 0 and cfg.eval.tasks_items >= 0 and cfg.eval.num_fewshot >= 0 and cfg.eval.probe_tokens > 0,
          "eval.tasks_every, eval.tasks_items and eval.num_fewshot must be >= 0, eval.probe_tokens positive"),
     ]

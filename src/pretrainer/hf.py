@@ -232,6 +232,9 @@ def export_hf(cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out
         save_safetensors(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
         config = hf_config(cfg, tokenizer.eot_id, str(torch_dtype).removeprefix("torch."))
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        stops = tokenizer.eot_id
+        if "<|assistant_end|>" in tokenizer.special_tokens:  # a chat model ends its turn there (data/chat.py)
+            stops = [tokenizer.special_tokens["<|assistant_end|>"], tokenizer.eot_id]
         (tmp / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id}, indent=2) + "\n")
+            {"bos_token_id": tokenizer.eot_id, "eos_token_id": stops}, indent=2) + "\n")
         hf_tokenizer_files(tokenizer, tmp, model_max_length=cfg.seq_len)

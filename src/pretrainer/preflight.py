@@ -60,7 +60,7 @@ def data_warnings(cfg: Config, data, world_size: int, resumed: dict | None = Non
                         f"ranks): set train.global_batch to keep the batch when the world size changes")
     if resumed_dataset is not None:  # the tokenizer's and the splits' sha256 (the manifest also holds its creation time)
         now = data.provenance()
-        changed = [name for name in ("tokenizer", "splits") if resumed_dataset.get(name) != now[name]]
+        changed = [name for name in ("tokenizer", "splits", "mixture") if resumed_dataset.get(name) != now.get(name)]
         if changed:
             warnings.append(f"{data.path}/manifest.json: the data changed since the checkpoint (its {' and '.join(changed)} "
                             f"differ from those of {resumed_dataset.get('dir')}): the resumed run continues on other data")

@@ -47,9 +47,11 @@ def model_shape(m: ModelConfig) -> dict[str, Any]:
 
 
 def check_fits(model: ModelConfig, source: ModelConfig, where: str) -> None:
-    """List every model setting that differs from the weights' source, in one error."""
+    """List every model setting that differs from the weights' source, in one error. A larger
+    vocabulary fits: the new token rows are initialised (runs.grow_vocabulary)."""
     ours, theirs = model_shape(model), model_shape(source)
-    problems = [f"model.{k} = {ours[k]} but the source has {theirs.get(k)}" for k in ours if ours[k] != theirs.get(k)]
+    problems = [f"model.{k} = {ours[k]} but the source has {theirs.get(k)}" for k in ours
+                if ours[k] != theirs.get(k) and not (k == "vocab_size" and ours[k] > theirs[k])]
     if problems:
         raise UserError(f"{where}: weights do not fit this model: {'; '.join(problems)}; set those model.* keys to match")
 
@@ -65,8 +67,9 @@ class DataInfo(Protocol):  # what resolution reads of a prepared data dir (pretr
 def resolve(cfg: Config, world_size: int = 1, data: DataInfo | None = None, source: ModelConfig | None = None,
             source_where: str = "", search_micro_batch: Callable[[Config, int], int] | None = None) -> Config:
     """A copy of cfg with everything derived filled in, checked against the data and the world:
-      model.vocab_size   0 -> the init source's, else the data's; never smaller than the data's ids
+      model.vocab_size   0 -> the larger of the init source's and the data's; never smaller than the data's ids
       model.d_ff         0 -> the architecture's default
+      data.packing       auto -> document for chat data, concat otherwise
       train.micro_batch  auto -> search_micro_batch(cfg, per-rank batch), a divisor of it
       train.grad_accum   global_batch / (micro_batch x world size) when global_batch is set
     """
@@ -76,7 +79,8 @@ def resolve(cfg: Config, world_size: int = 1, data: DataInfo | None = None, sour
         if source is None and data is None:
             raise UserError("model.vocab_size is 0 (taken from the data); pass --data.dir=DIR (a prepared data dir) "
                             "or set --model.vocab_size")
-        m.vocab_size = source.vocab_size if source is not None else data.vocab_size
+        # the source's, grown to the data's when its tokenizer has more (chat) tokens appended
+        m.vocab_size = max(source.vocab_size if source is not None else 0, data.vocab_size if data is not None else 0)
     if source is not None:
         check_fits(m, source, source_where)
     if data is not None and (m.vocab_size < data.vocab_size or data.manifest["max_token_id"] >= m.vocab_size):
@@ -84,6 +88,8 @@ def resolve(cfg: Config, world_size: int = 1, data: DataInfo | None = None, sour
                         f"(max id {data.manifest['max_token_id']}) but model.vocab_size = {m.vocab_size}; "
                         f"leave model.vocab_size = 0 to take it from the data")
     m.d_ff = resolve_d_ff(m)
+    if cfg.data.packing == "auto":  # chat data: no token sees or predicts across a conversation's end
+        cfg.data.packing = "document" if data is not None and getattr(data, "is_chat", False) else "concat"
     if t.micro_batch == 0:  # auto: the largest micro-batch that fits, keeping the global batch
         if search_micro_batch is None:
             raise UserError("train.micro_batch = auto is found at launch on the GPU; set a number to plan, "
@@ -104,6 +110,7 @@ def absolute_paths(cfg: Config) -> Config:
     cfg = copy.deepcopy(cfg)
     absolute = lambda p: os.path.abspath(os.path.expanduser(p)) if p else p  # noqa: E731 (not resolve(): keep symlinks)
     cfg.data.dir, cfg.run.dir, cfg.budget.file = absolute(cfg.data.dir), absolute(cfg.run.dir), absolute(cfg.budget.file)
+    cfg.data.mixture = [{**source, "dir": absolute(source["dir"])} for source in cfg.data.mixture]
     spec = cfg.init.from_
     cfg.init.from_ = "hf:" + absolute(spec[3:]) if spec.startswith("hf:") else absolute(spec)
     return cfg
@@ -115,6 +122,8 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
     `resume_command`, which continues with the saved config."""
     saved_cfg = absolute_paths(from_dict(saved, f"{where}/state.json"))  # older runs saved relative paths
     saved_cfg.model.d_ff = resolve_d_ff(saved_cfg.model)  # checkpoints written before d_ff was resolved hold 0
+    if saved_cfg.data.packing == "auto":  # checkpoints written before data.packing existed: they packed by concatenation
+        saved_cfg.data.packing = "concat"
     old, new = flatten(saved_cfg), flatten(cfg)
     changed = diff_keys(saved_cfg, cfg)
     model_keys = [k for k in changed if k.startswith("model.")]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pretrainer.config import Config, ModelConfig, apply_overrides, from_dict
 from pretrainer.data.tokenizer import Tokenizer
 from pretrainer.model import Transformer
 from pretrainer.errors import UserError
-from pretrainer.train.checkpoint import (list_checkpoints, load_model_weights, read_trainer_state, resolve_run_or_checkpoint,
+from pretrainer.train.checkpoint import (MARKER, list_checkpoints, load_model_weights, read_trainer_state, resolve_run_or_checkpoint,
                                          verify_checkpoint)
 
 WeightLoader = Callable[[], dict[str, torch.Tensor]]
@@ -50,6 +51,18 @@ class OpenRun:
 
         return load_file(self.checkpoint / "model.safetensors")
 
+    def lineage(self) -> dict:
+        """This run as a parent: which checkpoint (and the sha256 of its weights), the tokens it saw and
+        trained on, and its own parent, so a pretrain -> mid-train -> SFT chain reads back from the last run."""
+        recorded = json.loads((self.checkpoint / MARKER).read_text()).get("files", {})
+        state = self.state
+        return {"init_from": str(self.run_dir), "checkpoint": str(self.checkpoint), "step": self.step,
+                "model_sha256": recorded.get("model.safetensors", {}).get("sha256"),
+                "config_sha256": state.get("config_sha256"), "tokens": state.get("tokens"),
+                "trained_tokens": state.get("trained_tokens", state.get("tokens")),
+                "data": state.get("dataset", {}).get("dir") or state.get("dataset", {}).get("mixture"),
+                "parent": state.get("parent")}
+
 
 def open_run(path: str | Path) -> OpenRun:
     """A run dir (-> its newest intact checkpoint, damaged newer ones reported) or a checkpoint dir
@@ -73,16 +86,46 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
     return apply_overrides(copy.deepcopy(cfg), overrides)
 
 
-def init_source(spec: str) -> tuple[ModelConfig, WeightLoader]:
-    """`init.from` -> (the source's model config, a function that loads its weights under our names)."""
+@dataclass
+class InitSource:
+    """What `init.from` names: its model config, its weights (loaded on demand), its tokenizer (a
+    pretrainer run's; None for hf: weights) and the lineage a run started from it records."""
+
+    model: ModelConfig
+    load: WeightLoader
+    tokenizer: Tokenizer | None
+    lineage: dict
+
+
+def open_init_source(spec: str) -> InitSource:
     if spec.startswith("hf:"):
         from pretrainer import hf
 
         directory = Path(spec[len("hf:"):])
         source_cfg = hf.read_hf_config(directory)
-        return source_cfg, lambda: hf.from_hf_weights(source_cfg, hf.read_hf_weights(directory), spec)
+        return InitSource(source_cfg, lambda: hf.from_hf_weights(source_cfg, hf.read_hf_weights(directory), spec), None,
+                          {"init_from": spec})
     run = open_run(spec)
-    return run.cfg.model, run.load_weights
+    return InitSource(run.cfg.model, run.load_weights, run.tokenizer(), run.lineage())
+
+
+def init_source(spec: str) -> tuple[ModelConfig, WeightLoader]:
+    """`init.from` -> (the source's model config, a function that loads its weights under our names)."""
+    source = open_init_source(spec)
+    return source.model, source.load
+
+
+def grow_vocabulary(weights: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
+    """Weights of a model with fewer token ids (its tokenizer, with special tokens appended since: the
+    chat format's) made to fit `vocab_size`: the old rows are kept, each new row starts at the mean of
+    the old ones (an average token, not noise: Hewitt, "Initializing new word embeddings", 2021)."""
+    grown = dict(weights)
+    for name in ("wte.weight", "lm_head.weight"):
+        old = weights.get(name)
+        if old is not None and old.shape[0] < vocab_size:
+            mean = old.float().mean(dim=0, keepdim=True).to(old.dtype)
+            grown[name] = torch.cat([old, mean.expand(vocab_size - old.shape[0], -1)])
+    return grown
 
 
 def build_model(cfg: Config, load_weights: WeightLoader | None = None, where: str = "") -> Transformer:

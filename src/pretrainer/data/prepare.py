@@ -9,6 +9,9 @@
                             the same tokenizer for Hugging Face (AutoTokenizer.from_pretrained(OUT))
       manifest.json         tokenizer id/hash, dtype, per-split document and token counts, sha256 of
                             each file, sources, the command and the pretrainer version
+      train.mask.bin,       --format chat only: one byte per token, 1 where the token is trained on
+      val.mask.bin          (assistant content and its end token; data/chat.py); the manifest records
+                            the template, the special tokens and the trained-token counts
 
 The validation split is by document content: a document goes to val when a hash of (seed, its
 content hash) falls below val_fraction, so the split is deterministic, independent of worker
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import multiprocessing
 import os
 import time
@@ -45,6 +49,15 @@ from pretrainer.io import atomic_directory, atomic_write_json
 
 BATCH_CHARS = 1 << 20  # documents are sent to workers in batches of about 1M characters
 BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
+
+
+def tokenizer_of(path: str) -> Tokenizer:
+    """The tokenizer of a run dir (RUN/tokenizer), a checkpoint (its run's) or a prepared data dir."""
+    path = Path(path)
+    for candidate in (path / "tokenizer", path.parent.parent / "tokenizer", path):
+        if (candidate / "tokenizer.tiktoken").is_file():
+            return Tokenizer.load(candidate)
+    raise UserError(f"--tokenizer-from {path}: no tokenizer there; give a run dir, a checkpoint or a prepared data dir")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -144,28 +157,36 @@ def _init_worker(tokenizer_dir: str) -> None:
     _worker_tokenizer = Tokenizer.load(Path(tokenizer_dir))
 
 
-def _encode_batch(texts: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """-> (all tokens with an end-of-text after each document, per-item lengths).
+def _encode_batch(texts: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, None, np.ndarray]:
+    """-> (all tokens with an end-of-text after each document, no loss mask, per-item lengths).
     A Piece (a document the next item continues) gets no end-of-text."""
     tok = tokenizer or _worker_tokenizer
     ids = [x if isinstance(t, Piece) else x + [tok.eot_id] for t, x in zip(texts, tok.encode_batch(texts))]
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-    return flat, lengths
+    return flat, None, lengths
 
 
-def _encode_stream(batches: Iterator[tuple[list[str], list[int]]], tokenizer: Tokenizer, tokenizer_dir: Path, workers: int):
-    """-> ((tokens, lengths), keys, document ends) per batch, in order."""
+def _render_chat_batch(conversations: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """--format chat: canonical conversations -> (tokens in the chat template, loss mask, per-item lengths)."""
+    from pretrainer.data.chat import render_batch
+
+    return render_batch(conversations, tokenizer or _worker_tokenizer)
+
+
+def _encode_stream(batches: Iterator[tuple[list[str], list[int]]], tokenizer: Tokenizer, tokenizer_dir: Path, workers: int,
+                   encode=_encode_batch):
+    """-> ((tokens, mask or None, lengths), keys, document ends) per batch, in order."""
     if workers <= 1:
         for texts, keys in batches:
-            yield _encode_batch(texts, tokenizer), keys, [not isinstance(t, Piece) for t in texts]
+            yield encode(texts, tokenizer), keys, [not isinstance(t, Piece) for t in texts]
         return
     # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy mid-state
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
         pending = deque()
         for texts, keys in batches:
-            pending.append((pool.submit(_encode_batch, texts), keys, [not isinstance(t, Piece) for t in texts]))
+            pending.append((pool.submit(encode, texts), keys, [not isinstance(t, Piece) for t in texts]))
             if len(pending) >= 2 * workers:
                 future, keys, ends = pending.popleft()
                 yield future.result(), keys, ends
@@ -175,30 +196,57 @@ def _encode_stream(batches: Iterator[tuple[list[str], list[int]]], tokenizer: To
 
 
 class _SplitWriter:
-    def __init__(self, path: Path, dtype: np.dtype):
+    """One split's token file and, for chat data, its loss-mask file (one byte per token, aligned)."""
+
+    def __init__(self, path: Path, dtype: np.dtype, with_mask: bool = False):
         self.path, self.dtype = path, dtype
         self.file = open(path, "wb")
         self.sha = hashlib.sha256()
-        self.documents = self.tokens = 0
+        self.mask_path = path.with_suffix(".mask.bin") if with_mask else None
+        self.mask_file = open(self.mask_path, "wb") if with_mask else None
+        self.mask_sha = hashlib.sha256()
+        self.documents = self.tokens = self.trained_tokens = 0
 
-    def write(self, tokens: np.ndarray, documents: int = 1) -> None:
-        """Tokens of consecutive items, `documents` of which end here (a Piece continues)."""
+    def write(self, tokens: np.ndarray, documents: int = 1, mask: np.ndarray | None = None) -> None:
+        """Tokens of consecutive items, `documents` of which end here (a Piece continues), and their mask."""
         data = tokens.astype(self.dtype).tobytes()
         self.file.write(data)
         self.sha.update(data)
         self.documents += documents
         self.tokens += len(tokens)
+        if self.mask_file is not None:
+            mask_bytes = mask.astype(np.uint8).tobytes()
+            self.mask_file.write(mask_bytes)
+            self.mask_sha.update(mask_bytes)
+            self.trained_tokens += int(mask.sum())
 
     def close(self) -> dict:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        return {"file": self.path.name, "documents": self.documents, "tokens": self.tokens, "sha256": self.sha.hexdigest()}
+        info = {"file": self.path.name, "documents": self.documents, "tokens": self.tokens, "sha256": self.sha.hexdigest()}
+        for f in (self.file, self.mask_file):
+            if f is not None:
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+        if self.mask_file is not None:
+            info.update(mask_file=self.mask_path.name, mask_sha256=self.mask_sha.hexdigest(), trained_tokens=self.trained_tokens)
+        return info
 
 
 def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: float = 0.005, seed: int = 0,
-            workers: int = 0, max_docs: int = 0, force: bool = False, command: str = "") -> dict:
+            workers: int = 0, max_docs: int = 0, force: bool = False, command: str = "", fmt: str = "text",
+            tokenizer_from: str = "") -> dict:
+    """Tokenize `corpus` into OUT (see the module docstring). fmt "chat": the corpus holds conversations
+    (Corpus(column="messages")), written in the chat template with a loss mask (data/chat.py);
+    tokenizer_from: reuse the tokenizer of a run, checkpoint or data dir exactly (chat: plus the chat tokens)."""
     out = Path(out)
+    chat = fmt == "chat"
+    if fmt not in ("text", "chat"):
+        raise UserError(f"--format {fmt}: use text or chat")
+    if chat and corpus.column != "messages":
+        raise UserError("--format chat reads conversations: the corpus must be read with Corpus(column='messages')")
+    if chat and any(f.kind not in ("jsonl", "parquet") for f in corpus.files):
+        bad = next(f for f in corpus.files if f.kind not in ("jsonl", "parquet"))
+        raise UserError(f"{bad.path}: --format chat reads .jsonl (a \"messages\" list per line) or .parquet (a messages column)")
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction {val_fraction}: must be between 0 and 1 (exclusive)")
     if out.exists() and not force:
@@ -214,29 +262,39 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
 
     with atomic_directory(out) as tmp:  # renamed to `out` only when complete (--force: the old one goes only then)
         started = time.time()
-        if tokenizer_spec.startswith("bpe:"):
+        if tokenizer_from:
+            tokenizer = tokenizer_of(tokenizer_from)
+        elif tokenizer_spec.startswith("bpe:"):
             print(f"training {tokenizer_spec} on the train split ...", flush=True)
             train_texts = (text for text, key in documents() if not is_val_document(seed, key, val_fraction))
+            if chat:  # the BPE learns from what the messages say, not from their JSON
+                train_texts = ("\n".join(m["content"] for m in json.loads(t)) for t in train_texts)
             tokenizer = tokenizer_from_spec(tokenizer_spec, _first_chars(train_texts, BPE_TRAIN_CHARS))
         else:
             tokenizer = tokenizer_from_spec(tokenizer_spec)
+        if chat:
+            from pretrainer.data.chat import chat_tokenizer
+
+            tokenizer = chat_tokenizer(tokenizer)
         tokenizer.save(tmp)
         dtype = token_dtype(tokenizer.vocab_size)
 
-        corpus.replaced_documents = corpus.null_documents = 0  # count once, on the encoding pass
-        writers = {"train": _SplitWriter(tmp / "train.bin", dtype), "val": _SplitWriter(tmp / "val.bin", dtype)}
+        corpus.replaced_documents = corpus.null_documents = corpus.bad_documents = 0  # count once, on the encoding pass
+        writers = {"train": _SplitWriter(tmp / "train.bin", dtype, chat), "val": _SplitWriter(tmp / "val.bin", dtype, chat)}
         # Progress in file bytes read (corpus.bytes_read), the unit of total_bytes; a --max-docs run has no known end.
         progress = tqdm(total=None if max_docs else corpus.total_bytes, unit="B", unit_scale=True,
                         desc="tokenizing", mininterval=1.0, dynamic_ncols=True)
         doc_index, max_token = 0, 0
         keyed = documents()
-        for (flat, lengths), keys, ends in _encode_stream(_batches(iter(keyed)), tokenizer, tmp, workers):
+        encode = _render_chat_batch if chat else _encode_batch
+        for (flat, mask, lengths), keys, ends in _encode_stream(_batches(iter(keyed)), tokenizer, tmp, workers, encode):
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             splits = ["val" if is_val_document(seed, key, val_fraction) else "train" for key in keys]
             first = 0
             for last in range(len(keys)):  # one write per run of consecutive items bound for the same split
                 if last + 1 == len(keys) or splits[last + 1] != splits[first]:
-                    writers[splits[first]].write(flat[offsets[first]:offsets[last + 1]], sum(ends[first:last + 1]))
+                    span = slice(offsets[first], offsets[last + 1])
+                    writers[splits[first]].write(flat[span], sum(ends[first:last + 1]), None if mask is None else mask[span])
                     first = last + 1
             doc_index += sum(ends)
             max_token = max(max_token, int(flat.max()))
@@ -255,6 +313,8 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
                   f"U+FFFD (pass --utf8-errors=strict to reject them)", flush=True)
         if corpus.null_documents:
             print(f"note: {corpus.null_documents} documents had no text (null) and were skipped", flush=True)
+        if corpus.bad_documents:
+            print(f"note: {corpus.bad_documents} malformed conversations were skipped (--on-bad skip)", flush=True)
         if keyed.duplicates:
             print(f"note: {keyed.duplicates} exact duplicate documents were dropped", flush=True)
         for spec, hub in corpus.hub.items():
@@ -271,8 +331,10 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": command,
             "sources": corpus.describe(),
+            "content": "chat" if chat else "text",
             "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size,
-                          "eot_id": tokenizer.eot_id, "files": list(TOKENIZER_FILES)},
+                          "eot_id": tokenizer.eot_id, "special_tokens": tokenizer.special_tokens,
+                          "files": list(TOKENIZER_FILES), **({"from": tokenizer_from} if tokenizer_from else {})},
             "dtype": dtype.name,
             "max_token_id": max_token,
             "seed": seed,
@@ -284,6 +346,11 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "auto_split_files": corpus.auto_split_files,
             "splits": splits,
         }
+        if chat:
+            from pretrainer.data.chat import TEMPLATE
+
+            manifest["chat"] = {"template": TEMPLATE, "loss_mask": "1 on assistant content and <|assistant_end|>",
+                                "bad_conversations": corpus.bad_documents, "on_bad": corpus.on_bad}
         atomic_write_json(tmp / "manifest.json", manifest)
     total = splits["train"]["tokens"] + splits["val"]["tokens"]
     print(f"wrote {out}: {doc_index:,} documents, {total:,} tokens ({splits['train']['tokens']:,} train, "

@@ -120,7 +120,10 @@ class Corpus:
     txt_docs: str = "auto"  # "file": one document per .txt file; "blank-lines": split on blank lines;
     #                         "auto": file, except for files over AUTO_SPLIT_BYTES (split at blank lines)
     utf8_errors: str = "replace"  # or "strict"
+    column: str = "text"  # "text": documents; "messages": conversations (data/chat.py), yielded as canonical JSON
+    on_bad: str = "error"  # a malformed conversation: "error" (naming file and line) or "skip" (counted)
     files: list[CorpusFile] = field(init=False)
+    bad_documents: int = field(init=False, default=0)  # malformed conversations skipped (on_bad = "skip")
     replaced_documents: int = field(init=False, default=0)  # documents with invalid UTF-8 or lone surrogates
     null_documents: int = field(init=False, default=0)  # JSONL "text": null and parquet nulls, skipped
     auto_split_files: list[str] = field(init=False, default_factory=list)  # auto: large .txt split at blank lines
@@ -135,6 +138,8 @@ class Corpus:
             raise UserError(f"--utf8-errors {self.utf8_errors}: use replace or strict")
         if not self.specs:
             raise UserError("no --corpus given; e.g. --corpus stdlib")
+        if self.on_bad not in ("error", "skip"):
+            raise UserError(f"--on-bad {self.on_bad}: use error or skip")
         self.files = []
         for spec in self.specs:
             if spec.startswith("hf:"):
@@ -171,19 +176,22 @@ class Corpus:
                             f"fix the data or pass --utf8-errors=replace")
         return SURROGATE.sub("\ufffd", text), True
 
-    @staticmethod
-    def _check_parquet(path: Path) -> None:
+    def _check_parquet(self, path: Path) -> None:
         import pyarrow.parquet as pq
 
         try:
             names = pq.ParquetFile(path).schema_arrow.names
         except Exception as e:  # pyarrow raises ArrowInvalid / OSError for non-parquet bytes
             raise UserError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:160]})") from None
-        if "text" not in names:
-            raise UserError(f"{path}: parquet file has no 'text' column (columns: {', '.join(names[:10])})")
+        if self.column not in names:
+            raise UserError(f"{path}: parquet file has no '{self.column}' column (columns: {', '.join(names[:10])})")
         import pyarrow as pa
 
-        column = pq.ParquetFile(path).schema_arrow.field("text").type
+        column = pq.ParquetFile(path).schema_arrow.field(self.column).type
+        if self.column == "messages":
+            if not (pa.types.is_list(column) or pa.types.is_large_list(column)):
+                raise UserError(f"{path}: the 'messages' column is {column}, not a list of {{role, content}}")
+            return
         if not (pa.types.is_string(column) or pa.types.is_large_string(column)
                 or (pa.types.is_dictionary(column) and pa.types.is_string(column.value_type))):
             raise UserError(f"{path}: the 'text' column is {column}, not a string; write the documents as strings")
@@ -260,7 +268,17 @@ class Corpus:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
+                    if self.column == "messages" and self.on_bad == "skip":
+                        self.bad_documents += 1
+                        continue
                     raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
+                if self.column == "messages":
+                    conversation = self._conversation(record.get("messages") if isinstance(record, dict) else None, where)
+                    if conversation is not None:
+                        text, smuggled = self._no_surrogates(conversation, where)
+                        self.replaced_documents += (replaced and "\ufffd" in text) or smuggled
+                        yield text
+                    continue
                 if not isinstance(record, dict) or "text" not in record:
                     raise UserError(f"{where}: no 'text' field; each line must be an object like {{\"text\": \"...\"}}")
                 if record["text"] is None:
@@ -280,9 +298,18 @@ class Corpus:
 
         row, parquet = 0, pq.ParquetFile(path)
         start, size, rows = self.bytes_read, path.stat().st_size, max(parquet.metadata.num_rows, 1)
-        for batch in parquet.iter_batches(batch_size=1024, columns=["text"]):
+        for batch in parquet.iter_batches(batch_size=1024, columns=[self.column]):
             self.bytes_read = start + size * row // rows  # compressed bytes: estimated from the rows read
             column = batch.column(0)
+            if self.column == "messages":
+                for messages in column.to_pylist():
+                    row += 1
+                    conversation = self._conversation(messages, f"{path}: row {row}")
+                    if conversation is not None:
+                        text, smuggled = self._no_surrogates(conversation, f"{path}: row {row}")
+                        self.replaced_documents += smuggled
+                        yield text
+                continue
             if pa.types.is_dictionary(column.type):
                 column = column.dictionary_decode()
             for raw in column.cast(pa.large_binary()).to_pylist():
@@ -294,6 +321,18 @@ class Corpus:
                 if text.strip():
                     self.replaced_documents += replaced
                     yield text
+
+    def _conversation(self, messages, where: str) -> str | None:
+        """A conversation's canonical JSON, or None for a malformed one that on_bad = skip drops (counted)."""
+        from pretrainer.data.chat import canonical, conversation_problem
+
+        problem = conversation_problem(messages)
+        if not problem:
+            return canonical(messages)
+        if self.on_bad == "skip":
+            self.bad_documents += 1
+            return None
+        raise UserError(f"{where}: malformed conversation: {problem}; fix it or pass --on-bad skip to drop such lines")
 
     def describe(self) -> list[dict]:
         """Provenance per source, for the manifest: the files actually read (a --max-docs run stops

@@ -83,12 +83,14 @@ def _parse_ranks(data: bytes, where: str) -> dict[bytes, int]:
 class Tokenizer:
     """A tiktoken encoding plus the facts the rest of the package needs (name, EOT id, hash)."""
 
-    def __init__(self, name: str, pattern: str, ranks: dict[bytes, int]):
+    def __init__(self, name: str, pattern: str, ranks: dict[bytes, int], extra_special: tuple[str, ...] = ()):
         self.name = name
         self.pattern = pattern
         self.ranks = ranks
         self.eot_id = len(ranks)  # the end-of-text token follows the merges, as in GPT-2 (50256)
-        self.special_tokens = {EOT: self.eot_id}
+        # more special tokens (the chat format's, data/chat.py) are appended after it, so every id a base
+        # model knows keeps its meaning and the model's vocabulary only grows
+        self.special_tokens = {EOT: self.eot_id, **{name: self.eot_id + 1 + i for i, name in enumerate(extra_special)}}
         self.encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.special_tokens)
         self.sha256 = hashlib.sha256(
             _serialise_ranks(ranks) + pattern.encode() + json.dumps(self.special_tokens, sort_keys=True).encode()
@@ -97,6 +99,26 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.encoding.n_vocab
+
+    @property
+    def extra_special(self) -> tuple[str, ...]:
+        """The special tokens after end-of-text, in id order."""
+        return tuple(name for name, _ in sorted(self.special_tokens.items(), key=lambda kv: kv[1]) if name != EOT)
+
+    def with_special(self, names: tuple[str, ...]) -> "Tokenizer":
+        """This tokenizer with `names` appended as special tokens (those it already has are kept, in place)."""
+        return Tokenizer(self.name, self.pattern, self.ranks, self.extra_special + tuple(n for n in names if n not in self.special_tokens))
+
+    def extends(self, base: "Tokenizer") -> bool:
+        """Whether every id of `base` means the same here: the same merges and pattern, and base's
+        special tokens with the same ids (more may follow)."""
+        return (self.pattern == base.pattern and self.ranks == base.ranks
+                and all(self.special_tokens.get(name) == i for name, i in base.special_tokens.items()))
+
+    def special_id(self, name: str) -> int:
+        if name not in self.special_tokens:
+            raise UserError(f"tokenizer {self.name} has no special token {name}; prepare the data with --format chat")
+        return self.special_tokens[name]
 
     def token_byte_lengths(self) -> list[int]:
         """UTF-8 bytes each token id stands for (0 for special tokens such as the document separator),
@@ -145,7 +167,8 @@ class Tokenizer:
                 raise UserError(f"{p}: tokenizer file missing; re-run `pretrainer prepare` for this data")
         try:
             meta = json.loads(meta_path.read_text())
-            tok = cls(meta["name"], meta["pattern"], _parse_ranks(ranks_path.read_bytes(), str(ranks_path)))
+            extra = tuple(name for name, _ in sorted(meta["special_tokens"].items(), key=lambda kv: kv[1]) if name != EOT)
+            tok = cls(meta["name"], meta["pattern"], _parse_ranks(ranks_path.read_bytes(), str(ranks_path)), extra)
         except (json.JSONDecodeError, KeyError) as e:
             raise UserError(f"{meta_path}: malformed tokenizer metadata ({e}); re-run `pretrainer prepare`") from None
         if tok.sha256 != meta["sha256"] or tok.special_tokens != meta["special_tokens"]:
@@ -207,12 +230,19 @@ def hf_tokenizer_files(tokenizer: Tokenizer, out: Path, model_max_length: int | 
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     hf.decoder = decoders.ByteLevel()
-    hf.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
-    if hf.token_to_id(EOT) != tokenizer.eot_id:
-        raise AssertionError(f"end-of-text id {hf.token_to_id(EOT)} != {tokenizer.eot_id}")
+    names = [EOT, *tokenizer.extra_special]  # in id order, so each gets its id
+    hf.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in names])
+    for name in names:
+        if hf.token_to_id(name) != tokenizer.special_tokens[name]:
+            raise AssertionError(f"special token {name}: id {hf.token_to_id(name)} != {tokenizer.special_tokens[name]}")
     atomic_write_bytes(out / "tokenizer.json", hf.to_str(pretty=True).encode())
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT, "unk_token": None,
               "clean_up_tokenization_spaces": False, "add_prefix_space": False}
+    if tokenizer.extra_special:  # a chat tokenizer: its template for transformers' apply_chat_template
+        from pretrainer.data.chat import ASSISTANT_END, BOS, HF_CHAT_TEMPLATE, is_chat_tokenizer
+
+        if is_chat_tokenizer(tokenizer):
+            config.update(bos_token=BOS, eos_token=ASSISTANT_END, chat_template=HF_CHAT_TEMPLATE)
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
     atomic_write_bytes(out / "tokenizer_config.json", (json.dumps(config, indent=2) + "\n").encode())

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from pretrainer.config import Config
-from pretrainer.data.loader import DataDir, validation_batches
+from pretrainer.data.loader import validation_batches
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
 from pretrainer.eval.probes import format_probes, read_probes, run_probes
 from pretrainer.eval.task_files import load_tasks
@@ -26,11 +26,21 @@ from pretrainer.eval.tasks import continuation_scorer, encode_task, suite_score,
 from pretrainer.metrics import MetricsLog
 
 
+def data_validation_batches(data, cfg: Config) -> list:
+    """eval.batches micro-batches of the val split, packed as in training; a mixture's from each source
+    by weight (at least one each), so val_loss is over the same blend the run trains on."""
+    sources, weights = data.sources("val", cfg.model.seq_len, cfg.data.packing)
+    shares = [max(1, round(cfg.eval.batches * w / sum(weights))) for w in weights] if len(sources) > 1 else [cfg.eval.batches]
+    return [batch for source, n in zip(sources, shares)
+            for batch in validation_batches(source, cfg.model.seq_len, cfg.train.micro_batch, n)]
+
+
 class LoopEvals:
-    def __init__(self, cfg: Config, data: DataDir, device: torch.device, amp_dtype: torch.dtype | None):
+    def __init__(self, cfg: Config, data, device: torch.device, amp_dtype: torch.dtype | None):
         self.cfg, self.tokenizer, self.device, self.amp_dtype = cfg, data.tokenizer, device, amp_dtype
         seq_len, micro_batch = cfg.model.seq_len, cfg.train.micro_batch
-        self.val_batches = validation_batches(data.tokens("val"), seq_len, micro_batch, cfg.eval.batches)
+        self.val_batches = data_validation_batches(data, cfg)
+        self.separator = data.eot_id if cfg.data.packing == "document" else None
         self.token_bytes = token_bytes_tensor(data.tokenizer, cfg.model.vocab_size)  # for bits per byte
         self.batch_tokens = micro_batch * seq_len  # what fits a training micro-batch fits a scoring batch
         on = cfg.eval.tasks_every > 0  # a bad task or probes file fails the launch, before the run dir is touched
@@ -49,7 +59,7 @@ class LoopEvals:
             self.probes_log = MetricsLog(path, keep_through_step)
 
     def validate(self, model: torch.nn.Module, step: int, tokens: int) -> float:
-        scores = evaluate(model, self.val_batches, self.device, self.amp_dtype, self.token_bytes)
+        scores = evaluate(model, self.val_batches, self.device, self.amp_dtype, self.token_bytes, self.separator)
         self.write({"step": step, **scores, "tokens": tokens, "elapsed_s": self.elapsed()})
         self.say(f"step {step}: val loss {scores['val_loss']:.4f}, {scores['val_bpb']:.4f} bits/byte")
         return scores["val_loss"]

@@ -19,11 +19,13 @@ from pretrainer.config import (
     load_config,
     parse_overrides,
 )
-from pretrainer.data.loader import open_data_dir, validation_batches
+from pretrainer.data.loader import open_training_data
 from pretrainer.device import autocast_dtype, resolve_device
 from pretrainer.errors import UserError
+from pretrainer.eval.inloop import data_validation_batches
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
 from pretrainer.io import atomic_write_json
+from pretrainer.model.loss import IGNORE_INDEX
 from pretrainer.resolve import resolve
 from pretrainer.runs import (
     OpenRun,
@@ -66,6 +68,8 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, Weigh
     else:
         run = open_run(spec)
         weights = Weights(str(run.checkpoint), run.cfg.model, run.load_weights, run)
+        if cfg is None and any(canonical_key(key) == "data.dir" for key, _ in parse_overrides(overrides)):
+            run.cfg.data.mixture = []  # another data dir replaces the run's mixture
         cfg = cfg or with_overrides(run.cfg, overrides)  # the run's data, seq_len and batch unless overridden
     cfg = cfg or load_config(None, overrides)
     model_overrides = [f"--{key}={value}" for key, value in parse_overrides(overrides) if key.startswith("model.")]
@@ -104,16 +108,17 @@ def evaluate_target(target: str | None, overrides: list[str], out: str | None = 
 
     cfg, weights = eval_config(target, overrides)
     spec, run = weights.spec, weights.run
-    data = open_data_dir(cfg.data.dir)
+    data = open_training_data(cfg.data.dir, cfg.data.mixture)
     device = resolve_device(cfg.train.device)
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
     cfg = resolve(cfg, data=data, source=weights.model, source_where=spec)
     tasks = load_tasks(tasks_to_run(cfg), cfg.eval.num_fewshot, SUITE_ITEMS if limit is None else limit)  # read before the model: a bad name fails fast
     prompts = read_probes(cfg.eval.probes)
     model = build_model(cfg, weights.load, spec).to(device)
-    batches = validation_batches(data.tokens("val"), cfg.model.seq_len, cfg.train.micro_batch, cfg.eval.batches)
-    scores = evaluate(model, batches, device, amp_dtype, token_bytes_tensor(data.tokenizer, cfg.model.vocab_size))
-    tokens = sum(y.numel() for _, y in batches)
+    batches = data_validation_batches(data, cfg)
+    scores = evaluate(model, batches, device, amp_dtype, token_bytes_tensor(data.tokenizer, cfg.model.vocab_size),
+                      data.eot_id if cfg.data.packing == "document" else None)
+    tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in batches)
     result = {"weights": spec, "step": run.step if run else None, "data_dir": str(data.path), "tokenizer": data.tokenizer.name,
               **scores, "tokens": tokens}
     print(f"{spec}: val loss {scores['val_loss']:.4f} nats/token, {scores['val_bpb']:.4f} bits/byte over {tokens:,} "

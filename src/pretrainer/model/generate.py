@@ -49,3 +49,20 @@ def generate(model: Transformer, prompt: torch.Tensor, max_new_tokens: int, temp
         else:
             logits, _ = model(next_id, kv_cache=cache)
     return out
+
+
+@torch.no_grad()
+def stream(model: Transformer, new_ids: list[int], cache, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
+           generator: torch.Generator | None = None, stop_ids: tuple[int, ...] = ()):
+    """One row, token by token: feed `new_ids` into `cache` (a prefill of only what the cache does not
+    hold yet), then yield sampled ids until one in stop_ids (yielded too), max_new_tokens, or a full
+    context. The ids yielded are in the cache except the last one: the caller feeds it with the next turn."""
+    model.eval()
+    device = model.wte.weight.device
+    logits, _ = model(torch.tensor([new_ids], dtype=torch.long, device=device), kv_cache=cache, last_only=True)
+    for produced in range(max_new_tokens):
+        next_id = sample_next(logits[:, -1], temperature, top_k, generator)
+        yield int(next_id)
+        if int(next_id) in stop_ids or produced + 1 == max_new_tokens or cache.pos >= model.cfg.seq_len:
+            return
+        logits, _ = model(next_id, kv_cache=cache)

@@ -81,28 +81,48 @@ class Attention(nn.Module):
         # so the efficient kernel runs on repeated K/V instead of the math kernel's T x T scores.
         self.native_gqa = True
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, cache: KVCache | None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """rope: the cos and sin of each position of x ((T, head_dim), or (B, 1, T, head_dim) when
+        positions restart per document); attn_mask (B, 1, T, T): which keys each query sees (document
+        masking), None: causal."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         start = cache.pos if cache is not None else 0
         if rope is not None:
-            cos, sin = rope[0][start:start + T], rope[1][start:start + T]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         gqa = self.n_kv_head != self.n_head  # each kv head serves n_head/n_kv_head query heads
-        if gqa and (start > 0 or not self.native_gqa):  # the masked decode path, or no flash: repeat K/V
+        if gqa and (start > 0 or not self.native_gqa or attn_mask is not None):  # masked paths, or no flash: repeat K/V
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             gqa = False
-        if start == 0:
+        if attn_mask is not None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        elif start == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:  # decoding after a prefix: query i (absolute start + i) sees keys 0..start + i
             visible = torch.arange(k.size(2), device=x.device)[None, :] <= (start + torch.arange(T, device=x.device))[:, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+def document_layout(idx: torch.Tensor, separator: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """idx (B, T) holding documents that each end with `separator` -> (each token's position within
+    its document (B, T), which keys each query may see (B, 1, T, T): causal and the same document).
+    The separator belongs to the document it ends; a row may start or end mid-document."""
+    T = idx.size(1)
+    ends = idx == separator
+    document = torch.cumsum(ends, dim=1) - ends.long()
+    index = torch.arange(T, device=idx.device)
+    starts = torch.ones_like(ends)
+    starts[:, 1:] = ends[:, :-1]
+    positions = index - torch.where(starts, index, 0).cummax(dim=1).values
+    visible = (document[:, :, None] == document[:, None, :]) & (index[None, :] <= index[:, None])[None]
+    return positions, visible[:, None]
 
 
 class MLP(nn.Module):
@@ -138,8 +158,8 @@ class Block(nn.Module):
         self.mlp_norm = _norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, cache)
+    def forward(self, x: torch.Tensor, rope, cache: KVCache | None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, cache, attn_mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -177,25 +197,32 @@ class Transformer(nn.Module):
                 module.reset_parameters()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None,
-                per_token: bool = False, last_only: bool = False):
+                per_token: bool = False, last_only: bool = False, doc_separator: int | None = None):
         """idx (B, T) token ids -> (logits (B, T, vocab), None) without targets; with targets (B, T) ->
         (None, mean cross-entropy over targets != IGNORE_INDEX): the loss is computed by the fused,
         chunked output projection (model/loss.py), so the full logits are never made or kept.
         per_token (evaluation): -> (each target's loss (B, T), the mean loss). last_only: logits
-        (B, 1, vocab) of the last position only (a prefill that only needs the next token's)."""
+        (B, 1, vocab) of the last position only (a prefill that only needs the next token's).
+        doc_separator (data.packing = document): each row holds several documents, each ending with
+        this id; a token attends only within its document and positions restart at each."""
         T = idx.size(1)
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.cfg.seq_len:
             raise ValueError(f"sequence of {start + T} tokens exceeds model.seq_len {self.cfg.seq_len}")
+        positions, attn_mask = (document_layout(idx, doc_separator) if doc_separator is not None and kv_cache is None
+                                else (None, None))
         x = self.wte(idx)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
-        rope = (self.rope_cos, self.rope_sin) if self.cfg.arch == "llama" else None
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device) if positions is None else positions)
+        rope = None
+        if self.cfg.arch == "llama":
+            rope = ((self.rope_cos[start:start + T], self.rope_sin[start:start + T]) if positions is None
+                    else (self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)))
         for block in self.layers:
             if self.checkpoint_blocks and self.training and kv_cache is None and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, rope, None, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, None, attn_mask, use_reentrant=False)
             else:
-                x = block(x, rope, kv_cache)
+                x = block(x, rope, kv_cache, attn_mask)
         if kv_cache is not None:
             kv_cache.pos += T
         if targets is not None and per_token:

@@ -210,6 +210,18 @@ def export_weights(run, out: Path, dtype: str) -> None:
     atomic_write_bytes(out, save({k: v.to(DTYPES[dtype]).contiguous() for k, v in run.load_weights().items()}, metadata=metadata))
 
 
+def stage_lineage(state: dict) -> dict:
+    """The runs this one started from (init.from), oldest first, each with its checkpoint, the sha256 of
+    its weights and its tokens, and the tokens of the whole chain (pretrain -> mid-train -> SFT)."""
+    chain, parent = [], state.get("parent")
+    while parent:
+        chain.insert(0, {k: v for k, v in parent.items() if k != "parent"})
+        parent = parent.get("parent")
+    stages = [*chain, {"run": "this run", "tokens": state["tokens"], "trained_tokens": state.get("trained_tokens", state["tokens"])}]
+    return {"lineage": chain, "tokens_all_stages": sum(stage.get("tokens") or 0 for stage in stages),
+            "trained_tokens_all_stages": sum(stage.get("trained_tokens") or 0 for stage in stages)} if chain else {"lineage": []}
+
+
 def export_report(run, out: Path) -> dict:
     """`run`: a run dir, a checkpoint dir, or an already opened run (pretrainer.runs.OpenRun)."""
     from pretrainer.runs import OpenRun, open_run
@@ -251,7 +263,9 @@ def export_report(run, out: Path) -> dict:
             "hardware": state.get("hardware", {}),
             "steps": state["step"],
             "tokens": state["tokens"],
+            "trained_tokens": state.get("trained_tokens", state["tokens"]),  # the targets the loss counted (loss masks)
             "tokens_per_step": state["tokens_per_step"],
+            **stage_lineage(state),
             "final_train_loss": train_losses[-1]["loss"] if train_losses else None,
             "final_val_loss": val_losses[-1]["val_loss"] if val_losses else None,
             "final_val_bpb": val_losses[-1].get("val_bpb") if val_losses else None,

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from pretrainer import __version__
 from pretrainer.config import Config, config_hash, save_config, to_dict
-from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir
+from pretrainer.data.loader import SequenceLoader, open_training_data
 from pretrainer.device import autocast, autocast_dtype, device_peak_tflops
 from pretrainer.errors import RunStopped, UserError
 from pretrainer.eval.inloop import LoopEvals
@@ -38,7 +38,7 @@ from pretrainer.metrics import MetricsLog, RunLog, hardware_info, layer_group_gr
 from pretrainer.model import count_parameters
 from pretrainer.preflight import config_warnings, data_warnings
 from pretrainer.resolve import resolve, resume_changes, tokens_per_step
-from pretrainer.runs import build_model, init_source
+from pretrainer.runs import InitSource, build_model, grow_vocabulary, open_init_source
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.budget import launch_cost_check
 from pretrainer.train.checkpoint import (latest_checkpoint, read_resume_checkpoint, restore_checkpoint, weights_problem,
@@ -64,19 +64,20 @@ def train(cfg: Config, clock=time.time) -> dict:
     run_log = sequences = evals = progress = state = failure = start_step = speed = None
     try:
         # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
-        data = open_data_dir(cfg.data.dir)
+        data = open_training_data(cfg.data.dir, cfg.data.mixture)  # a prepared dir, or several mixed by weight
         amp_dtype = autocast_dtype(cfg.train.dtype, device)
-        cfg, load_source = resolve_for_training(cfg, data, env, amp_dtype, say)
+        cfg, parent = resolve_for_training(cfg, data, env, amp_dtype, say)  # parent: init.from's weights and lineage
         resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
 
         # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---
-        model, wrapped, optimizer, attention = build_training_model(cfg, env, amp_dtype, resume, load_source)
+        model, wrapped, optimizer, attention = build_training_model(cfg, env, amp_dtype, resume, parent)
 
-        # --- data: every rank reads its own slice of each global step ---
+        # --- data: every rank reads its own slice of each global step; targets outside the loss mask are ignored ---
         grad_accum, step_tokens = cfg.train.grad_accum, tokens_per_step(cfg, env.world_size)
-        loader = SequenceLoader(data.tokens("train"), cfg.model.seq_len, cfg.train.micro_batch, grad_accum,
-                                env.world_size, env.rank, cfg.train.seed, where=f"{data.path}/train.bin",
-                                pin_memory=device.type == "cuda")
+        sources, weights = data.sources("train", cfg.model.seq_len, cfg.data.packing)
+        loader = SequenceLoader(sources, cfg.model.seq_len, cfg.train.micro_batch, grad_accum, env.world_size, env.rank,
+                                cfg.train.seed, where=f"{data.path}/train.bin", pin_memory=device.type == "cuda", weights=weights)
+        separator = data.eot_id if cfg.data.packing == "document" else None  # attention stops at each document's end
         evals = LoopEvals(cfg, data, device, amp_dtype)  # val batches (bits per byte); eval.tasks read and tokenized once
 
         # --- what the run will do; refuse a launch the budget cannot pay for ---
@@ -104,7 +105,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
             state.load_state_dict(resume.state)
-        run_info = run_metadata(cfg, env, hardware_info(device, env.world_size), data)  # state.json: what produced the run
+        lineage = resume.state.get("parent") if resume else parent.lineage if parent else None  # the weights actually loaded
+        run_info = run_metadata(cfg, env, hardware_info(device, env.world_size), data, lineage)  # state.json: what produced the run
 
         def save() -> None:  # a collective: every rank gathers, rank 0 writes
             write_checkpoint(run_dir, state.step, wrapped, model, optimizer, cfg.ckpt.keep, env,
@@ -126,9 +128,11 @@ def train(cfg: Config, clock=time.time) -> dict:
             logging_step = step % cfg.log.every == 0 or step == end_step
             speed.start_step(step, logging_step)
             cursor = loader.cursor
-            micro_batches = speed.read_batch(loader)
-            micro_batches, lr = spikes.before_step(step, cursor, micro_batches, lr_at(state.step, cfg.optim, max_steps),
+            read = speed.read_batch(loader)
+            micro_batches, lr = spikes.before_step(step, cursor, read, lr_at(state.step, cfg.optim, max_steps),
                                                    loader.sequences_per_step)
+            counts = loader.last_step_counts if micro_batches is read else (  # a drill's batches: every target counts
+                [y.numel() for _, y in micro_batches], loader.sequences_per_step * cfg.model.seq_len)
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
@@ -144,12 +148,11 @@ def train(cfg: Config, clock=time.time) -> dict:
                 spikes.reject(step, cursor)
                 continue
 
-            loss_sum = forward_backward(wrapped, micro_batches, grad_accum, strategy, env, amp_dtype)
+            step_loss = forward_backward(wrapped, micro_batches, counts, strategy, env, amp_dtype, separator)
             group_norms = (layer_group_grad_norms(model) if logging_step and cfg.spike.layer_norms_every
                            and step % cfg.spike.layer_norms_every == 0 else {})
             grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                                    cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")))
-            step_loss = mean_across_ranks(loss_sum / grad_accum, env)  # the same value on every rank, so the same decision
 
             # spikes: skip the update on the device (non-finite always), or roll back to a checkpoint before the spike
             verdict = spikes.check(step, step_loss, grad_norm, lr)
@@ -162,7 +165,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             optimizer.found_inf = verdict.skip  # fused AdamW drops the whole update when this is 1
             optimizer.step()
             optimizer.zero_grad(set_to_none=not keep_grads(strategy, env))  # DDP: its bucket views stay
-            state.advance(step_tokens)
+            state.advance(step_tokens, counts[1])  # tokens seen; targets trained on (the loss mask's)
             progress.update(1)
             speed.end_step()  # logging, evaluation and checkpoints below may sync
             if sequences:
@@ -175,6 +178,8 @@ def train(cfg: Config, clock=time.time) -> dict:
                 record = {"step": step, "loss": last_loss, "lr": lr, "grad_norm": last_grad_norm,
                           **weight_norms(model, adamw_update_norm(optimizer, verdict.skip)),
                           "tokens": state.tokens, **figures, "elapsed_s": elapsed, "epoch": loader.epoch,
+                          **({"trained_tokens": state.trained_tokens} if not loader.counts_every_target else {}),
+                          **{f"mix_share/{name}": share for name, share in loader.shares().items()},
                           **spikes.batch_forensics(spikes.batch, histogram=False),
                           **{f"grad_norm/{name}": value.item() for name, value in group_norms.items()}}
                 if cfg.budget.cap_usd or cfg.budget.usd_per_gpu_hour:
@@ -224,19 +229,26 @@ def end_run(run_dir: Path, env: DistEnv, failure: BaseException | None, step: in
             shutdown()
 
 
-def forward_backward(wrapped: torch.nn.Module, micro_batches, grad_accum: int, strategy: str, env: DistEnv,
-                     amp_dtype: torch.dtype | None) -> torch.Tensor:
-    """Forward and backward over the step's grad_accum micro-batches, each loss divided by grad_accum,
-    gradients reduced across ranks on the last one only. -> the summed loss (on the device)."""
+def forward_backward(wrapped: torch.nn.Module, micro_batches, counts: tuple[list[int], int], strategy: str, env: DistEnv,
+                     amp_dtype: torch.dtype | None, separator: int | None = None) -> torch.Tensor:
+    """Forward and backward over the step's micro-batches, gradients reduced across ranks on the last
+    one only. The step's loss is the mean over every counted target of the step, all micro-batches and
+    ranks together: `counts` = (this rank's counted targets per micro-batch, the whole step's), so
+    micro-batch k's mean is weighted by count_k x world size / step count (ranks average gradients).
+    When every target counts this is 1 / grad_accum for each. -> the step's loss, the same on every rank."""
+    local, step_count = counts
+    uniform = len(set(local)) == 1  # every micro-batch counts the same targets: mean / grad_accum, as plain pretraining
     loss_sum = torch.zeros((), device=env.device)
     for micro_step, (x, y) in enumerate(micro_batches):
         x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
-        with gradient_sync(wrapped, strategy, env, sync=micro_step == grad_accum - 1):
+        # how many times smaller this micro-batch's mean is than its share of the step's mean (inf: no counted targets)
+        divisor = step_count / (local[micro_step] * env.world_size) if local[micro_step] else float("inf")
+        with gradient_sync(wrapped, strategy, env, sync=micro_step == len(micro_batches) - 1):
             with autocast(env.device, amp_dtype):
-                _, loss = wrapped(x, y)
-            (loss / grad_accum).backward()
-        loss_sum += loss.detach()
-    return loss_sum
+                _, loss = wrapped(x, y, doc_separator=separator)
+            (loss / divisor).backward()
+        loss_sum += loss.detach() if uniform else loss.detach() / divisor
+    return mean_across_ranks(loss_sum / divisor if uniform else loss_sum, env)
 
 
 def stop_run(request, speed: SpeedMonitor, loader: SequenceLoader, cursor, save) -> None:
@@ -249,12 +261,18 @@ def stop_run(request, speed: SpeedMonitor, loader: SequenceLoader, cursor, save)
     raise RunStopped(request.message, request.exit_code, request.reason)
 
 
-def resolve_for_training(cfg: Config, data: DataDir, env: DistEnv, amp_dtype: torch.dtype | None, say):
-    """-> (the resolved config, the init.from weight loader or None). micro_batch = auto is searched
-    on each rank's GPU and the ranks agree on the smallest."""
-    source_cfg, load_source = init_source(cfg.init.from_) if cfg.init.from_ else (None, None)
+def resolve_for_training(cfg: Config, data, env: DistEnv, amp_dtype: torch.dtype | None, say):
+    """-> (the resolved config, init.from's source (weights, tokenizer, lineage) or None). micro_batch =
+    auto is searched on each rank's GPU and the ranks agree on the smallest. A run started from another
+    run must read data made with that run's tokenizer (its ids mean the same; chat tokens may follow)."""
+    parent = open_init_source(cfg.init.from_) if cfg.init.from_ else None
+    if parent is not None and parent.tokenizer is not None and not data.tokenizer.extends(parent.tokenizer):
+        raise UserError(f"{data.path}: tokenized by {data.tokenizer.name} ({data.tokenizer.sha256[:12]}), not by the tokenizer "
+                        f"of init.from={cfg.init.from_} ({parent.tokenizer.name}, {parent.tokenizer.sha256[:12]}); prepare "
+                        f"the data with --tokenizer-from {cfg.init.from_}")
     search = lambda c, per_rank: -agree_max([-find_micro_batch(c, per_rank, env.device, amp_dtype, say)], env)[0]  # noqa: E731
-    return resolve(cfg, env.world_size, data, source_cfg, f"init.from={cfg.init.from_}", search_micro_batch=search), load_source
+    return resolve(cfg, env.world_size, data, parent.model if parent else None, f"init.from={cfg.init.from_}",
+                   search_micro_batch=search), parent
 
 
 @dataclass
@@ -280,17 +298,18 @@ def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
 
 
 def build_training_model(cfg: Config, env: DistEnv, amp_dtype: torch.dtype | None, resume: Resume | None,
-                         load_init_weights) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, str]:
+                         parent: InitSource | None) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, str]:
     """-> (the plain model, the model the step runs: DDP/FSDP2 under torchrun or the model itself, AdamW,
     the attention kernel SDPA picks for the run's shape), ready to continue. Every rank seeds alike, so random inits agree; weights (the checkpoint's, else
-    init.from's) are read on rank 0 and broadcast into the wrapped model, each rank keeping its part."""
+    init.from's, its vocabulary grown to the data's) are read on rank 0 and broadcast into the wrapped
+    model, each rank keeping its part."""
     random.seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg)
     where = str(resume.checkpoint) if resume else f"init.from={cfg.init.from_}"
     def read_weights() -> dict | None:  # the checkpoint's, else init.from's; checked name by name, shape by shape
-        weights = resume.weights if resume else load_init_weights() if load_init_weights else None
+        weights = resume.weights if resume else grow_vocabulary(parent.load(), cfg.model.vocab_size) if parent else None
         problem = weights_problem(model, weights, where) if weights is not None else ""
         if problem:
             raise UserError(problem)
@@ -302,30 +321,38 @@ def build_training_model(cfg: Config, env: DistEnv, amp_dtype: torch.dtype | Non
     model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)  # torchtitan's order: then shard
     wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
     optimizer = build_optimizer(model, cfg.optim, env.device.type)
-    if resume is not None or load_init_weights is not None:  # AdamW moments too when resuming (name-keyed)
+    if resume is not None or parent is not None:  # AdamW moments too when resuming (name-keyed)
         load_full_state(wrapped, model, optimizer if resume else None, weights, resume.optimizer_state if resume else None, env)
     if resume is not None:  # the host copies are in the model and optimizer now: free them
         resume.weights = resume.optimizer_state = None
     return model, wrapped, optimizer, attention
 
 
-def run_metadata(cfg: Config, env: DistEnv, hardware: dict, data: DataDir) -> dict:
+def run_metadata(cfg: Config, env: DistEnv, hardware: dict, data, parent: dict | None) -> dict:
     """What produced the checkpoints, saved in every state.json next to the trainer state: the data
-    (tokenizer and split hashes), the config and its hash, the world, the hardware, the versions."""
-    return {"dataset": data.provenance(), "tokens_per_step": tokens_per_step(cfg, env.world_size), "world_size": env.world_size,
+    (tokenizer and split hashes), the run it started from (init.from: checkpoint, weights' sha256,
+    tokens, and that run's parent), the config and its hash, the world, the hardware, the versions."""
+    return {"dataset": data.provenance(), "parent": parent,
+            "tokens_per_step": tokens_per_step(cfg, env.world_size), "world_size": env.world_size,
             "strategy": cfg.parallel.strategy if env.world_size > 1 else "single", "hardware": hardware,
             "config": to_dict(cfg), "config_sha256": config_hash(cfg), "pretrainer_version": __version__,
             "torch_version": torch.__version__, "python_version": platform.python_version()}
 
 
-def describe(cfg: Config, model: torch.nn.Module, data: DataDir, loader: SequenceLoader, env: DistEnv,
+def describe(cfg: Config, model: torch.nn.Module, data, loader: SequenceLoader, env: DistEnv,
              amp_dtype: torch.dtype | None, resume: Resume | None, start_step: int, attention: str, say) -> None:
     """The run in four lines: model, data, tokens per step, where it starts; then a line per likely mistake."""
     counts = count_parameters(model)
     checkpoint = resume.checkpoint if resume else None
     init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
     say(f"model: {cfg.model.arch}, {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding){init_note}")
-    say(f"data: {data.path} ({loader.n_sequences:,} train sequences of {cfg.model.seq_len}, tokenizer {data.tokenizer.name})")
+    say(f"data: {data.path} ({loader.n_sequences:,} train sequences of {cfg.model.seq_len}, tokenizer {data.tokenizer.name}, "
+        f"packing {cfg.data.packing})")
+    for source in loader.sources:  # what chat data and padding leave out of the loss
+        if source.mask is not None or source.packing == "pad":
+            say(f"  {source.name}: loss on {'assistant tokens only (loss mask)' if source.mask is not None else 'every token'}"
+                + (f"; padding {source.pad_fraction:.1%} of the sequences, {source.truncated:,} documents cut at seq_len"
+                   if source.packing == "pad" else ""))
     say(f"tokens per step: {tokens_per_step(cfg, env.world_size):,} = {cfg.train.micro_batch} micro-batch x "
         f"{cfg.model.seq_len} seq_len x {cfg.train.grad_accum} grad_accum x {env.world_size} ranks; device {env.device}, "
         f"{'bf16 autocast' if amp_dtype else 'float32'}, attention {attention}" + (", compiled per block" if cfg.train.compile else "")
@@ -359,12 +386,17 @@ def next_commands(cfg: Config, env: DistEnv, finished: bool) -> str:
             f"  pretrainer export {run} --format hf     # a transformers model ({run}/hf)")
 
 
-def training_unigram(data: DataDir, vocab_size: int) -> UnigramStats:
-    """Token statistics of the train split (cached in the cache dir): spike drills and batch forensics."""
-    return UnigramStats(unigram_counts(data.tokens("train"), vocab_size, data.manifest["splits"]["train"]["sha256"]))
+def training_unigram(data, vocab_size: int) -> UnigramStats:
+    """Token statistics of the train split (cached in the cache dir): spike drills and batch forensics.
+    A mixture's are its sources' frequencies mixed by weight, scaled to its train tokens."""
+    counts = [unigram_counts(part.tokens("train"), vocab_size, part.manifest["splits"]["train"]["sha256"]) for part in data.parts]
+    if len(counts) == 1:
+        return UnigramStats(counts[0])
+    mixed = sum(w * c / max(1, c.sum()) for w, c in zip(data.weights, counts)) / sum(data.weights)
+    return UnigramStats(np.rint(mixed * data.manifest["splits"]["train"]["tokens"]).astype(np.int64))
 
 
-def write_run_dir(cfg: Config, data: DataDir, unigram: UnigramStats, run_dir: Path, env: DistEnv) -> None:
+def write_run_dir(cfg: Config, data, unigram: UnigramStats, run_dir: Path, env: DistEnv) -> None:
     """Rank 0 writes the resolved config, the tokenizer (the run dir is self-contained for sampling
     and export) and the training unigram distribution (for post-mortems); the others wait for it."""
     if env.is_main:

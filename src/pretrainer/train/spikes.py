@@ -307,7 +307,8 @@ class SpikeGuard:
         """1 if this rank's batch holds token ids outside the vocabulary (checked on the host copy: no
         device sync). The loop agrees on it across ranks, then calls `reject` when any rank saw one.
         Keeps the batch's ids (rank 0: for the statistics of a flagged or logged step)."""
-        self.batch_ids = torch.cat([t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:])]).numpy()
+        # (a target outside the loss mask is IGNORE_INDEX, -1: its id is in the inputs or another window)
+        self.batch_ids = torch.cat([t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:].clamp(min=0))]).numpy()
         self.batch = self.batch_ids if self.env.is_main else None
         return int(int(self.batch_ids.max()) >= self.vocab_size or int(self.batch_ids.min()) < 0)
 

@@ -1,0 +1,310 @@
+"""Issue 16: the chat format, masked loss, document packing, mixtures, stage chaining and chat."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from chat_tasks import conversation, split_reversal, sum_items, write_jsonl
+from conftest import DOCS, tiny_config
+from pretrainer.config import ModelConfig, load_config
+from pretrainer.data.chat import ASSISTANT_END, ASSISTANT_START, BOS, CHAT_TOKENS, USER_START, render
+from pretrainer.data.loader import SequenceLoader, TokenSource, open_data_dir, validation_batches
+from pretrainer.data.prepare import prepare
+from pretrainer.data.sources import Corpus
+from pretrainer.errors import UserError
+from pretrainer.metrics import read_metrics
+from pretrainer.model import Transformer
+from pretrainer.model.loss import IGNORE_INDEX
+from pretrainer.train.loop import train
+
+SMALL = {"model.d_model": 64, "model.n_layer": 2, "model.n_head": 4, "model.n_kv_head": 2, "model.seq_len": 64}
+
+
+def prepare_chat(path: Path, out: Path, tokenizer_from: Path | str = "", tokenizer: str = "gpt2", on_bad: str = "error",
+                 val_fraction: float = 0.05) -> Path:
+    prepare(Corpus([str(path)], column="messages", on_bad=on_bad), tokenizer, out, val_fraction=val_fraction, workers=1,
+            fmt="chat", tokenizer_from=str(tokenizer_from))
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory) -> Path:
+    """Plain documents with a small trained BPE: the base model's data."""
+    root = tmp_path_factory.mktemp("text")
+    corpus = write_jsonl(root / "docs.jsonl", [{"text": d} for d in DOCS] + [
+        {"text": f"{q} {a}"} for q, a in split_reversal()[0][:1500]])
+    out = root / "data"
+    prepare(Corpus([str(corpus)]), "bpe:300", out, val_fraction=0.05, workers=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory, text_data) -> Path:
+    """Reversal and sum conversations, some with a system message, tokenized by the base data's tokenizer."""
+    root = tmp_path_factory.mktemp("chat")
+    train_items, _ = split_reversal()
+    records = [conversation(q, a, system="You reverse strings." if i % 5 == 0 else "") for i, (q, a) in enumerate(train_items)]
+    records += [conversation(q, a) for q, a in sum_items()]
+    return prepare_chat(write_jsonl(root / "chat.jsonl", records), root / "data", tokenizer_from=text_data)
+
+
+# --- the format ---
+
+def test_template_mask_and_special_tokens(chat_data, text_data):
+    data, base = open_data_dir(chat_data), open_data_dir(text_data)
+    tok = data.tokenizer
+    assert data.is_chat and tok.extends(base.tokenizer) and not base.tokenizer.extends(tok)
+    assert [tok.special_tokens[name] for name in CHAT_TOKENS] == list(range(base.vocab_size, base.vocab_size + len(CHAT_TOKENS)))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi <|user_start|>"},
+                {"role": "assistant", "content": "hello"}]
+    ids, mask = render(messages, tok)
+    hello = tok.encode("hello")
+    start = ids.index(tok.special_tokens[ASSISTANT_START]) + 1
+    assert ids[0] == tok.special_tokens[BOS] and ids[-1] == tok.eot_id
+    assert ids[start:start + len(hello) + 1] == hello + [tok.special_tokens[ASSISTANT_END]]
+    assert [i for i, m in enumerate(mask) if m] == list(range(start, start + len(hello) + 1))  # the answer and its end only
+    assert ids.count(tok.special_tokens[USER_START]) == 1  # typed special-token text stays text
+    info = data.manifest["splits"]["train"]
+    masks = np.fromfile(chat_data / info["mask_file"], dtype=np.uint8)
+    assert len(masks) == info["tokens"] and int(masks.sum()) == info["trained_tokens"] > 0
+    assert "template" in data.manifest["chat"] and data.manifest["tokenizer"]["from"] == str(text_data)
+
+
+@pytest.mark.parametrize("messages, problem", [
+    ([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}], "unknown role 'tool'"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "  "}], "empty content"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "where 'assistant' was expected"),
+    ([{"role": "user", "content": "a"}], "does not end with an assistant"),
+    ([{"role": "assistant", "content": "a"}], "where 'user' was expected"),
+])
+def test_malformed_conversations_name_file_and_line_or_are_skipped(tmp_path, messages, problem):
+    good = conversation("hi", "hello")
+    path = write_jsonl(tmp_path / "c.jsonl", [good, {"messages": messages}, good])
+    with pytest.raises(UserError, match=rf"c.jsonl:2: malformed conversation: .*{problem}"):
+        prepare_chat(path, tmp_path / "out", val_fraction=0.3)
+    assert not (tmp_path / "out").exists()  # nothing half-written
+    path = write_jsonl(tmp_path / "c.jsonl", [conversation(f"hi {i}", "hello") for i in range(20)] + [{"messages": messages}])
+    manifest = json.loads((prepare_chat(path, tmp_path / "out", on_bad="skip", val_fraction=0.3) / "manifest.json").read_text())
+    assert manifest["chat"]["bad_conversations"] == 1 and sum(s["documents"] for s in manifest["splits"].values()) == 20
+
+
+def test_parquet_messages_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [conversation(f"q{i}", f"a{i}")["messages"] for i in range(30)]
+    pq.write_table(pa.table({"messages": rows}), tmp_path / "c.parquet")
+    data = open_data_dir(prepare_chat(tmp_path / "c.parquet", tmp_path / "out", val_fraction=0.2))
+    assert data.manifest["splits"]["train"]["documents"] + data.manifest["splits"]["val"]["documents"] == 30
+
+
+# --- masked loss ---
+
+def tiny_model(arch: str = "llama", vocab: int = 97, seq_len: int = 64) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(arch=arch, vocab_size=vocab, seq_len=seq_len, d_model=32, n_layer=2, n_head=4,
+                                   n_kv_head=2 if arch == "llama" else 0))
+
+
+def test_masked_targets_send_exactly_zero_gradient():
+    model = tiny_model()
+    x = torch.randint(0, 97, (2, 16))
+    y = torch.randint(0, 97, (2, 16))
+    y[:, :7] = IGNORE_INDEX  # e.g. the user's turn
+    captured = {}
+
+    def keep_grad(module, inputs, out):
+        out.register_hook(lambda g: captured.update(grad=g))
+
+    model.norm.register_forward_hook(keep_grad)
+    model(x, y)[1].backward()
+    assert (captured["grad"][:, :7] == 0).all() and (captured["grad"][:, 7:] != 0).all()
+    fused = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    # the reference: plain cross-entropy over the assistant positions only
+    logits, _ = model(x)
+    torch.nn.functional.cross_entropy(logits[:, 7:].reshape(-1, 97), y[:, 7:].reshape(-1)).backward()
+    for name, param in model.named_parameters():
+        assert torch.allclose(fused[name], param.grad, atol=1e-6, rtol=1e-4), name
+
+
+# --- packing ---
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_document_packing_equals_each_document_alone(arch):
+    model = tiny_model(arch).eval()
+    eot = 96
+    g = torch.Generator().manual_seed(1)
+    docs = [torch.cat([torch.randint(0, 96, (n,), generator=g), torch.tensor([eot])]) for n in (9, 20, 14)]
+    packed = torch.cat(docs)[None]
+    x, y = packed[:, :-1], packed[:, 1:].clone()
+    y[x == eot] = IGNORE_INDEX  # a new document's first token is not predicted from the previous one
+    losses, _ = model(x, y, per_token=True, doc_separator=eot)
+    alone = []
+    for doc in docs:
+        doc_losses, _ = model(doc[None, :-1], doc[None, 1:], per_token=True)
+        alone.append(doc_losses[0])
+    expected = torch.cat([torch.cat([a, torch.zeros(1)]) for a in alone])[:x.size(1)]  # each separator's target: ignored
+    assert (losses[0] - expected).abs().max().item() < 1e-5
+    plain, _ = model(x, y, per_token=True)  # without document masking the later documents see the earlier ones
+    assert (plain[0] - expected).abs().max().item() > 1e-3
+
+
+def test_pad_packing_one_document_per_row_and_reports_padding():
+    eot = 9
+    tokens = np.array([1, 2, 3, eot, 4, 5, eot, 6, 7, 8, 1, 2, 3, 4, eot], dtype=np.uint16)
+    source = TokenSource(tokens, seq_len=6, packing="pad", eot_id=eot)
+    assert source.n_sequences == 3 and source.truncated == 1
+    [(x, y)] = validation_batches(source, 6, 3, 1)
+    assert x[0].tolist() == [1, 2, 3, eot, eot, eot] and y[0].tolist() == [2, 3, eot, -1, -1, -1]
+    assert y[2].tolist() == [7, 8, 1, 2, 3, 4]  # cut at seq_len + 1 tokens
+    assert source.pad_fraction == pytest.approx(1 - (3 + 2 + 6) / 18)
+
+
+# --- mixtures ---
+
+def test_mixture_shares_within_two_percent_and_resume_continues_the_stream():
+    a, b = (TokenSource(np.arange(n * 8 + 1, dtype=np.uint16) % 1000, 8, name=name) for n, name in ((300, "a"), (500, "b")))
+    loader = SequenceLoader([a, b], 8, micro_batch=4, grad_accum=5, seed=3, weights=[0.7, 0.3])
+    for _ in range(50):  # 1,000 sequences
+        loader.next_step()
+    shares = loader.shares()
+    assert abs(shares["a"] - 0.7) < 0.02 and abs(shares["b"] - 0.3) < 0.02
+    for start in range(0, 5000, 1000):  # every window of 1,000, not only the first
+        window = loader.mixture.counts(start + 1000) - loader.mixture.counts(start)
+        assert abs(window[0] / 1000 - 0.7) < 0.02
+    straight = SequenceLoader([a, b], 8, micro_batch=4, grad_accum=5, seed=3, weights=[0.7, 0.3])
+    stopped = SequenceLoader([a, b], 8, micro_batch=4, grad_accum=5, seed=3, weights=[0.7, 0.3])
+    for _ in range(7):
+        straight.next_step(), stopped.next_step()
+    resumed = SequenceLoader([a, b], 8, micro_batch=4, grad_accum=5, seed=3, weights=[0.7, 0.3])
+    resumed.load_state_dict(stopped.state_dict())
+    for _ in range(40):  # past the end of source a's first epoch
+        assert [t.tolist() for xy in straight.next_step() for t in xy] == [t.tolist() for xy in resumed.next_step() for t in xy]
+    with pytest.raises(UserError, match="same data dir"):
+        SequenceLoader([a, b], 8, 4, 5, seed=3, weights=[0.5, 0.5]).load_state_dict(stopped.state_dict())
+
+
+def test_mixture_config_from_toml_and_command_line(tmp_path):
+    (tmp_path / "c.toml").write_text('[data]\nmixture = [{dir = "a", weight = 0.7}, {dir = "b", weight = 0.3}]\n')
+    assert load_config(tmp_path / "c.toml").data.mixture == [{"dir": "a", "weight": 0.7}, {"dir": "b", "weight": 0.3}]
+    assert load_config(None, ["--data.mixture=x:1,y:3"]).data.mixture == [{"dir": "x", "weight": 1.0}, {"dir": "y", "weight": 3.0}]
+    with pytest.raises(UserError, match="DIR:WEIGHT"):
+        load_config(None, ["--data.mixture=x:0,y:1"])
+    with pytest.raises(UserError, match="not both"):
+        load_config(None, ["--data.mixture=x:1,y:1", "--data.dir=z"])
+
+
+# --- the whole step's masked mean, across micro-batches and ranks ---
+
+def test_masked_mean_over_a_step_is_over_all_counted_targets_and_two_ranks_match(chat_data, tmp_path):
+    from test_distributed import torchrun
+
+    steps = {"train.max_steps": 3, "train.micro_batch": 4, "log.every": 1, "eval.every": 0, "ckpt.every": 0, **SMALL}
+    single = tmp_path / "single"
+    cfg = tiny_config(chat_data, single, **steps, **{"train.grad_accum": 2})
+    train(cfg)
+    # by hand: the initial model on the first step's 8 windows (2 micro-batches of uneven assistant-token counts)
+    from pretrainer.resolve import resolve
+    from pretrainer.runs import build_model
+
+    data = open_data_dir(chat_data)
+    resolved = resolve(cfg, data=data)
+    assert resolved.data.packing == "document"
+    torch.manual_seed(resolved.train.seed)
+    model = build_model(resolved)
+    sources, _ = data.sources("train", 64, "document")
+    loader = SequenceLoader(sources, 64, micro_batch=4, grad_accum=2, seed=resolved.train.seed)
+    total, count = 0.0, 0
+    for x, y in loader.next_step():
+        losses, _ = model(x, y, per_token=True, doc_separator=data.eot_id)
+        total, count = total + losses.sum().item(), count + int((y != IGNORE_INDEX).sum())
+    local_counts, step_count = loader.last_step_counts
+    assert len(set(local_counts)) == 2 and step_count == count  # uneven micro-batches; the loader counts what the loss counts
+    logged = {r["step"]: r for r in read_metrics(single / "metrics.jsonl") if "loss" in r}
+    assert logged[1]["loss"] == pytest.approx(total / count, rel=1e-5)
+    assert logged[1]["trained_tokens"] == count < logged[1]["tokens"]
+    # 2 gloo ranks x 1 micro-batch read what 1 process x 2 micro-batches reads: the same losses and weights
+    two = tmp_path / "two"
+    torchrun(2, *[f"--{k}={v}" for k, v in {"data.dir": chat_data, "run.dir": two, "mlflow.enabled": False,
+                                            "optim.lr": 3e-3, "optim.warmup_steps": 5, **steps}.items()])
+    for step, record in {r["step"]: r for r in read_metrics(two / "metrics.jsonl") if "loss" in r}.items():
+        assert record["loss"] == pytest.approx(logged[step]["loss"], abs=1e-5)
+        assert record["trained_tokens"] == logged[step]["trained_tokens"]
+
+
+# --- pretrain -> SFT -> chat ---
+
+def held_out_accuracy(model, tokenizer) -> float:
+    from pretrainer.chat import ChatSession
+
+    session = ChatSession(model.eval(), tokenizer, temperature=0.0, top_k=0, max_new_tokens=12, seed=0)
+    _, held_out = split_reversal()
+    right = 0
+    for question, answer in held_out:
+        session.reset()
+        right += "".join(session.reply(question)).strip() == answer
+    return right / len(held_out)
+
+
+def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(text_data, chat_data, tmp_path):
+    from safetensors.torch import load_file
+
+    from pretrainer.runs import build_model, grow_vocabulary, open_run
+    from pretrainer.train.checkpoint import latest_checkpoint
+
+    base, sft = tmp_path / "base", tmp_path / "sft"
+    quiet = {"eval.every": 0, "ckpt.every": 0, "log.every": 100, **SMALL}
+    train(tiny_config(text_data, base, **quiet, **{"train.max_steps": 60, "train.micro_batch": 16}))
+    chat_tokenizer = open_data_dir(chat_data).tokenizer
+    # the base model, its vocabulary grown by the chat tokens, as SFT starts it: no skill yet
+    base_run = open_run(base)
+    start_cfg = load_config(None, [f"--model.{k.split('.')[1]}={v}" for k, v in SMALL.items()]
+                            + [f"--model.vocab_size={chat_tokenizer.vocab_size}"]).model
+    start = Transformer(start_cfg)
+    start.load_state_dict(grow_vocabulary(base_run.load_weights(), chat_tokenizer.vocab_size), strict=False)
+    assert held_out_accuracy(start, chat_tokenizer) <= 0.05
+
+    train(tiny_config(chat_data, sft, **quiet, **{"init.from": base, "train.max_steps": 800, "train.micro_batch": 32,
+                                                   "optim.lr": 4e-3, "optim.warmup_steps": 20}))
+    run = open_run(sft)
+    assert run.cfg.model.vocab_size == chat_tokenizer.vocab_size > base_run.cfg.model.vocab_size
+    assert held_out_accuracy(build_model(run.cfg, run.load_weights), run.tokenizer()) >= 0.8
+    # the chain is traceable from the final run: the parent checkpoint and the hash of its weights
+    parent = run.state["parent"]
+    base_checkpoint = latest_checkpoint(base)
+    assert parent["checkpoint"] == str(base_checkpoint) and parent["step"] == 60
+    assert parent["model_sha256"] == json.loads((base_checkpoint / "COMPLETE").read_text())["files"]["model.safetensors"]["sha256"]
+    assert 0 < run.state["trained_tokens"] < run.state["tokens"]
+    # base rows of the embedding moved on from the base model's; the rows the chat tokens added exist
+    assert load_file(run.checkpoint / "model.safetensors")["wte.weight"].shape[0] == chat_tokenizer.vocab_size
+
+    result = subprocess.run([sys.executable, "-m", "pretrainer", "chat", str(sft), "--max-new-tokens", "20"],
+                            input="What is 2+3?\n", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(result.stdout.strip().splitlines()) == 1 and result.stdout.strip()
+
+
+def test_a_mixture_of_text_and_chat_resumes_the_identical_stream_and_logs_shares(text_data, chat_data, tmp_path):
+    mixture = f"{text_data}:0.7,{chat_data}:0.3"
+    steps = {"data.dir": "", "data.mixture": mixture, "train.max_steps": 12, "log.every": 1, "eval.every": 0,
+             "ckpt.every": 0, "log.sequences": True, **SMALL}
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train(tiny_config(text_data, straight, **steps))
+    train(tiny_config(text_data, stopped, **steps, **{"train.stop_at_step": 5}))
+    train(tiny_config(text_data, stopped, **steps))  # resumes at step 5
+    a, b = (read_metrics(run / "metrics.jsonl") for run in (straight, stopped))
+    losses = lambda records: {r["step"]: r["loss"] for r in records if "loss" in r}  # noqa: E731
+    assert losses(a) == losses(b) and len(losses(a)) == 12
+    reads = lambda run: [json.loads(line)["ids"] for line in (run / "sequences-rank0.jsonl").read_text().splitlines()]  # noqa: E731
+    assert reads(straight) == reads(stopped)
+    last = [r for r in a if "loss" in r][-1]
+    assert abs(last[f"mix_share/{text_data.parent.name}/{text_data.name}"] - 0.7) < 0.05  # 96 sequences; the 1,000-sequence bound is above
+    assert last["trained_tokens"] < last["tokens"]
