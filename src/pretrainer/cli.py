@@ -156,14 +156,10 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_sample(args: argparse.Namespace) -> None:
     import torch
 
-    from pretrainer.device import resolve_device
     from pretrainer.model.generate import generate
-    from pretrainer.runs import build_model, open_run
 
-    run = open_run(args.run)
+    run, model, device = model_for_generation(args)
     tokenizer = run.tokenizer()
-    device = resolve_device(args.device)
-    model = build_model(run.cfg, run.load_weights, str(run.checkpoint)).to(device).eval()
 
     prompt_ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eot_id]
     prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
@@ -176,14 +172,20 @@ def cmd_sample(args: argparse.Namespace) -> None:
         print(f"--- sample {i + 1} ---\n{text}")
 
 
-def cmd_chat(args: argparse.Namespace) -> None:
-    from pretrainer.chat import ChatSession, run_chat
+def model_for_generation(args: argparse.Namespace):
+    """sample and chat: -> (the run, its newest intact checkpoint's model in eval mode on --device, the device)."""
     from pretrainer.device import resolve_device
     from pretrainer.runs import build_model, open_run
 
     run = open_run(args.run)
     device = resolve_device(args.device)
-    model = build_model(run.cfg, run.load_weights, str(run.checkpoint)).to(device).eval()
+    return run, build_model(run.cfg, run.load_weights, str(run.checkpoint)).to(device).eval(), device
+
+
+def cmd_chat(args: argparse.Namespace) -> None:
+    from pretrainer.chat import ChatSession, run_chat
+
+    run, model, _ = model_for_generation(args)
     session = ChatSession(model, run.tokenizer(), args.temperature, args.top_k, args.max_new_tokens, args.seed, args.system)
     run_chat(session)
 

@@ -117,25 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weights' dtype in the hf / safetensors export (the report keeps the checkpoint's fp32 bytes)")
 
     p = verbs.add_parser("sample", help="generate text from a run dir or checkpoint")
-    p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir (its newest intact checkpoint) or a checkpoint dir")
+    add_generation_arguments(p, max_new_tokens=200, temperature=0.8)
     p.add_argument("--prompt", default="", help="text to continue (default: the start of a document)")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
-    p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens; 0 = all (default 50)")
     p.add_argument("--num-samples", type=int, default=1, help="independent samples of the same prompt (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed gives the same text (default 0)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
 
     p = verbs.add_parser("chat", help="talk to a run fine-tuned on conversations (KV cache, history, streaming); "
                                       "with piped stdin it answers each line and exits",
                          epilog='example: echo "What is 2+3?" | pretrainer chat runs/sft --max-new-tokens 20')
-    p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir (its newest intact checkpoint) or a checkpoint dir")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply, in tokens (default 256)")
-    p.add_argument("--temperature", type=float, default=0.6, help="softmax temperature; 0 = greedy (default 0.6; /temp T changes it)")
-    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens; 0 = all (default 50)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed and input give the same replies")
+    add_generation_arguments(p, max_new_tokens=256, temperature=0.6)
     p.add_argument("--system", default="", help="a system message that starts the conversation")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
 
     p = verbs.add_parser("postmortem", help="write RUN_DIR/spike-postmortem.md and figures for every detected spike")
     p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir, or one of its checkpoints (the run's is used)")
@@ -153,6 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("config", help="print the resolved config as TOML with each key's help; overrides follow")
     p.add_argument("config", nargs="?", help="TOML config file (default: the built-in defaults)")
     return parser
+
+
+def add_generation_arguments(p: argparse.ArgumentParser, max_new_tokens: int, temperature: float) -> None:
+    """What sample and chat share: the run, the sampling settings and the device."""
+    p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir (its newest intact checkpoint) or a checkpoint dir")
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                   help=f"tokens to generate per sample or reply (default {max_new_tokens})")
+    p.add_argument("--temperature", type=float, default=temperature, help=f"softmax temperature; 0 = greedy (default {temperature})")
+    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens; 0 = all (default 50)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed and input give the same text (default 0)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
 
 
 def train_epilog() -> str:
