@@ -281,5 +281,5 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
     assert abs(sum(saved.values()) / planned_saved - 1) < 0.10, (sum(saved.values()), planned_saved)
     states = sum(t.numel() * t.element_size() for p in model.parameters() for t in (p, p.grad))
     states += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if t.dim() > 0)
-    planned_states = memory["weights"] + memory["gradients"] + memory["adamw"]
+    planned_states = memory["weights"] + memory["gradients"] + memory["optimizer"]
     assert abs(states / planned_states - 1) < 0.10, (states, planned_states)

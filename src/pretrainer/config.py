@@ -102,6 +102,8 @@ class ParallelConfig:
 
 @dataclass
 class OptimConfig:
+    name: str = opt("adamw", '"adamw" (fused, fp32 moments: 8 bytes per parameter), "adamw8bit" or "adamw4bit" (torchao\'s '
+                             "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install 'pretrainer[lowbit]')")
     lr: float = opt(3e-4, "peak learning rate")
     schedule: str = opt("cosine", '"cosine", "wsd" (warmup-stable-decay) or "constant"')
     warmup_steps: int = opt(100, "steps of linear warmup to lr")
@@ -372,10 +374,14 @@ def validate(cfg: Config) -> None:
         (t.micro_batch > 0 or t.global_batch > 0, "train.micro_batch = auto needs train.global_batch (the batch it keeps)"),
         (t.max_steps > 0, "train.max_steps must be positive"),
         (cfg.parallel.strategy in ("ddp", "fsdp"), f"parallel.strategy must be ddp or fsdp, got '{cfg.parallel.strategy}'"),
+        # FSDP2 shards the moments already; gathering and re-sharding quantised ones for checkpoints is not tested here
+        (o.name == "adamw" or cfg.parallel.strategy == "ddp", f"optim.name = {o.name} runs with parallel.strategy = ddp "
+                                                               "(or one process); with fsdp use optim.name = adamw"),
         (cfg.parallel.timeout_s > 0 and cfg.parallel.shutdown_timeout_s > 0,
          "parallel.timeout_s and parallel.shutdown_timeout_s must be positive"),
         (t.global_batch >= 0, "train.global_batch must be >= 0 (0: micro_batch x grad_accum x world size)"),
         (t.dtype in ("auto", "float32", "bfloat16"), f"train.dtype must be auto, float32 or bfloat16, got '{t.dtype}'"),
+        (o.name in ("adamw", "adamw8bit", "adamw4bit"), f"optim.name must be adamw, adamw8bit or adamw4bit, got '{o.name}'"),
         (o.schedule in ("cosine", "wsd", "constant"), f"optim.schedule must be cosine, wsd or constant, got '{o.schedule}'"),
         (0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1]"),
         (0.0 < o.decay_fraction <= 1.0, "optim.decay_fraction must be in (0, 1]"),

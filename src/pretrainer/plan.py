@@ -7,7 +7,8 @@ trainer share one source of truth for every number.
 Memory per GPU (bytes; P parameters, M of them in matmuls; sharded over the GPUs under FSDP,
 replicated under DDP), everything the trainer allocates:
   weights 4P (fp32 master), gradients 4P (DDP keeps them in its all-reduce buckets:
-  gradient_as_bucket_view, no second copy), AdamW moments 8P, ~1.5 GiB of CUDA context;
+  gradient_as_bucket_view, no second copy), the optimizer's state (AdamW's fp32 moments 8P, or the
+  8-/4-bit moments' real bytes tensor by tensor: train/optim.planned_state_bytes), ~1.5 GiB of CUDA context;
   bf16 autocast keeps a bf16 copy of each matmul weight for the backward (2M; under FSDP the
   all-gathered bf16 weights instead, two blocks at a time with prefetch);
   the fused loss (model/loss.py) keeps the output projection's fp32 gradient (4 x vocab x d) from
@@ -38,6 +39,7 @@ from pretrainer.errors import UserError
 from pretrainer.flops import GPU, GPUS, flops_per_token, flops_per_token_6n, lookup_gpu, training_seconds
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.loss import LOSS_CHUNK_ELEMENTS
+from pretrainer.train.optim import planned_state_bytes
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: ~20 training tokens per (total) parameter
 CUDA_OVERHEAD_BYTES = int(1.5 * 2**30)
@@ -55,20 +57,22 @@ def activation_bytes_per_token(cfg: Config) -> dict:
             "checkpointed": m.n_layer * 4 * d + per_layer + after_layers}
 
 
-def memory_per_gpu(cfg: Config, params: int, matmul_params: int, gpus: int, strategy: str, gpu_memory_gb: float | None) -> dict:
+def memory_per_gpu(cfg: Config, params: int, matmul_params: int, param_shapes: list[tuple[int, ...]], gpus: int, strategy: str,
+                   gpu_memory_gb: float | None) -> dict:
     """Bytes per GPU at the step's peak, item by item (see the module docstring), for the configured
     micro-batch, with and without activation checkpointing."""
     m = cfg.model
     shards = gpus if strategy == "fsdp" and gpus > 1 else 1
     block_params = (matmul_params - m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)) / max(m.n_layer, 1)
-    out = {"weights": 4 * params // shards, "gradients": 4 * params // shards, "adamw": 8 * params // shards,
+    out = {"weights": 4 * params // shards, "gradients": 4 * params // shards,
+           "optimizer": planned_state_bytes(cfg.optim.name, param_shapes, shards),
            "ddp_buckets": 0,  # gradient_as_bucket_view: the gradients are the buckets
            "bf16_weights": int(2 * 2 * block_params) if shards > 1 else 2 * matmul_params,  # FSDP: 2 gathered blocks
            "loss_gradient": 4 * m.vocab_size * m.d_model,
            # one chunk of logits (bf16 + fp32), the bf16 weight, the chunk's bf16 weight-gradient product
            "loss_chunk": 6 * min(LOSS_CHUNK_ELEMENTS, m.vocab_size * cfg.train.micro_batch * m.seq_len) + 4 * m.vocab_size * m.d_model,
            "cuda_overhead": CUDA_OVERHEAD_BYTES}
-    states = out["weights"] + out["gradients"] + out["adamw"] + out["cuda_overhead"]
+    states = out["weights"] + out["gradients"] + out["optimizer"] + out["cuda_overhead"]
     largest = m.vocab_size * m.d_model  # the token embedding
     logging_peak = states + 8 * largest // shards
     per_token = activation_bytes_per_token(cfg)
@@ -120,6 +124,7 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
     with torch.device("meta"):
         model = Transformer(cfg.model)
         counts, matmul_params = count_parameters(model), matmul_parameter_count(model)
+        param_shapes = [tuple(p.shape) for p in model.parameters()]  # tied weights once, as the optimizer holds them
     flops = flops_per_token(cfg.model, counts["non_embedding"])
     per_token = flops["total"] if flops_convention == "full" else flops_per_token_6n(counts["non_embedding"])
     step_tokens = tokens_per_step(cfg, gpus)
@@ -157,7 +162,8 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
         "gpu": {"key": gpu, "name": known.name if known else gpu, "count": gpus, "peak_bf16_tflops": peak,
                 "memory_gb": memory_gb, "board_power_w": watts},
         "strategy": cfg.parallel.strategy,
-        "memory_per_gpu_bytes": memory_per_gpu(cfg, counts["total"], matmul_params, gpus, cfg.parallel.strategy, memory_gb),
+        "optimizer": cfg.optim.name,
+        "memory_per_gpu_bytes": memory_per_gpu(cfg, counts["total"], matmul_params, param_shapes, gpus, cfg.parallel.strategy, memory_gb),
         "warnings": config_warnings(cfg),
     }
     if peak:
@@ -207,8 +213,8 @@ def format_plan(plan: dict) -> str:
         rows.append(("wall time, cost", "give --gpu NAME (or --peak-tflops) to estimate"))
     m = plan["memory_per_gpu_bytes"]
     rows += [
-        ("memory per GPU", f"weights {gib(m['weights'])}, gradients {gib(m['gradients'])} (DDP buckets: views, +0), AdamW "
-                           f"{gib(m['adamw'])} ({plan['strategy']}), CUDA context {gib(m['cuda_overhead'])}"),
+        ("memory per GPU", f"weights {gib(m['weights'])}, gradients {gib(m['gradients'])} (DDP buckets: views, +0), {plan['optimizer']} "
+                           f"state {gib(m['optimizer'])} ({plan['strategy']}), CUDA context {gib(m['cuda_overhead'])}"),
         ("  bf16 weights, loss", f"{gib(m['bf16_weights'])} bf16 weight copies; fused loss {gib(m['loss_gradient'])} "
                                  f"(output gradient) + {gib(m['loss_chunk'])} (one chunk of logits)"),
         ("  activations", f"{gib(m['activations'])} at micro-batch {t['micro_batch']} -> total {gib(m['total'])}"

@@ -265,6 +265,9 @@ def export_report(run, out: Path) -> dict:
             "tokens": state["tokens"],
             "trained_tokens": state.get("trained_tokens", state["tokens"]),  # the targets the loss counted (loss masks)
             "tokens_per_step": state["tokens_per_step"],
+            # which optimizer, and its state's measured size on rank 0 (the whole state unless FSDP shards it)
+            "optimizer": {**state.get("optimizer", {"name": state["config"]["optim"].get("name", "adamw")}),
+                          "state_bytes_rank0": state.get("optimizer_state_bytes_rank0")},
             **stage_lineage(state),
             "final_train_loss": train_losses[-1]["loss"] if train_losses else None,
             "final_val_loss": val_losses[-1]["val_loss"] if val_losses else None,

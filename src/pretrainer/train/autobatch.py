@@ -57,7 +57,7 @@ def trial_fits(cfg: Config, micro_batch: int, device: torch.device, amp_dtype: t
     try:
         model = Transformer(cfg.model).to(device)
         model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)
-        optimizer = build_optimizer(model, cfg.optim, device.type)
+        optimizer = build_optimizer(model, cfg.optim, device.type, compile_step=cfg.train.compile)
         for _ in range(TRIAL_STEPS):
             ids = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len + 1), device=device)
             with autocast(device, amp_dtype):

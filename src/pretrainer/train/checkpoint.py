@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_directory, atomic_write_json, save_safetensors, sha256_file
+from pretrainer.train.optim import state_for_file, state_from_file
 from pretrainer.train.distributed import DistEnv, barrier, broadcast_object, full_state, load_full_state, on_rank0
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
@@ -126,7 +127,7 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
         # One metadata key only: safetensors writes __metadata__ in hash-map order, so two or more keys
         # can come out in a different order in another process and break byte-identical re-saves.
         save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-        torch.save(optimizer_state, tmp / "optimizer.pt")
+        torch.save(state_for_file(optimizer_state), tmp / "optimizer.pt")  # quantised moments as plain tensors
         atomic_write_json(tmp / "state.json", trainer_state)
         for name in ("model.safetensors", "optimizer.pt"):
             _fsync_file(tmp / name)
@@ -176,7 +177,7 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
     state = read_trainer_state(path)
     try:
         weights = load_file(Path(path) / "model.safetensors")
-        optimizer_state = torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=True)
+        optimizer_state = state_from_file(torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=True))
     except Exception as e:  # safetensors, pickle and zip errors have no common base class
         raise DamagedCheckpoint(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
     return weights, optimizer_state, state

@@ -45,7 +45,7 @@ from pretrainer.train.checkpoint import (latest_checkpoint, read_resume_checkpoi
                                          write_checkpoint)
 from pretrainer.train.distributed import (DistEnv, agree_max, barrier, broadcast_object, full_tensor, gradient_sync, init_distributed,
                                           keep_grads, load_full_state, mean_across_ranks, on_rank0, shutdown, wrap_model)
-from pretrainer.train.optim import adamw_update_norm, build_optimizer, lr_at
+from pretrainer.train.optim import adamw_update_norm, build_optimizer, describe_optimizer, lr_at, optimizer_state_bytes, set_lr
 from pretrainer.train.perf import SpeedMonitor, attention_backend
 from pretrainer.train.spikes import SpikeGuard, UnigramStats, unigram_counts
 from pretrainer.train.state import RunClock, TrainerState
@@ -107,10 +107,12 @@ def train(cfg: Config, clock=time.time) -> dict:
             state.load_state_dict(resume.state)
         lineage = resume.state.get("parent") if resume else parent.lineage if parent else None  # the weights actually loaded
         run_info = run_metadata(cfg, env, hardware_info(device, env.world_size), data, lineage)  # state.json: what produced the run
+        run_info["optimizer"] = describe_optimizer(optimizer, cfg.optim.name)
 
         def save() -> None:  # a collective: every rank gathers, rank 0 writes
             write_checkpoint(run_dir, state.step, wrapped, model, optimizer, cfg.ckpt.keep, env,
-                             lambda: {**state.state_dict(), **run_info})
+                             lambda: {**state.state_dict(), **run_info,
+                                      "optimizer_state_bytes_rank0": optimizer_state_bytes(optimizer)})
             state.saved_step = state.step
 
         run_clock.start()
@@ -133,8 +135,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                                                    loader.sequences_per_step)
             counts = loader.last_step_counts if micro_batches is read else (  # a drill's batches: every target counts
                 [y.numel() for _, y in micro_batches], loader.sequences_per_step * cfg.model.seq_len)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            set_lr(optimizer, lr)
 
             # the step's one agreement across ranks, on the host (no device sync): stop (signal, budget, too slow), bad token ids
             budget_action, signum, slow, out_of_vocab = agree_max(
@@ -162,7 +163,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 progress.n = state.step
                 optimizer.zero_grad(set_to_none=not keep_grads(strategy, env))
                 continue
-            optimizer.found_inf = verdict.skip  # fused AdamW drops the whole update when this is 1
+            optimizer.found_inf = verdict.skip  # the optimizer drops the whole update when this is 1
             optimizer.step()
             optimizer.zero_grad(set_to_none=not keep_grads(strategy, env))  # DDP: its bucket views stay
             state.advance(step_tokens, counts[1])  # tokens seen; targets trained on (the loss mask's)
@@ -320,7 +321,7 @@ def build_training_model(cfg: Config, env: DistEnv, amp_dtype: torch.dtype | Non
     attention = attention_backend(model, cfg.model.seq_len, env.device, amp_dtype)  # before sharding: on plain tensors
     model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)  # torchtitan's order: then shard
     wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
-    optimizer = build_optimizer(model, cfg.optim, env.device.type)
+    optimizer = build_optimizer(model, cfg.optim, env.device.type, compile_step=cfg.train.compile)
     if resume is not None or parent is not None:  # AdamW moments too when resuming (name-keyed)
         load_full_state(wrapped, model, optimizer if resume else None, weights, resume.optimizer_state if resume else None, env)
     if resume is not None:  # the host copies are in the model and optimizer now: free them

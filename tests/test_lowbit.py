@@ -1,0 +1,116 @@
+"""8-bit and 4-bit AdamW (optim.name = adamw8bit | adamw4bit, torchao): they train, resume bit-exactly,
+skip a flagged update as fused AdamW does, and plan's memory model predicts their state's size."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import pretrainer.train
+from conftest import tiny_config
+from pretrainer.config import load_config
+from pretrainer.errors import UserError
+from pretrainer.metrics import read_metrics
+from pretrainer.model import Transformer
+from pretrainer.plan import make_plan
+from pretrainer.train.checkpoint import latest_checkpoint
+from pretrainer.train.loop import train
+from pretrainer.train.optim import build_optimizer, optimizer_state_bytes, state_for_file, state_from_file
+
+pytest.importorskip("torchao")
+LOW_BIT = ["adamw8bit", "adamw4bit"]
+
+
+def records(run_dir) -> list[dict]:
+    return read_metrics(run_dir / "metrics.jsonl")
+
+
+def resumed_equals_straight(name: str, data, tmp_path, steps: int, **extra) -> Path:
+    """A run straight through and one stopped halfway and resumed: identical losses and final weights."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    settings = {"optim.name": name, "train.max_steps": steps, "ckpt.every": steps // 2, **extra}
+    train(tiny_config(data, straight, **settings))
+    train(tiny_config(data, split, **settings, **{"train.stop_at_step": steps // 2}))
+    train(tiny_config(data, split, **settings))  # resume = auto, from the halfway checkpoint
+    loss = lambda run: {r["step"]: r["loss"] for r in records(run) if "loss" in r}
+    assert loss(split) == loss(straight) and len(loss(straight)) == steps  # identical floats at every step
+    final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()
+    assert final(split) == final(straight)
+    state = json.loads((latest_checkpoint(straight) / "state.json").read_text())
+    assert state["optimizer"]["name"] == name and "torchao" in state["optimizer"]["implementation"]
+    return straight
+
+
+@pytest.mark.parametrize("name", LOW_BIT)
+def test_low_bit_adamw_resumes_bit_exactly(name, stdlib_data, tmp_path):
+    resumed_equals_straight(name, stdlib_data, tmp_path, 12, **{"eval.every": 0})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LOW_BIT)
+def test_low_bit_adamw_learns_as_adamw_does(name, stdlib_data, tmp_path):
+    """40 steps of the tiny model (test_train's resume run), resumed halfway, against AdamW's run."""
+    run = resumed_equals_straight(name, stdlib_data, tmp_path / name, 40)
+    train(tiny_config(stdlib_data, tmp_path / "adamw"))
+    val = lambda run: [r["val_loss"] for r in records(run) if "val_loss" in r]
+    assert val(run)[-1] < val(run)[0] - 0.5, val(run)  # it learns
+    # the stated tolerance (README, docs/benchmarks.md): within 3% of AdamW's final validation loss
+    assert val(run)[-1] == pytest.approx(val(tmp_path / "adamw")[-1], rel=0.03), (val(run), val(tmp_path / "adamw"))
+
+
+@pytest.mark.parametrize("name", ["adamw", *LOW_BIT])
+def test_plan_predicts_the_optimizer_state_bytes(name):
+    """The quickstart's shapes (4,096 x 128 embedding, 64 x 128 key/value projections below the
+    4,096-value quantisation threshold, norms): plan's figure within 5% of the state a step creates."""
+    cfg = load_config(None, ["--model.vocab_size=4096", "--model.n_kv_head=2", f"--optim.name={name}"])
+    planned = make_plan(cfg)["memory_per_gpu_bytes"]["optimizer"]
+    torch.manual_seed(0)
+    model = Transformer(cfg.model)
+    optimizer = build_optimizer(model, cfg.optim, "cpu")
+    ids = torch.randint(0, 4096, (2, 33))
+    model(ids[:, :-1], ids[:, 1:])[1].backward()
+    optimizer.step()
+    measured = optimizer_state_bytes(optimizer)
+    assert abs(planned / measured - 1) < 0.05, (planned, measured)
+    params = sum(p.numel() for p in model.parameters())
+    bytes_per_param = {"adamw": 8, "adamw8bit": 2, "adamw4bit": 1}[name]
+    assert measured / params == pytest.approx(bytes_per_param, rel=0.12)  # what each is for
+
+
+@pytest.mark.parametrize("name", LOW_BIT)
+def test_found_inf_skips_the_whole_update_and_state_round_trips_through_a_file(name, tmp_path):
+    cfg = load_config(None, ["--model.vocab_size=512", "--model.d_model=64", "--model.n_layer=1", f"--optim.name={name}"])
+    model = Transformer(cfg.model)
+    optimizer = build_optimizer(model, cfg.optim, "cpu")
+    ids = torch.randint(0, 512, (2, 17))
+
+    def step(found_inf: float) -> None:
+        model(ids[:, :-1], ids[:, 1:])[1].backward()
+        optimizer.found_inf = torch.tensor(found_inf)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step(0.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    saved = state_for_file(optimizer.state_dict())
+    torch.save(saved, tmp_path / "optimizer.pt")
+    step(1.0)  # flagged: nothing may change, not even the step count
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(s["step"].item() == 1 for s in optimizer.state.values())
+    loaded = state_from_file(torch.load(tmp_path / "optimizer.pt", weights_only=True))  # no pickled classes
+    quantised = [v for s in loaded["state"].values() for v in s.values() if type(v) is not torch.Tensor]
+    assert quantised and all(torch.equal(a.dequantize(), b.dequantize()) for a, b in
+                             zip(quantised, [v for s in optimizer.state.values() for v in s.values() if type(v) is not torch.Tensor]))
+    step(0.0)
+    assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_without_torchao_the_error_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao.optim", None)
+    monkeypatch.delitem(sys.modules, "pretrainer.train.lowbit", raising=False)
+    monkeypatch.delattr(pretrainer.train, "lowbit", raising=False)  # else `from pretrainer.train import lowbit` finds it
+    cfg = load_config(None, ["--model.vocab_size=256", "--optim.name=adamw8bit"])
+    with pytest.raises(UserError, match=r"pip install 'pretrainer\[lowbit\]'"):
+        build_optimizer(Transformer(cfg.model), cfg.optim, "cpu")
