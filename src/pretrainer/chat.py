@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 
 from pretrainer.data.chat import ASSISTANT_END, ASSISTANT_START, BOS, ROLE_TOKENS, USER_END, USER_START, is_chat_tokenizer
-from pretrainer.data.tokenizer import EOT, Tokenizer
+from pretrainer.data.tokenizer import Tokenizer
 from pretrainer.errors import UserError
 from pretrainer.model.generate import stream
 
@@ -40,7 +40,7 @@ class ChatSession:
             print(f"note: replies cut at {self.context // 2} tokens, half the model's context ({self.context})", file=sys.stderr)
             self.max_new_tokens = self.context // 2
         # a turn ends at <|assistant_end|>; a weakly tuned model may instead start another turn or document
-        self.stops = tuple(self.special[name] for name in (ASSISTANT_END, USER_START, BOS, EOT))
+        self.stops = (*[self.special[name] for name in (ASSISTANT_END, USER_START, BOS)], tokenizer.eot_id)
         self.reset()
 
     def reset(self) -> None:

@@ -36,7 +36,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
                     column="messages" if args.format == "chat" else "text", on_bad=args.on_bad)
     prepare(corpus, args.tokenizer, Path(args.out), val_fraction=args.val_fraction, seed=args.seed, workers=args.workers,
             max_docs=args.max_docs, force=args.force, command="pretrainer " + shlex.join(argv), fmt=args.format,
-            tokenizer_from=args.tokenizer_from or "")
+            tokenizer_from=args.tokenizer_from or "", eot_token=args.eot_token)
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -161,14 +161,15 @@ def cmd_sample(args: argparse.Namespace) -> None:
     run, model, device = model_for_generation(args)
     tokenizer = run.tokenizer()
 
-    prompt_ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eot_id]
+    # documents start after an end-of-text, or with the tokenizer's BOS where the data has one (hf: tokenizers)
+    prefix = [tokenizer.bos_id] if tokenizer.bos_id is not None else [] if args.prompt else [tokenizer.eot_id]
+    prompt_ids = prefix + tokenizer.encode(args.prompt)
     prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator)
     print(f"# {run.checkpoint} (step {run.step}), temperature {args.temperature}, top-k {args.top_k}, seed {args.seed}")
     for i, row in enumerate(out.tolist()):
-        start = 1 if not args.prompt else 0
-        text = tokenizer.decode(row[start:]).replace("<|endoftext|>", "\n<|endoftext|>\n")
+        text = tokenizer.decode(row[len(prefix):]).replace(tokenizer.eot_name, f"\n{tokenizer.eot_name}\n")
         print(f"--- sample {i + 1} ---\n{text}")
 
 

@@ -16,7 +16,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("prepare", help="corpus -> tokenizer -> token files + manifest")
     p.add_argument("--corpus", action="append", required=True,
                    help="stdlib | PATH (.txt/.jsonl/.parquet file, dir or glob) | hf:ORG/NAME[:GLOB]; repeatable")
-    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (tiktoken GPT-2 BPE) or bpe:N (train a BPE of vocab N)")
+    p.add_argument("--tokenizer", default="gpt2",
+                   help="gpt2 (tiktoken GPT-2 BPE), bpe:N (train a BPE of vocab N) or hf:DIR_OR_REPO (a Hugging Face "
+                        "tokenizer.json: a local directory, or a hub repo id, read from the local hub cache offline)")
+    p.add_argument("--eot-token", metavar="NAME", default="",
+                   help="hf: tokenizers: the token that ends each document (default: <|endoftext|>, <|end_of_text|>, "
+                        "</s>, <eos> or <|eos|> among its special tokens, else its post-processor's or config's eos)")
     p.add_argument("--tokenizer-from", metavar="RUN_OR_DATA_DIR",
                    help="reuse this run's (or data dir's) tokenizer exactly instead of --tokenizer (chat: plus the chat tokens)")
     p.add_argument("--format", default="text", choices=["text", "chat"],

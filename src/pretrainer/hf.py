@@ -2,8 +2,9 @@
 
 Export writes what `AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)`
 load offline: config.json (LlamaForCausalLM or GPT2LMHeadModel), model.safetensors with Hugging
-Face parameter names, tokenizer.json (a `tokenizers` byte-level BPE with exactly our merges) and
-tokenizer_config.json. Nothing here needs `transformers` itself; the tokenizer needs `tokenizers`.
+Face parameter names, tokenizer.json (a `tokenizers` byte-level BPE with exactly our merges; an hf:
+tokenizer's own file, unchanged) and tokenizer_config.json. Nothing here needs `transformers` itself;
+the tokenizer needs `tokenizers`.
 
 Name mapping (ours -> Hugging Face):
   llama: wte -> model.embed_tokens, layers.i.attn.{q,k,v,o}_proj -> model.layers.i.self_attn.*,
@@ -126,9 +127,10 @@ def from_hf_weights(cfg: ModelConfig, theirs: dict[str, torch.Tensor], where: st
 
 # --- configs ---
 
-def hf_config(cfg: ModelConfig, eot_id: int, dtype: str = "float32") -> dict:
-    common = {"vocab_size": cfg.vocab_size, "bos_token_id": eot_id, "eos_token_id": eot_id, "torch_dtype": dtype,
-              "tie_word_embeddings": cfg.tie_embeddings}
+def hf_config(cfg: ModelConfig, eot_id: int, dtype: str = "float32", bos_id: int | None = None) -> dict:
+    """bos_id: the tokenizer's BOS when documents start with one (hf: tokenizers such as Llama-3's), else end-of-text."""
+    common = {"vocab_size": cfg.vocab_size, "bos_token_id": eot_id if bos_id is None else bos_id, "eos_token_id": eot_id,
+              "torch_dtype": dtype, "tie_word_embeddings": cfg.tie_embeddings}
     if cfg.arch == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
                 "hidden_size": cfg.d_model, "intermediate_size": resolve_d_ff(cfg), "num_hidden_layers": cfg.n_layer,
@@ -230,11 +232,11 @@ def export_hf(cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out
     with atomic_directory(Path(out)) as tmp:
         hf_weights = {k: v.to(torch_dtype).contiguous() for k, v in to_hf_weights(cfg, weights).items()}
         save_safetensors(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
-        config = hf_config(cfg, tokenizer.eot_id, str(torch_dtype).removeprefix("torch."))
+        config = hf_config(cfg, tokenizer.eot_id, str(torch_dtype).removeprefix("torch."), tokenizer.bos_id)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         stops = tokenizer.eot_id
         if "<|assistant_end|>" in tokenizer.special_tokens:  # a chat model ends its turn there (data/chat.py)
             stops = [tokenizer.special_tokens["<|assistant_end|>"], tokenizer.eot_id]
         (tmp / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": tokenizer.eot_id, "eos_token_id": stops}, indent=2) + "\n")
+            {"bos_token_id": config["bos_token_id"], "eos_token_id": stops}, indent=2) + "\n")
         hf_tokenizer_files(tokenizer, tmp, model_max_length=cfg.seq_len)

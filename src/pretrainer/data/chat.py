@@ -10,7 +10,8 @@ alternating, starting with the user and ending with the assistant. It is rendere
     <|endoftext|>
 
 where each text is the tokenizer's ordinary encoding of the content (a "<|user_start|>" typed inside
-a message is text, never a special token). The loss mask is 1 on every assistant content token and
+a message is text, never a special token) and <|endoftext|> is the tokenizer's end-of-text (an hf:
+tokenizer's may have another name, e.g. </s>). The loss mask is 1 on every assistant content token and
 its <|assistant_end|> (the model learns to answer and to stop), 0 everywhere else; the trainer counts
 a target when the mask of the token it predicts is 1. The closing <|endoftext|> is the document
 separator every prepared document ends with, so packing and document masking treat a conversation
@@ -18,6 +19,8 @@ like any other document.
 
 The special tokens are appended after the tokenizer's end-of-text (data/tokenizer.py), so a base
 model's ids keep their meaning and its vocabulary grows by len(CHAT_TOKENS) at `init.from`.
+An hf: tokenizer (data/hf_tokenizer.py) keeps those of the chat tokens its tokenizer.json has and gets
+the others appended after its vocabulary; its own BOS, if any, is not used here (<|bos|> is).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import json
 import numpy as np
 
-from pretrainer.data.tokenizer import EOT, Tokenizer
+from pretrainer.data.tokenizer import Tokenizer
 
 BOS = "<|bos|>"
 ROLE_TOKENS = {role: (f"<|{role}_start|>", f"<|{role}_end|>") for role in ("system", "user", "assistant")}
@@ -94,7 +97,7 @@ def render(messages: list[dict], tokenizer: Tokenizer, close: bool = True) -> tu
         ids += [special[start], *content, special[end]]
         mask += [0, *[trained] * len(content), trained]
     if close:
-        ids.append(special[EOT])
+        ids.append(tokenizer.eot_id)
         mask.append(0)
     return ids, mask
 

@@ -3,10 +3,13 @@
     OUT/
       train.bin, val.bin    flat token ids (uint16 when vocab <= 65536, else uint32); every document
                             is followed by the end-of-text token, so boundaries are real documents
+                            (and, for an hf: tokenizer whose post-processor starts a sequence with a
+                            BOS such as Llama-3's, preceded by that BOS: data/hf_tokenizer.py)
       pretrainer-tokenizer.json, tokenizer.tiktoken
                             the tokenizer (see data/tokenizer.py)
       tokenizer.json, tokenizer_config.json
-                            the same tokenizer for Hugging Face (AutoTokenizer.from_pretrained(OUT))
+                            the same tokenizer for Hugging Face (AutoTokenizer.from_pretrained(OUT));
+                            for --tokenizer hf:...: its tokenizer.json, byte for byte, and our metadata
       manifest.json         tokenizer id/hash, dtype, per-split document and token counts, sha256 of
                             each file, sources, the command and the pretrainer version
       train.mask.bin,       --format chat only: one byte per token, 1 where the token is trained on
@@ -43,7 +46,7 @@ from tqdm import tqdm
 
 from pretrainer import __version__
 from pretrainer.data.sources import Corpus, Piece
-from pretrainer.data.tokenizer import TOKENIZER_FILES, Tokenizer, tokenizer_from_spec
+from pretrainer.data.tokenizer import METADATA_FILE, RANKS_FILE, Tokenizer, tokenizer_from_spec
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_directory, atomic_write_json
 
@@ -55,7 +58,7 @@ def tokenizer_of(path: str) -> Tokenizer:
     """The tokenizer of a run dir (RUN/tokenizer), a checkpoint (its run's) or a prepared data dir."""
     path = Path(path)
     for candidate in (path / "tokenizer", path.parent.parent / "tokenizer", path):
-        if (candidate / "tokenizer.tiktoken").is_file():
+        if (candidate / METADATA_FILE).is_file() or (candidate / RANKS_FILE).is_file():
             return Tokenizer.load(candidate)
     raise UserError(f"--tokenizer-from {path}: no tokenizer there; give a run dir, a checkpoint or a prepared data dir")
 
@@ -154,21 +157,26 @@ _worker_tokenizer: Tokenizer | None = None
 
 def _init_worker(tokenizer_dir: str) -> None:
     global _worker_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # an hf: tokenizer's own threads: one process per core already
     _worker_tokenizer = Tokenizer.load(Path(tokenizer_dir))
 
 
-def _encode_batch(texts: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, None, np.ndarray]:
+def _encode_batch(texts: list[str], starts: list[bool], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, None, np.ndarray]:
     """-> (all tokens with an end-of-text after each document, no loss mask, per-item lengths).
-    A Piece (a document the next item continues) gets no end-of-text."""
+    A Piece (a document the next item continues) gets no end-of-text; an item that starts a document
+    (starts[i]) gets the tokenizer's BOS first, when it has one (hf: tokenizers such as Llama-3's)."""
     tok = tokenizer or _worker_tokenizer
-    ids = [x if isinstance(t, Piece) else x + [tok.eot_id] for t, x in zip(texts, tok.encode_batch(texts))]
+    bos = [] if tok.bos_id is None else [tok.bos_id]
+    ids = [(bos if start else []) + (x if isinstance(t, Piece) else x + [tok.eot_id])
+           for t, start, x in zip(texts, starts, tok.encode_batch(texts))]
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
     return flat, None, lengths
 
 
-def _render_chat_batch(conversations: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """--format chat: canonical conversations -> (tokens in the chat template, loss mask, per-item lengths)."""
+def _render_chat_batch(conversations: list[str], starts: list[bool], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """--format chat: canonical conversations -> (tokens in the chat template, loss mask, per-item lengths).
+    Each starts with the template's <|bos|> (a conversation is never in pieces)."""
     from pretrainer.data.chat import render_batch
 
     return render_batch(conversations, tokenizer or _worker_tokenizer)
@@ -177,16 +185,24 @@ def _render_chat_batch(conversations: list[str], tokenizer: Tokenizer | None = N
 def _encode_stream(batches: Iterator[tuple[list[str], list[int]]], tokenizer: Tokenizer, tokenizer_dir: Path, workers: int,
                    encode=_encode_batch):
     """-> ((tokens, mask or None, lengths), keys, document ends) per batch, in order."""
+    previous_ended = True  # whether the item before the next one ended its document (the next one starts one)
+
+    def starts(texts: list[str]) -> list[bool]:
+        nonlocal previous_ended
+        flags = [previous_ended] + [not isinstance(t, Piece) for t in texts[:-1]]
+        previous_ended = not isinstance(texts[-1], Piece)
+        return flags
+
     if workers <= 1:
         for texts, keys in batches:
-            yield encode(texts, tokenizer), keys, [not isinstance(t, Piece) for t in texts]
+            yield encode(texts, starts(texts), tokenizer), keys, [not isinstance(t, Piece) for t in texts]
         return
     # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy mid-state
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
         pending = deque()
         for texts, keys in batches:
-            pending.append((pool.submit(encode, texts), keys, [not isinstance(t, Piece) for t in texts]))
+            pending.append((pool.submit(encode, texts, starts(texts)), keys, [not isinstance(t, Piece) for t in texts]))
             if len(pending) >= 2 * workers:
                 future, keys, ends = pending.popleft()
                 yield future.result(), keys, ends
@@ -234,10 +250,11 @@ class _SplitWriter:
 
 def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: float = 0.005, seed: int = 0,
             workers: int = 0, max_docs: int = 0, force: bool = False, command: str = "", fmt: str = "text",
-            tokenizer_from: str = "") -> dict:
+            tokenizer_from: str = "", eot_token: str = "") -> dict:
     """Tokenize `corpus` into OUT (see the module docstring). fmt "chat": the corpus holds conversations
     (Corpus(column="messages")), written in the chat template with a loss mask (data/chat.py);
-    tokenizer_from: reuse the tokenizer of a run, checkpoint or data dir exactly (chat: plus the chat tokens)."""
+    tokenizer_from: reuse the tokenizer of a run, checkpoint or data dir exactly (chat: plus the chat tokens);
+    eot_token: the document separator of an hf: tokenizer (default: found among its special tokens)."""
     out = Path(out)
     chat = fmt == "chat"
     if fmt not in ("text", "chat"):
@@ -252,6 +269,12 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
     if out.exists() and not force:
         raise UserError(f"{out}: output directory already exists; choose another --out or pass --force to replace it")
     workers = workers or min(os.cpu_count() or 1, 8)
+    if eot_token and (tokenizer_from or not tokenizer_spec.startswith("hf:")):
+        raise UserError(f"--eot-token {eot_token}: only with --tokenizer hf:DIR_OR_REPO (gpt2, bpe:N and --tokenizer-from "
+                        f"keep their own end-of-text)")
+    hf_tokenizer = None
+    if tokenizer_spec.startswith("hf:") and not tokenizer_from:  # a bad tokenizer.json fails before the corpus is read
+        hf_tokenizer = tokenizer_from_spec(tokenizer_spec, eot_token=eot_token)
 
     def documents() -> KeyedDocuments:
         return KeyedDocuments(corpus.documents(), max_docs)
@@ -264,6 +287,8 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
         started = time.time()
         if tokenizer_from:
             tokenizer = tokenizer_of(tokenizer_from)
+        elif hf_tokenizer is not None:
+            tokenizer = hf_tokenizer
         elif tokenizer_spec.startswith("bpe:"):
             print(f"training {tokenizer_spec} on the train split ...", flush=True)
             train_texts = (text for text, key in documents() if not is_val_document(seed, key, val_fraction))
@@ -334,7 +359,9 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "content": "chat" if chat else "text",
             "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size,
                           "eot_id": tokenizer.eot_id, "special_tokens": tokenizer.special_tokens,
-                          "files": list(TOKENIZER_FILES), **({"from": tokenizer_from} if tokenizer_from else {})},
+                          **({"eot_token": tokenizer.eot_name, "bos_token": tokenizer.bos_name, "bos_id": tokenizer.bos_id,
+                              "file_sha256": tokenizer.file_sha256} if tokenizer.kind == "hf" else {}),
+                          "files": list(tokenizer.files), **({"from": tokenizer_from} if tokenizer_from else {})},
             "dtype": dtype.name,
             "max_token_id": max_token,
             "seed": seed,

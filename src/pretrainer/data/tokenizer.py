@@ -1,4 +1,6 @@
-"""Tokenizers: GPT-2 BPE through tiktoken, or a byte-level BPE trained on the corpus with rustbpe.
+"""Tokenizers: GPT-2 BPE through tiktoken, or a byte-level BPE trained on the corpus with rustbpe
+(this module), or any Hugging Face tokenizer.json (`hf:DIR_OR_REPO`, data/hf_tokenizer.py, the same
+interface; `Tokenizer.load` opens a directory saved by either).
 
 Both are tiktoken `Encoding`s in the end, so encoding is fast and identical everywhere. A tokenizer
 is saved next to the data it produced (and copied into each run dir) as:
@@ -83,6 +85,11 @@ def _parse_ranks(data: bytes, where: str) -> dict[bytes, int]:
 class Tokenizer:
     """A tiktoken encoding plus the facts the rest of the package needs (name, EOT id, hash)."""
 
+    kind = "tiktoken"
+    files = TOKENIZER_FILES
+    eot_name = EOT
+    bos_name, bos_id = None, None  # documents are separated by end-of-text alone, as in GPT-2
+
     def __init__(self, name: str, pattern: str, ranks: dict[bytes, int], extra_special: tuple[str, ...] = ()):
         self.name = name
         self.pattern = pattern
@@ -112,7 +119,7 @@ class Tokenizer:
     def extends(self, base: "Tokenizer") -> bool:
         """Whether every id of `base` means the same here: the same merges and pattern, and base's
         special tokens with the same ids (more may follow)."""
-        return (self.pattern == base.pattern and self.ranks == base.ranks
+        return (isinstance(base, Tokenizer) and self.pattern == base.pattern and self.ranks == base.ranks
                 and all(self.special_tokens.get(name) == i for name, i in base.special_tokens.items()))
 
     def special_id(self, name: str) -> int:
@@ -159,17 +166,26 @@ class Tokenizer:
         return saved == self.sha256 and all((directory / name).is_file() for name in TOKENIZER_FILES)
 
     @classmethod
-    def load(cls, directory: Path) -> "Tokenizer":
+    def load(cls, directory: Path):
+        """The tokenizer saved in `directory`: a Tokenizer, or an HFTokenizer where the metadata says kind "hf"."""
         directory = Path(directory)
         meta_path, ranks_path = metadata_path(directory), directory / RANKS_FILE
-        for p in (meta_path, ranks_path):
-            if not p.is_file():
-                raise UserError(f"{p}: tokenizer file missing; re-run `pretrainer prepare` for this data")
+        if not meta_path.is_file():
+            raise UserError(f"{meta_path}: tokenizer file missing; re-run `pretrainer prepare` for this data")
         try:
             meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"{meta_path}: malformed tokenizer metadata ({e}); re-run `pretrainer prepare`") from None
+        if isinstance(meta, dict) and meta.get("kind") == "hf":
+            from pretrainer.data.hf_tokenizer import HFTokenizer
+
+            return HFTokenizer.from_saved(directory, meta, meta_path)
+        if not ranks_path.is_file():
+            raise UserError(f"{ranks_path}: tokenizer file missing; re-run `pretrainer prepare` for this data")
+        try:
             extra = tuple(name for name, _ in sorted(meta["special_tokens"].items(), key=lambda kv: kv[1]) if name != EOT)
             tok = cls(meta["name"], meta["pattern"], _parse_ranks(ranks_path.read_bytes(), str(ranks_path)), extra)
-        except (json.JSONDecodeError, KeyError) as e:
+        except (KeyError, TypeError, AttributeError) as e:
             raise UserError(f"{meta_path}: malformed tokenizer metadata ({e}); re-run `pretrainer prepare`") from None
         if tok.sha256 != meta["sha256"] or tok.special_tokens != meta["special_tokens"]:
             raise UserError(f"{ranks_path}: does not match the sha256 in {meta_path.name}; the tokenizer files were changed")
@@ -213,8 +229,11 @@ def _split_into_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, byt
 
 
 def hf_tokenizer_files(tokenizer: Tokenizer, out: Path, model_max_length: int | None = None) -> None:
-    """Write tokenizer.json + tokenizer_config.json that encode exactly like our tiktoken encoding.
+    """Write tokenizer.json + tokenizer_config.json that encode exactly like our tiktoken encoding (an
+    hf: tokenizer writes its own tokenizer.json unchanged, HFTokenizer.write_hf_files).
     model_max_length: the model's context (None: unknown, as for a data dir; transformers then sets no limit)."""
+    if tokenizer.kind == "hf":
+        return tokenizer.write_hf_files(out, model_max_length)
     from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers.models import BPE
@@ -276,7 +295,13 @@ def load_gpt2() -> Tokenizer:
     return Tokenizer("gpt2", GPT2_PATTERN, online._mergeable_ranks)
 
 
-def tokenizer_from_spec(spec: str, training_texts: Iterator[str] | None = None) -> Tokenizer:
+def tokenizer_from_spec(spec: str, training_texts: Iterator[str] | None = None, eot_token: str = "") -> Tokenizer:
+    if spec.startswith("hf:"):
+        from pretrainer.data.hf_tokenizer import load_hf_tokenizer
+
+        return load_hf_tokenizer(spec, eot_token)
+    if eot_token:
+        raise UserError(f"--eot-token {eot_token}: only for --tokenizer hf:...; {spec} separates documents with {EOT}")
     if spec == "gpt2":
         return load_gpt2()
     if spec.startswith("bpe:"):
@@ -286,7 +311,7 @@ def tokenizer_from_spec(spec: str, training_texts: Iterator[str] | None = None) 
             raise UserError(f"--tokenizer {spec}: expected bpe:N with N an integer, e.g. bpe:4096") from None
         assert training_texts is not None, "a trained BPE needs the corpus"
         return train_bpe(training_texts, vocab_size)
-    raise UserError(f"--tokenizer {spec}: unknown tokenizer; use gpt2 or bpe:N (e.g. bpe:4096)")
+    raise UserError(f"--tokenizer {spec}: unknown tokenizer; use gpt2, bpe:N (e.g. bpe:4096) or hf:DIR_OR_REPO")
 
 
 def fetch_gpt2_ranks(dest: Path | None = None) -> Path:
