@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pretrainer.train
-from conftest import tiny_config
+from conftest import tiny_config, tiny_overrides
 from pretrainer.config import load_config
 from pretrainer.errors import UserError
 from pretrainer.metrics import read_metrics
@@ -114,3 +114,19 @@ def test_without_torchao_the_error_is_one_line(monkeypatch):
     cfg = load_config(None, ["--model.vocab_size=256", "--optim.name=adamw8bit"])
     with pytest.raises(UserError, match=r"pip install 'pretrainer\[lowbit\]'"):
         build_optimizer(Transformer(cfg.model), cfg.optim, "cpu")
+
+
+@pytest.mark.slow  # three 2-rank torchrun launches
+def test_two_rank_ddp_resume_of_adamw8bit_is_bit_exact(stdlib_data, tmp_path):
+    """The quantised moments cannot be broadcast as tensors: rank 0 sends their plain parts (distributed.py)."""
+    from test_distributed import torchrun
+
+    settings = {"optim.name": "adamw8bit", "parallel.strategy": "ddp", "train.micro_batch": 4, "train.max_steps": 8,
+                "ckpt.every": 4, "eval.every": 0}
+    torchrun(2, *tiny_overrides(stdlib_data, tmp_path / "straight", **settings))
+    torchrun(2, *tiny_overrides(stdlib_data, tmp_path / "split", **settings, **{"train.stop_at_step": 4}))
+    torchrun(2, *tiny_overrides(stdlib_data, tmp_path / "split", **settings))
+    loss = lambda run: {r["step"]: r["loss"] for r in records(run) if "loss" in r}
+    assert loss(tmp_path / "split") == loss(tmp_path / "straight") and len(loss(tmp_path / "straight")) == 8
+    final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()
+    assert final(tmp_path / "split") == final(tmp_path / "straight")

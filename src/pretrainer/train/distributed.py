@@ -157,8 +157,16 @@ def load_full_state(wrapped: nn.Module, model: nn.Module, optimizer: torch.optim
         grads = [p.grad for p in model.parameters()]
         for p in model.parameters():
             p.grad = None
-        set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=optimizer_state if env.is_main else {},
-                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        if getattr(optimizer, "quantised_state", False):
+            # torchao's quantised moments have no broadcast: rank 0's plain parts go to every rank as one object
+            # (DDP only, train/lowbit.py: each rank holds the whole state anyway), rebuilt and loaded there
+            from pretrainer.train.optim import state_for_file, state_from_file
+
+            full = state_from_file(broadcast_object(state_for_file(optimizer_state) if env.is_main else None, env))
+            set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=full, options=StateDictOptions(full_state_dict=True))
+        else:
+            set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=optimizer_state if env.is_main else {},
+                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         for p, grad in zip(model.parameters(), grads):
             p.grad = grad
 

@@ -40,6 +40,7 @@ class _LowBitStep:
 
     compile_step = True
     found_inf: torch.Tensor | None = None
+    quantised_state = True  # train/distributed.load_full_state: no tensor broadcast for these moments
 
     @torch.no_grad()
     def step(self, closure=None):
