@@ -44,3 +44,25 @@ def device_peak_tflops(configured: float, device: torch.device) -> float | None:
         key = gpu_from_device_name(torch.cuda.get_device_name(device))
         return GPUS[key].peak_bf16_tflops if key else None
     return None  # CPUs: no peak we trust, so no MFU
+
+
+def import_torchao(purpose: str):
+    """torchao (the `lowbit` extra), imported for `purpose`, or a one-line UserError saying how to install it.
+    Its import logs a warning for each compiled kernel library this torch build cannot load (CUDA-only
+    ones on a CPU build) and torch a deprecation note: silenced for the import; nothing here uses them."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        import torchao
+        import torchao.optim
+        import torchao.quantization  # noqa: F401 (submodules the callers use)
+    except ImportError:
+        raise UserError(f"{purpose} needs torchao: pip install 'pretrainer[lowbit]'") from None
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+    return torchao

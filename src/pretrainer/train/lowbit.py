@@ -20,14 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from pretrainer.errors import UserError
+from pretrainer.device import import_torchao
 
-try:
-    import torchao.optim as _torchao_optim
-    from torchao.optim.adam import single_param_adam
-except ImportError:  # an optional extra
-    raise UserError("optim.name = adamw8bit / adamw4bit needs torchao: pip install 'pretrainer[lowbit]' "
-                    "(or optim.name = adamw)") from None
+_torchao_optim = import_torchao("optim.name = adamw8bit / adamw4bit").optim
+from torchao.optim.adam import single_param_adam  # noqa: E402 (after the import that explains a missing torchao)
 
 # what a moment tensor of n values costs (bytes) when quantised: codes + fp32 block scales + the lookup table
 BLOCK_SIZE = {8: 256, 4: 128}
