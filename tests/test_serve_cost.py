@@ -24,8 +24,8 @@ def tiny_run(stdlib_data, tmp_path_factory):
     return run_dir
 
 
-FAST = ["--variants", "fp32,int8,int4", "--batch-sizes", "1,2", "--prompt-tokens", "16", "--new-tokens", "4", "--repeats", "1", "--warmup", "0",
-        "--val-batches", "1"]
+FAST = ["--variants", "fp32,int8,int4", "--batch-sizes", "1,2", "--prompt-tokens", "16", "--new-tokens", "4",
+        "--repeats", "1", "--warmup", "0", "--val-batches", "1"]
 
 
 def test_serve_cost_tables_memory_and_quality_on_cpu(tiny_run, run_cli):
@@ -84,7 +84,8 @@ def test_int8_logits_match_fp32_and_int4_skips_layers_its_group_size_does_not_di
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_serve_cost_runs_on_cuda(tiny_run, run_cli):
     out_dir = tiny_run / "cuda"
-    code, _, err = run_cli("serve-cost", tiny_run, *FAST, "--variants", "bf16,fp32,int8,int4", "--device", "cuda", "--out", out_dir)
+    code, _, err = run_cli("serve-cost", tiny_run, *FAST, "--variants", "bf16,fp32,int8,int4", "--device", "cuda",
+                           "--out", out_dir)
     assert code == 0, err
     result = json.loads((out_dir / "serve_cost.json").read_text())
     by_name = {v["variant"]: v for v in result["variants"]}

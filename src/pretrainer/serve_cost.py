@@ -81,7 +81,8 @@ def default_variants(device: torch.device) -> list[str]:
 def serving_dtype(variant: str, device: torch.device) -> torch.dtype:
     """The dtype of the weights left unquantised and of the activations: bf16 on CUDA; on CPU fp32,
     except int4, whose CPU kernel (tinygemm's _weight_int4pack_mm_for_cpu) is fast only on bf16
-    activations (measured here: 6-60x slower than an fp32 matmul on fp32 activations, as fast or faster on bf16)."""
+    activations (measured here: 6-60x slower than an fp32 matmul on fp32 activations; on bf16 as fast
+    or faster)."""
     if variant == "fp32":
         return torch.float32
     if variant == "bf16" or variant == "int4" or device.type == "cuda":
@@ -190,7 +191,7 @@ def weight_memory(model: torch.nn.Module, skipped: dict[str, str], quantised: se
             kind, why = f"{module_name}.weight", skipped[module_name]
         else:
             kind, why = "other", "not a Linear layer's weight"
-        group = groups.setdefault(kind, {"what": kind, "tensors": 0, "params": 0, "bytes": 0, "dtype": str(param.dtype).replace("torch.", ""),
+        group = groups.setdefault(kind, {"what": kind, "tensors": 0, "params": 0, "bytes": 0, "dtype": dtype_name(param.dtype),
                                          "why": why})
         group["tensors"] += 1
         group["params"] += numel
@@ -227,8 +228,9 @@ def measure_speed(model: torch.nn.Module, batch: int, prompt_tokens: int, new_to
             prefill_s.append(prefilled - started)
             decode_s.append(time.perf_counter() - prefilled)
     prefill, decode = statistics.median(prefill_s), statistics.median(decode_s)
-    return {"batch": batch, "prefill_tokens_per_s": batch * prompt_tokens / prefill, "decode_tokens_per_s": batch * new_tokens / decode,
-            "prefill_s": prefill, "decode_s": decode, "kv_cache_bytes": kv_bytes,
+    return {"batch": batch, "prefill_tokens_per_s": batch * prompt_tokens / prefill,
+            "decode_tokens_per_s": batch * new_tokens / decode, "prefill_s": prefill, "decode_s": decode,
+            "kv_cache_bytes": kv_bytes,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
 
 
@@ -271,7 +273,7 @@ def load_variant(run, cfg, variant: str, device: torch.device, group_size: int, 
         with torch.inference_mode():  # a kernel this device lacks fails here, not halfway through the timings
             model(torch.zeros(1, 1, dtype=torch.long, device=device))
     else:
-        entry["format"] = f"{str(serving_dtype(variant, device)).replace('torch.', '')} (not quantised)"
+        entry["format"] = f"{dtype_name(serving_dtype(variant, device))} (not quantised)"
     entry["quantised_layers"] = sorted(quantised)
     entry["weights"] = weight_memory(model, skipped, quantised, cfg.model.tie_embeddings)
     return model
@@ -314,13 +316,13 @@ def serve_cost(settings: ServeSettings) -> dict:
     prompt_tokens = settings.prompt_tokens or seq_len // 2
     new_tokens = settings.new_tokens or min(64, seq_len - prompt_tokens)
     if prompt_tokens < 1 or new_tokens < 1 or prompt_tokens + new_tokens > seq_len:
-        raise UserError(f"serve-cost: --prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} must fit model.seq_len {seq_len} "
-                        "(each at least 1)")
+        raise UserError(f"serve-cost: --prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} must fit model.seq_len "
+                        f"{seq_len} (each at least 1)")
     usd_per_hour, price_source = settings.usd_per_hour, "--usd-per-hour"
-    if usd_per_hour is None:
-        usd_per_hour, price_source = ((run.cfg.budget.usd_per_gpu_hour, "the run's budget.usd_per_gpu_hour")
-                                      if run.cfg.budget.usd_per_gpu_hour > 0 else
-                                      (DEFAULT_USD_PER_HOUR, "assumed (no --usd-per-hour, no budget.usd_per_gpu_hour in the run)"))
+    if usd_per_hour is None and run.cfg.budget.usd_per_gpu_hour > 0:
+        usd_per_hour, price_source = run.cfg.budget.usd_per_gpu_hour, "the run's budget.usd_per_gpu_hour"
+    elif usd_per_hour is None:
+        usd_per_hour, price_source = DEFAULT_USD_PER_HOUR, "assumed: no --usd-per-hour, no budget.usd_per_gpu_hour in the run"
     if usd_per_hour <= 0:
         raise UserError(f"serve-cost: --usd-per-hour must be > 0, got {usd_per_hour}")
 
@@ -340,7 +342,7 @@ def serve_cost(settings: ServeSettings) -> dict:
           f"${usd_per_hour:g}/hour ({price_source})", flush=True)
     results, baseline, baseline_top1 = [], None, None
     for variant in variants:
-        entry = {"variant": variant, "status": "ok", "reason": "", "dtype": str(serving_dtype(variant, device)).replace("torch.", "")}
+        entry = {"variant": variant, "status": "ok", "reason": "", "dtype": dtype_name(serving_dtype(variant, device))}
         results.append(entry)
         try:
             model = load_variant(run, cfg, variant, device, settings.group_size, entry)
@@ -414,6 +416,7 @@ def format_tables(result: dict) -> str:
     """serve_cost.md: what was measured, how, and the numbers."""
     s = result["settings"]
     ran = [v for v in result["variants"] if v["status"] == "ok"]
+    suite = any("suite_score" in v["quality"] for v in ran)
     lines = [f"# What it costs to serve: {result['run']} (step {result['step']})", "",
              f"{result['device']['name']}; torch {result['versions']['torch']}, torchao {result['versions']['torchao']}. "
              f"Prompt {s['prompt_tokens']} tokens, {s['new_tokens']} new tokens (greedy, KV cache); median of {s['repeats']} "
@@ -423,17 +426,17 @@ def format_tables(result: dict) -> str:
              f"Deltas are against {result['baseline']}; val loss (nats/token) and bits per byte over "
              f"{s['val_tokens']:,} tokens of {s['data_dir']}/val.bin; top-1 agreement: positions of the first val batch "
              f"({s['top1_positions']:,}) whose most likely next token is {result['baseline']}'s.", "",
-             "| variant | compute | weights | whole model vs fp32 | quantised layers vs fp32 | load s | quantise s | val loss (delta) | "
-             "bits/byte (delta) | top-1 agreement |" + (" suite (delta) |" if any("suite_score" in v["quality"] for v in ran) else ""),
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if any("suite_score" in v["quality"] for v in ran) else "")]
+             "| variant | compute | weights | whole model vs fp32 | quantised layers vs fp32 | load s | quantise s | "
+             "val loss (delta) | bits/byte (delta) | top-1 agreement |" + (" suite (delta) |" if suite else ""),
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if suite else "")]
     for v in result["variants"]:
         if v["status"] != "ok":
             continue
         w, q = v["weights"], v["quality"]
         quantised = w["quantised"]
         qcell = f"{quantised['ratio_to_fp32']:.1%} ({quantised['layers']} layers)" if quantised["layers"] else "-"
-        row = (f"| {v['variant']} | {v['dtype']} | {mib(w['total_bytes'])} | {w['ratio_to_fp32']:.1%} | {qcell} | {v['load_s']:.2f} | "
-               f"{v.get('quantize_s', 0):.2f} | {q['val_loss']:.4f} ({q['delta_val_loss']:+.4f}) | "
+        row = (f"| {v['variant']} | {v['dtype']} | {mib(w['total_bytes'])} | {w['ratio_to_fp32']:.1%} | {qcell} | "
+               f"{v['load_s']:.2f} | {v.get('quantize_s', 0):.2f} | {q['val_loss']:.4f} ({q['delta_val_loss']:+.4f}) | "
                f"{q['val_bpb']:.4f} ({q['delta_val_bpb']:+.4f}) | {q['top1_agreement']:.1%} |")
         if "suite_score" in q:
             row += f" {q['suite_score']:.4f} ({q['delta_suite_score']:+.4f}) |"
@@ -443,8 +446,9 @@ def format_tables(result: dict) -> str:
               "|---|---:|---:|---:|---:|---:|---:|"]
     for v in ran:
         for sp in v["speed"]:
-            lines.append(f"| {v['variant']} | {sp['batch']} | {sp['prefill_tokens_per_s']:,.0f} | {sp['decode_tokens_per_s']:,.0f} | "
-                         f"{usd(sp['usd_per_million_generated'])} | {usd(sp['usd_per_million_prompt'])} | {mib(sp['kv_cache_bytes'])} |")
+            lines.append(f"| {v['variant']} | {sp['batch']} | {sp['prefill_tokens_per_s']:,.0f} | "
+                         f"{sp['decode_tokens_per_s']:,.0f} | {usd(sp['usd_per_million_generated'])} | "
+                         f"{usd(sp['usd_per_million_prompt'])} | {mib(sp['kv_cache_bytes'])} |")
     skipped = [v for v in result["variants"] if v["status"] != "ok"]
     lines += ["", "## What was quantised, and what was not", ""]
     for v in ran:
@@ -459,6 +463,10 @@ def format_tables(result: dict) -> str:
     for v in skipped:
         lines.append(f"- {v['variant']}: skipped on this device: {v['reason']}")
     return "\n".join(lines) + "\n"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def mib(n: int) -> str:
