@@ -5,8 +5,9 @@ its Linear layers' weights quantised to int8 and int4 (torchao, weight-only), on
     # -> RUN_DIR/report/serve_cost.json and serve_cost.md (written atomically), and the same tables printed
 
 Per variant, each loaded afresh from the run's newest intact checkpoint:
-  - load: the checkpoint read (from the page cache: one untimed load comes first, so the first variant
-    pays no first-read cost), the model built and moved to the device (load_s), then quantised (quantize_s);
+  - load: the checkpoint read (from the page cache: one untimed load comes first, so the first
+    variant pays no first-read cost), the model built and moved to the device (load_s), then
+    quantised (quantize_s);
   - weight memory: the bytes every parameter really holds (a torchao tensor's inner tensors summed:
     int8 values, scales, zero points), for the quantised layers against their fp32 bytes, and for
     the whole model; what stayed unquantised is listed with why (the token embedding and its tied
@@ -20,8 +21,8 @@ Per variant, each loaded afresh from the run's newest intact checkpoint:
     tokens likewise from the prefill rate;
   - quality: validation loss and bits per byte on the run's own val split (--val-batches batches, as
     `pretrainer eval` scores them), the share of the first val batch's positions whose most likely
-    next token is the baseline's, and the in-context tasks of --tasks (off by default); each with its delta against
-    the baseline (the first variant that ran), whatever its sign.
+    next token is the baseline's, and the in-context tasks of --tasks (off by default); each with
+    its delta against the baseline (the first variant that ran), whatever its sign.
 
 Variants: fp32 and bf16 (the weights cast; no quantisation), int8 (torchao Int8WeightOnlyConfig: one
 scale per output row) and int4 (groups of --group-size weights per scale and zero point: on CPU
@@ -30,9 +31,9 @@ Int4WeightOnlyConfig, plain packing when its kernels (mslk) are installed, else 
 packing, which pads in_features to a multiple of 1024). What is not quantised, and the activations,
 are in bf16 on CUDA; on CPU in fp32 for int8 and in bf16 for int4, the only dtype torchao's CPU int4
 kernel is fast on (serving_dtype). In eager mode torchao's int8 weight-only matmul casts the int8
-weights to the activations' dtype at every call: it saves memory, not time (torch.compile would fuse
-the cast; not used here). A variant this device cannot run is recorded as skipped with the reason,
-not an error.
+weights to the activations' dtype at every call: it saves memory, not time (measured in eager mode;
+torch.compile is not tried). A variant this device cannot run is recorded as skipped with the
+reason, not an error.
 """
 
 from __future__ import annotations
@@ -82,8 +83,7 @@ def default_variants(device: torch.device) -> list[str]:
 def serving_dtype(variant: str, device: torch.device) -> torch.dtype:
     """The dtype of the weights left unquantised and of the activations: bf16 on CUDA; on CPU fp32,
     except int4, whose CPU kernel (tinygemm's _weight_int4pack_mm_for_cpu) is fast only on bf16
-    activations (measured here: 6-60x slower than an fp32 matmul on fp32 activations; on bf16 as fast
-    or faster)."""
+    activations (measured: 8-57x slower than an fp32 matmul on fp32 activations, docs/benchmarks.md)."""
     if variant == "fp32":
         return torch.float32
     if variant == "bf16" or variant == "int4" or device.type == "cuda":
