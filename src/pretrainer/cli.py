@@ -8,6 +8,7 @@ calls one function; user errors print one line (`error: ...`) and exit with code
     pretrainer chat runs/sft                                 # talk to a model fine-tuned on conversations
     pretrainer eval runs/tiny                                # or a checkpoint, or hf:DIR --data.dir=DIR
     pretrainer export runs/tiny --format hf                  # -> runs/tiny/hf (default: the report, runs/tiny/report)
+    pretrainer serve-cost runs/tiny --usd-per-hour 0.10      # fp32 vs int8/int4: memory, tokens/s, $/1M tokens, quality
     pretrainer plan configs/llama3-1b.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw
     pretrainer sweep configs/sweep-tiny.toml --data.dir=data/stdlib-bpe4k   # a ladder of sizes
     pretrainer fit sweeps/tiny                               # scaling law, intervals, predictions
@@ -191,6 +192,24 @@ def cmd_chat(args: argparse.Namespace) -> None:
     run_chat(session)
 
 
+def cmd_serve_cost(args: argparse.Namespace) -> None:
+    from pretrainer.serve_cost import ServeSettings, serve_cost
+
+    def listed(text: str) -> list[str]:
+        return [item.strip() for item in text.split(",") if item.strip()]
+
+    try:
+        batch_sizes = [int(b) for b in listed(args.batch_sizes)]
+    except ValueError:
+        raise UserError(f"--batch-sizes: comma-separated integers, got '{args.batch_sizes}'") from None
+    result = serve_cost(ServeSettings(
+        args.run, variants=listed(args.variants or ""), batch_sizes=batch_sizes, prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens, repeats=args.repeats, warmup=args.warmup, val_batches=args.val_batches,
+        group_size=args.group_size, usd_per_hour=args.usd_per_hour, tasks=args.tasks, task_limit=args.limit,
+        device=args.device, threads=args.threads, data_dir=args.data_dir, out=args.out or ""))
+    print_to_stdout(Path(result["written"][1]).read_text() + f"\nwrote {', '.join(result['written'])}")
+
+
 def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:
     """Run the budget contract once against budget.json (or the estimate) and say what the trainer would do."""
     from pretrainer.config import load_config
@@ -279,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd_sample(args)
         elif args.verb == "chat":
             cmd_chat(args)
+        elif args.verb == "serve-cost":
+            cmd_serve_cost(args)
         elif args.verb == "postmortem":
             cmd_postmortem(args)
         elif args.verb == "budget-check":

@@ -132,6 +132,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_generation_arguments(p, max_new_tokens=256, temperature=0.6)
     p.add_argument("--system", default="", help="a system message that starts the conversation")
 
+    p = verbs.add_parser("serve-cost", help="what the model costs to serve: fp32/bf16 vs int8/int4 weight-only (torchao): "
+                                            "load time, weight memory, prefill/decode tokens/s, $ per 1M tokens, quality cost",
+                         epilog="example: pretrainer serve-cost runs/tiny --usd-per-hour 0.10 --batch-sizes 1,8,32; writes "
+                                "RUN_DIR/report/serve_cost.json and serve_cost.md (needs pip install 'pretrainer[lowbit]')")
+    p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir (its newest intact checkpoint) or a checkpoint dir")
+    p.add_argument("--variants", help="comma-separated, the first is the baseline of the deltas: fp32, bf16, int8, int4 "
+                                      "(default: fp32,bf16,int8,int4 on CPU; bf16,fp32,int8,int4 on CUDA)")
+    p.add_argument("--batch-sizes", default="1,8,32", help="rows decoded at once, comma-separated (default 1,8,32)")
+    p.add_argument("--prompt-tokens", type=int, default=0, help="prefill length per row (default: model.seq_len / 2)")
+    p.add_argument("--new-tokens", type=int, default=0, help="greedy decode steps per row (default: 64, or what fits seq_len)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per batch size, the median reported (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
+    p.add_argument("--usd-per-hour", type=float, help="the device's price: $ per million tokens at this rate (default: the "
+                                                      "run's budget.usd_per_gpu_hour, else 1.0, stated as assumed)")
+    p.add_argument("--val-batches", type=int, default=8, help="validation batches for the loss and bits per byte (default 8)")
+    p.add_argument("--tasks", default="", help="in-context tasks per variant, as for eval --tasks (a JSONL file, olmo:TASK, "
+                                               "olmes); default none")
+    p.add_argument("--limit", type=int, default=100, help="items per task (default 100; 0 = all)")
+    p.add_argument("--group-size", type=int, default=32, help="int4: weights per scale and zero point, 32/64/128/256 (default 32)")
+    p.add_argument("--data-dir", default="", help="score quality on this prepared data dir's val split (default: the run's)")
+    p.add_argument("--out", help="directory for serve_cost.json and serve_cost.md (default RUN_DIR/report)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default 0: torch's default, one per core)")
+
     p = verbs.add_parser("postmortem", help="write RUN_DIR/spike-postmortem.md and figures for every detected spike")
     p.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run dir, or one of its checkpoints (the run's is used)")
 
