@@ -62,9 +62,10 @@ def test_serve_cost_tables_memory_and_quality_on_cpu(tiny_run, run_cli):
 
 def test_int8_logits_match_fp32_and_int4_skips_layers_its_group_size_does_not_divide(tiny_run):
     from pretrainer.runs import open_run
-    from pretrainer.serve_cost import import_torchao, load_variant
+    from pretrainer.device import import_torchao
+    from pretrainer.serve_cost import load_variant
 
-    import_torchao()
+    import_torchao("this test")
     run, cpu = open_run(tiny_run), torch.device("cpu")
     x = torch.randint(run.cfg.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

@@ -47,11 +47,11 @@ from pathlib import Path
 
 import torch
 
+from pretrainer.device import import_torchao
 from pretrainer.errors import UserError
 
 VARIANTS = ("fp32", "bf16", "int8", "int4")
 DEFAULT_USD_PER_HOUR = 1.0  # when neither --usd-per-hour nor the run's budget.usd_per_gpu_hour says (stated as assumed)
-LOWBIT_HINT = "serve-cost needs torchao: pip install 'pretrainer[lowbit]'"
 
 
 @dataclass
@@ -89,28 +89,6 @@ def serving_dtype(variant: str, device: torch.device) -> torch.dtype:
     if variant == "bf16" or variant == "int4" or device.type == "cuda":
         return torch.bfloat16
     return torch.float32
-
-
-# --- torchao, imported only here ---
-
-def import_torchao():
-    """torchao, imported without the warnings it logs about optional kernels this build lacks
-    (mxfp8, cutlass) and torch's pytree deprecation note; a one-line error when it is not installed."""
-    import logging
-
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        import torchao
-        import torchao.quantization  # noqa: F401
-    except ImportError as e:
-        raise UserError(f"{LOWBIT_HINT} ({e})") from None
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-    return torchao
 
 
 def quant_config(variant: str, device: torch.device, group_size: int):
@@ -292,7 +270,7 @@ def serve_cost(settings: ServeSettings) -> dict:
     from pretrainer.resolve import resolve
     from pretrainer.runs import build_model, open_run, with_overrides
 
-    torchao = import_torchao()
+    torchao = import_torchao("serve-cost")
 
     run = open_run(settings.run)
     device = resolve_device(settings.device)
