@@ -228,7 +228,7 @@ def _no_eot(directory: Path) -> None:
     (lambda d: d.mkdir(), [], "tok/tokenizer.json: not found; --tokenizer hf:DIR needs a directory holding a Hugging Face tokenizer.json"),
     (lambda d: (d.mkdir(), (d / "tokenizer.json").write_text("{not json")), [], "tok/tokenizer.json: not a valid Hugging Face tokenizer.json"),
     (_no_eot, [], r"tok/tokenizer.json: no end-of-text token found among its special tokens \(<pad>\); pass --eot-token NAME"),
-    (byte_level_bpe, ["--eot-token", "<eos>"], r"--eot-token <eos>: not a token of .*tok/tokenizer.json; its special tokens: <\|begin_of_text\|>"),
+    (byte_level_bpe, ["--eot-token", "<eos>"], r"--eot-token <eos>: not a special token of .*tok/tokenizer.json; its special tokens: <\|begin_of_text\|>"),
 ])
 def test_bad_hf_tokenizers_give_one_line(make, extra, message, tmp_path, corpus, run_cli):
     directory = tmp_path / "tok"
@@ -273,3 +273,22 @@ def test_a_streamed_document_gets_one_bos(tmp_path, monkeypatch):
     docs = documents_of(tmp_path / "data", "train") + documents_of(tmp_path / "data", "val")
     assert len(docs) == 11 and all(d[0] == 0 and d.count(0) == 1 for d in docs)  # <|begin_of_text|> = 0
     assert any(d[1:-1] == Backend.from_file(str(directory / "tokenizer.json")).encode(big, add_special_tokens=False).ids for d in docs)
+
+
+def test_the_files_truncation_and_padding_are_off_and_an_ordinary_token_cannot_end_documents(tmp_path):
+    """A tokenizer.json saved with truncation and padding on (sentence-transformers exports often are)
+    would cut and pad every document; the file stays byte for byte, its settings are not applied."""
+    directory = byte_level_bpe(tmp_path / "tok")
+    plain = Backend.from_file(str(directory / "tokenizer.json"))
+    saved = Backend.from_file(str(directory / "tokenizer.json"))
+    saved.enable_truncation(max_length=3)
+    saved.enable_padding(length=64)
+    saved.save(str(directory / "tokenizer.json"))
+    tok = load_hf_tokenizer(f"hf:{directory}")
+    expected = plain.encode(DOCS[7], add_special_tokens=False).ids
+    assert len(expected) > 3 and tok.encode(DOCS[7]) == expected and tok.encode_batch([DOCS[7]]) == [expected]
+    assert (tok.eot_name, tok.bos_name) == ("<|end_of_text|>", "<|begin_of_text|>")  # the template, not the padding
+    assert tok.data == (directory / "tokenizer.json").read_bytes()
+    ordinary = plain.id_to_token(300)
+    with pytest.raises(UserError, match=f"--eot-token {re.escape(ordinary)}: not a special token of"):
+        load_hf_tokenizer(f"hf:{directory}", eot_token=ordinary)

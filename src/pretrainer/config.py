@@ -375,8 +375,8 @@ def validate(cfg: Config) -> None:
         (t.max_steps > 0, "train.max_steps must be positive"),
         (cfg.parallel.strategy in ("ddp", "fsdp"), f"parallel.strategy must be ddp or fsdp, got '{cfg.parallel.strategy}'"),
         # FSDP2 shards the moments already; gathering and re-sharding quantised ones for checkpoints is not tested here
-        (o.name == "adamw" or cfg.parallel.strategy == "ddp", f"optim.name = {o.name} runs with parallel.strategy = ddp "
-                                                               "(or one process); with fsdp use optim.name = adamw"),
+        (o.name == "adamw" or cfg.parallel.strategy == "ddp", f"optim.name = {o.name} needs parallel.strategy = ddp "
+                                                               "(also for one process); with fsdp use optim.name = adamw"),
         (cfg.parallel.timeout_s > 0 and cfg.parallel.shutdown_timeout_s > 0,
          "parallel.timeout_s and parallel.shutdown_timeout_s must be positive"),
         (t.global_batch >= 0, "train.global_batch must be >= 0 (0: micro_batch x grad_accum x world size)"),

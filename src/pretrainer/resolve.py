@@ -126,11 +126,13 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
         saved_cfg.data.packing = "concat"
     old, new = flatten(saved_cfg), flatten(cfg)
     changed = diff_keys(saved_cfg, cfg)
-    model_keys = [k for k in changed if k.startswith("model.")]
+    # the model, and the optimizer whose state the checkpoint holds (8-bit moments are not AdamW's, nor the reverse)
+    model_keys = [k for k in changed if k.startswith("model.") or k == "optim.name"]
     if model_keys:
         raise UserError(f"{where}: was trained with {', '.join(f'{k} = {old[k]!r} (this launch: {new[k]!r})' for k in model_keys)}. "
                         f"To resume, drop those settings "
-                        f"(`{resume_command}` resumes with its saved config); to train a different model, use a new run.dir")
+                        f"(`{resume_command}` resumes with its saved config); to train a different model or with another "
+                        f"optimizer, use a new run.dir (init.from=RUN starts from its weights)")
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in changed]
 
 

@@ -62,11 +62,16 @@ def _parse(data: bytes, where: str):
     from tokenizers import Tokenizer as Backend
 
     try:
-        return Backend.from_str(data.decode("utf-8"))
+        backend = Backend.from_str(data.decode("utf-8"))
     except Exception as e:  # tokenizers raises a bare Exception for invalid JSON or an unknown layout
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{where}: not a valid Hugging Face tokenizer.json ({reason}); give the tokenizer.json "
                         f"`tokenizers` writes (tokenizer.save(PATH)) or a model directory holding one") from None
+    # a file saved with truncation or padding on (sentence-transformers exports often are) would cut or pad
+    # every document: off here, and the file itself stays unchanged
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
 
 
 def _listing(names: list[str], limit: int = 12) -> str:
@@ -198,8 +203,8 @@ class HFTokenizer:
             if hashlib.sha256(data).hexdigest() != meta["file_sha256"]:
                 raise UserError(f"{path}: does not match the sha256 in {meta_path.name}; the tokenizer files were changed")
             tok = cls(meta["name"], data, meta["eot_token"], meta["bos_token"], tuple(meta["extra_special"]), str(path))
-        except KeyError as e:
-            raise UserError(f"{meta_path}: malformed tokenizer metadata (no {e}); re-run `pretrainer prepare`") from None
+        except (KeyError, TypeError) as e:
+            raise UserError(f"{meta_path}: malformed tokenizer metadata ({type(e).__name__}: {e}); re-run `pretrainer prepare`") from None
         if tok.sha256 != meta["sha256"]:
             raise UserError(f"{meta_path}: does not match {path.name}; the tokenizer files were changed")
         return tok
@@ -265,22 +270,23 @@ def choose_eot_and_bos(backend, where: str, eot_token: str = "", config_eos=lamb
     added = backend.get_added_tokens_decoder()
     specials = [t.content for _, t in sorted(added.items()) if t.special]
     prefix, suffix = _template(backend)
+    # only special tokens: an ordinary one would end a document wherever the text holds it, and count 0 bytes
     if eot_token:
-        if backend.token_to_id(eot_token) is None:
-            raise UserError(f"--eot-token {eot_token}: not a token of {where}; its special tokens: {_listing(specials)}")
+        if eot_token not in specials:
+            raise UserError(f"--eot-token {eot_token}: not a special token of {where}; its special tokens: {_listing(specials)}")
         eot = eot_token
     else:
         eot = next((name for name in EOT_NAMES if name in specials), None)
-        if eot is None and len(suffix) == 1:
+        if eot is None and len(suffix) == 1 and backend.id_to_token(suffix[0]) in specials:
             eot = backend.id_to_token(suffix[0])
         if eot is None:
             eos = config_eos()
-            eot = eos if eos and backend.token_to_id(eos) is not None else None
+            eot = eos if eos in specials else None
         if eot is None:
             raise UserError(f"{where}: no end-of-text token found among its special tokens ({_listing(specials)}); "
                             f"pass --eot-token NAME")
     bos = backend.id_to_token(prefix[0]) if len(prefix) == 1 else None
-    return eot, (bos if bos != eot else None)
+    return eot, (bos if bos in specials and bos != eot else None)
 
 
 def load_hf_tokenizer(spec: str, eot_token: str = "") -> HFTokenizer:

@@ -52,7 +52,8 @@ def run_probes(model: torch.nn.Module, tokenizer, prompts: list[str], max_new_to
     rows = []
     with evaluation_mode(model):
         for prompt in prompts:
-            ids = torch.tensor([tokenizer.encode(prompt) or [tokenizer.eot_id]], dtype=torch.long, device=device)
+            prompt_ids = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode(prompt)  # as documents start
+            ids = torch.tensor([prompt_ids or [tokenizer.eot_id]], dtype=torch.long, device=device)
             with autocast(device, amp_dtype):
                 completion = generate(model, ids, max_new_tokens, temperature=0.0)[0, ids.size(1):].tolist()
             if tokenizer.eot_id in completion:

@@ -67,17 +67,19 @@ def item_requests(item: dict, prefix: str) -> list[tuple[str, str]]:
 
 def encode_pair(tokenizer, context: str, continuation: str) -> Pair:
     """lm-evaluation-harness's split: the continuation is what encode(context + continuation) adds after
-    encode(context); trailing whitespace of the context moves to the continuation first. An empty context
-    becomes the end-of-text token."""
+    encode(context); trailing whitespace of the context moves to the continuation first. The context
+    starts with the tokenizer's BOS where its documents do (hf: tokenizers such as Llama-3's); an empty
+    one is then that BOS alone, else the end-of-text token."""
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
     if not continuation:
         raise UserError("a task item has an empty continuation or choice")
+    bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
     if not context:
-        return [tokenizer.eot_id], tokenizer.encode(continuation)
+        return bos or [tokenizer.eot_id], tokenizer.encode(continuation)
     whole, context_ids = tokenizer.encode(context + continuation), tokenizer.encode(context)
-    return context_ids, whole[len(context_ids):] or whole[-1:]
+    return bos + context_ids, whole[len(context_ids):] or whole[-1:]
 
 
 def encode_task(task: Task, tokenizer, seed: int = 1234) -> list[list[Pair]]:

@@ -178,6 +178,8 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
     try:
         weights = load_file(Path(path) / "model.safetensors")
         optimizer_state = state_from_file(torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=True))
+    except UserError:  # e.g. 8-bit moments without torchao installed: say so, the checkpoint is fine
+        raise
     except Exception as e:  # safetensors, pickle and zip errors have no common base class
         raise DamagedCheckpoint(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
     return weights, optimizer_state, state

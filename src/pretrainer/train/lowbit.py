@@ -21,14 +21,11 @@ from __future__ import annotations
 import torch
 
 from pretrainer.device import import_torchao
+from pretrainer.train.optim import BLOCK_SIZE  # values per block scale: plan counts with the same numbers
 
 _torchao_optim = import_torchao("optim.name = adamw8bit / adamw4bit").optim
 from torchao.optim.adam import single_param_adam  # noqa: E402 (after the import that explains a missing torchao)
 
-# what a moment tensor of n values costs (bytes) when quantised: codes + fp32 block scales + the lookup table
-BLOCK_SIZE = {8: 256, 4: 128}
-QMAP_ENTRIES = {8: 256, 4: 16}
-MIN_QUANTISED_NUMEL = 4096  # torchao (after bitsandbytes): smaller tensors keep fp32 moments
 
 
 class _LowBitStep:

@@ -27,6 +27,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 OPTIMIZERS = {"adamw": 32, "adamw8bit": 8, "adamw4bit": 4}  # name -> bits per moment value
+# torchao's quantised moments (train/lowbit.py): values per fp32 block scale, lookup-table entries, and the size
+# under which a tensor keeps fp32 moments (after bitsandbytes); here so plan needs no torchao
+BLOCK_SIZE = {8: 256, 4: 128}
+QMAP_ENTRIES = {8: 256, 4: 16}
+MIN_QUANTISED_NUMEL = 4096
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str, compile_step: bool = False) -> torch.optim.Optimizer:
@@ -64,14 +69,25 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
             group["lr"] = lr
 
 
+QUANTISED_STATE_CLASSES = ("OptimState8bit", "OptimState4bit")  # torchao's; by name, so no torchao import here
+
+
+def is_quantised(tensor) -> bool:
+    """A torchao quantised moment (not any tensor subclass: FSDP's DTensors are subclasses too)."""
+    return type(tensor).__name__ in QUANTISED_STATE_CLASSES
+
+
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    """A quantised moment (a torchao tensor subclass) as the float tensor it stands for."""
-    return tensor.dequantize() if type(tensor) is not torch.Tensor and hasattr(tensor, "dequantize") else tensor
+    """A quantised moment as the float tensor it stands for."""
+    return tensor.dequantize() if is_quantised(tensor) else tensor
 
 
 def _inner_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """The tensors that hold a value's bytes: itself, or a tensor subclass's inner tensors."""
-    if type(tensor) is not torch.Tensor and hasattr(tensor, "__tensor_flatten__"):
+    """The tensors that hold a value's bytes on this rank: an FSDP shard's local part, a quantised
+    moment's codes, scales and lookup table, or the tensor itself."""
+    if hasattr(tensor, "to_local"):  # a DTensor
+        tensor = tensor.to_local()
+    if is_quantised(tensor):
         return [getattr(tensor, name) for name in tensor.__tensor_flatten__()[0]]
     return [tensor]
 
@@ -93,8 +109,6 @@ def planned_state_bytes(name: str, shapes: list[tuple[int, ...]], shards: int = 
         if bits == 32:
             total += 2 * 4 * numel
             continue
-        from pretrainer.train.lowbit import BLOCK_SIZE, MIN_QUANTISED_NUMEL, QMAP_ENTRIES
-
         if numel < MIN_QUANTISED_NUMEL or numel % BLOCK_SIZE[bits]:
             total += 2 * 4 * numel
         else:
@@ -110,13 +124,20 @@ def state_for_file(state: dict) -> dict:
             return {k: plain(v) for k, v in value.items()}
         if isinstance(value, list):
             return [plain(v) for v in value]
-        if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor and hasattr(value, "__tensor_flatten__"):
+        if is_quantised(value):
             names, attributes = value.__tensor_flatten__()
             return {"tensor_subclass": type(value).__name__, "tensors": {n: getattr(value, n) for n in names},
                     "attributes": [{"dtype": str(a).removeprefix("torch.")} if isinstance(a, torch.dtype)
                                    else {"shape": list(a)} if isinstance(a, torch.Size) else a for a in attributes]}
         return value
     return plain(state)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return dtype
 
 
 def state_from_file(state: dict) -> dict:
@@ -128,7 +149,7 @@ def state_from_file(state: dict) -> dict:
             cls = STATE_CLASSES.get(value["tensor_subclass"])
             if cls is None:
                 raise ValueError(f"unknown optimizer state class {value['tensor_subclass']!r}")
-            attributes = [getattr(torch, a["dtype"]) if isinstance(a, dict) and "dtype" in a
+            attributes = [_dtype(a["dtype"]) if isinstance(a, dict) and "dtype" in a
                           else torch.Size(a["shape"]) if isinstance(a, dict) and "shape" in a else a for a in value["attributes"]]
             return cls.__tensor_unflatten__(value["tensors"], attributes, None, None)
         if isinstance(value, dict):
