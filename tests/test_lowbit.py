@@ -36,6 +36,7 @@ def resumed_equals_straight(name: str, data, tmp_path, steps: int, **extra) -> P
     train(tiny_config(data, split, **settings))  # resume = auto, from the halfway checkpoint
     loss = lambda run: {r["step"]: r["loss"] for r in records(run) if "loss" in r}
     assert loss(split) == loss(straight) and len(loss(straight)) == steps  # identical floats at every step
+    assert loss(straight)[steps] < loss(straight)[1] - 0.2, loss(straight)  # and it trains
     final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()
     assert final(split) == final(straight)
     state = json.loads((latest_checkpoint(straight) / "state.json").read_text())

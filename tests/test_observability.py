@@ -47,6 +47,8 @@ def _train_subprocess(args: list[str]) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
+@pytest.mark.slow  # `make test-all`; SIGTERM -> 128+15 and a resume equal to the straight run are in test_scaling's
+# interrupted sweep (one process) and test_cluster's launcher test (every worker)
 def test_sigterm_checkpoints_and_resume_is_bit_exact(stdlib_data, tmp_path):
     settings = {"train.max_steps": 60, "ckpt.every": 1000, "eval.every": 0}
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
