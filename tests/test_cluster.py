@@ -122,7 +122,7 @@ def test_each_exit_reason_is_the_exit_code_of_nproc(case, expected_code, expecte
     run = tmp_path / "run"
     budget = {"budget.cap_usd": 10, "budget.usd_per_gpu_hour": 1.0, "budget.check_every_s": 0.01}
     if case == "hang":
-        extra = {"parallel.hang_drill_step": 3, "parallel.timeout_s": 5}
+        extra = {"parallel.hang_drill_step": 3, "parallel.timeout_s": 3}
     else:
         extra = {**budget, "budget.file": budget_file(tmp_path / "b.json", spent=1 if case == "budget_stop" else 11, projected=20)}
     code, out = finish(start(*nproc_args(stdlib_data, run, **extra)))

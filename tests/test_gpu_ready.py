@@ -162,8 +162,10 @@ def one_process_fp32(stdlib_data, tmp_path_factory) -> dict[int, float]:
     return losses(run)
 
 
-# ddp: `make test-all` (slow: FSDP2, the harder case, runs in `make test`)
-@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])
+# `make test-all` (two 2-rank compiles, ~20 s each): `make test` has compiled training in one process
+# (test_compiled_training_matches_eager...) and 2-rank DDP/FSDP2 in fp32 (test_distributed.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_compiled_in_bf16_match_one_process_in_fp32(strategy, one_process_fp32, stdlib_data, tmp_path):
     """Two ranks (gloo), each block compiled, bf16 autocast (FSDP: MixedPrecisionPolicy with bf16
     all-gathers and fp32 reduce-scatters), against one process with the same batch in fp32 eager.
