@@ -66,3 +66,12 @@ def import_torchao(purpose: str):
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
     return torchao
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """The bytes a tensor holds on this device: a tensor subclass (torchao's quantised weights and optimizer
+    moments, an FSDP shard's DTensor) is the sum of its inner tensors (codes, scales, the local shard)."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(inner) for inner in (getattr(t, n) for n in names) if isinstance(inner, torch.Tensor))
+    return t.numel() * t.element_size()

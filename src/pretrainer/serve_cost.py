@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.device import import_torchao
+from pretrainer.device import import_torchao, tensor_bytes
 from pretrainer.errors import UserError
 from pretrainer.report.serve_cost_tables import format_tables
 
@@ -130,14 +130,6 @@ def why_not_quantised(name: str, module: torch.nn.Module, variant: str, device: 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def tensor_bytes(t: torch.Tensor) -> int:
-    """The bytes a tensor holds; a tensor subclass (torchao's quantised weights) is the sum of its inner tensors."""
-    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
-        names, _ = t.__tensor_flatten__()
-        return sum(tensor_bytes(inner) for inner in (getattr(t, n) for n in names) if isinstance(inner, torch.Tensor))
-    return t.numel() * t.element_size()
 
 
 def weight_memory(model: torch.nn.Module, skipped: dict[str, str], quantised: set[str], tied: bool) -> dict:

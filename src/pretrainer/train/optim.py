@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from pretrainer.config import OptimConfig
+from pretrainer.device import tensor_bytes
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -82,20 +83,10 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.dequantize() if is_quantised(tensor) else tensor
 
 
-def _inner_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """The tensors that hold a value's bytes on this rank: an FSDP shard's local part, a quantised
-    moment's codes, scales and lookup table, or the tensor itself."""
-    if hasattr(tensor, "to_local"):  # a DTensor
-        tensor = tensor.to_local()
-    if is_quantised(tensor):
-        return [getattr(tensor, name) for name in tensor.__tensor_flatten__()[0]]
-    return [tensor]
-
-
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """The measured size of the optimizer's state on this rank (quantised moments at their stored size)."""
-    return sum(t.numel() * t.element_size() for state in optimizer.state.values() for value in state.values()
-               if isinstance(value, torch.Tensor) for t in _inner_tensors(value))
+    return sum(tensor_bytes(value) for state in optimizer.state.values() for value in state.values()
+               if isinstance(value, torch.Tensor))
 
 
 def planned_state_bytes(name: str, shapes: list[tuple[int, ...]], shards: int = 1) -> int:
