@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.config import load_config
+from pretrainer.config_load import load_config
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.resolve import resolve
 from pretrainer.train.checkpoint import model_weights, read_intact, save_checkpoint, verify_checkpoint

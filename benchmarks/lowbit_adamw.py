@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pretrainer.config import load_config
+from pretrainer.config_load import load_config
 from pretrainer.data.loader import open_training_data
 from pretrainer.metrics import read_metrics
 from pretrainer.plan import make_plan

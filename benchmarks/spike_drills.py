@@ -5,7 +5,7 @@ under rollback (checkpoints every 20), the same at step 80 of 100 under skip, an
 """
 import sys, shutil, json
 from pathlib import Path
-from pretrainer.config import load_config
+from pretrainer.config_load import load_config
 from pretrainer.train.loop import train
 from pretrainer.metrics import read_metrics
 out = Path(sys.argv[1]); data = sys.argv[2]

@@ -63,7 +63,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pretrainer.cli import join_dotted_overrides
-from pretrainer.config import Config, load_config
+from pretrainer.config import Config
+from pretrainer.config_load import load_config
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir
 from pretrainer.device import autocast, autocast_dtype, device_peak_tflops, resolve_device
 from pretrainer.errors import UserError

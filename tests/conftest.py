@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pretrainer.cli import main
-from pretrainer.config import load_config
+from pretrainer.config_load import load_config
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pretrainer.config import load_config
+from pretrainer.config_load import load_config
 from pretrainer.data.loader import open_data_dir
 from pretrainer.resolve import resolve
 

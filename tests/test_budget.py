@@ -120,7 +120,7 @@ def test_budget_check_dry_run(tmp_path, run_cli):
     code, out, _ = run_cli("budget-check", "--budget.file", path, "--budget.cap_usd=40", "--budget.usd_per_gpu_hour=1.1")
     assert code == 0 and "decision: ok" in out
     with pytest.raises(UserError):
-        from pretrainer.config import load_config
+        from pretrainer.config_load import load_config
         load_config(None, ["--budget.cap_usd=10"])  # a cap needs a price for the estimate
 
 

@@ -13,7 +13,8 @@ import torch
 
 from chat_tasks import conversation, split_reversal, sum_items, write_jsonl
 from conftest import DOCS, tiny_config
-from pretrainer.config import ModelConfig, load_config
+from pretrainer.config import ModelConfig
+from pretrainer.config_load import load_config
 from pretrainer.data.chat import ASSISTANT_END, ASSISTANT_START, BOS, CHAT_TOKENS, USER_START, render
 from pretrainer.data.loader import SequenceLoader, TokenSource, open_data_dir, validation_batches
 from pretrainer.data.prepare import prepare

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pretrainer.cli import build_parser
-from pretrainer.config import load_config
+from pretrainer.config_load import load_config
 from pretrainer.data.loader import open_data_dir
 from pretrainer.metrics import format_duration, step_line
 from pretrainer.preflight import config_warnings, data_warnings

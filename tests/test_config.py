@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from pretrainer.cli import main
-from pretrainer.config import all_keys, config_hash, key_help, load_config, parse_overrides, save_config
+from pretrainer.config import all_keys, config_hash, key_help, save_config
+from pretrainer.config_load import load_config, parse_overrides
 from pretrainer.config_doc import config_text_with_help, keys_reference
 from pretrainer.errors import UserError
 

@@ -251,7 +251,7 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
     (activations, bf16 weight copies, the fused loss's output gradient: every tensor the autograd
     graph holds at the end of the forward) and the tensors alive then (weights, gradients from an
     earlier micro-step, AdamW moments), each within 10%."""
-    from pretrainer.config import load_config
+    from pretrainer.config_load import load_config
     from pretrainer.device import autocast
     from pretrainer.model import Transformer
     from pretrainer.plan import make_plan

@@ -10,7 +10,7 @@ import torch
 
 import pretrainer.train
 from conftest import tiny_config, tiny_overrides
-from pretrainer.config import load_config
+from pretrainer.config_load import load_config
 from pretrainer.errors import UserError
 from pretrainer.metrics import read_metrics
 from pretrainer.model import Transformer

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrainer.config import load_config
+from pretrainer.config_load import load_config
 from pretrainer.errors import UserError
 from pretrainer.plan import make_plan
 

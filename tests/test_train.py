@@ -11,7 +11,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from conftest import run_subprocess, tiny_config, tiny_overrides
-from pretrainer.config import OptimConfig, from_dict
+from pretrainer.config import OptimConfig
+from pretrainer.config_load import from_dict
 from pretrainer.data.tokenizer import Tokenizer
 from pretrainer.metrics import read_metrics
 from pretrainer.model import Transformer

@@ -67,7 +67,7 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
     import json
 
-    from pretrainer.config import load_config
+    from pretrainer.config_load import load_config
     from pretrainer.plan import format_plan, make_plan
 
     cfg = load_config(args.config, overrides)
@@ -212,7 +212,7 @@ def cmd_serve_cost(args: argparse.Namespace) -> None:
 
 def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:
     """Run the budget contract once against budget.json (or the estimate) and say what the trainer would do."""
-    from pretrainer.config import load_config
+    from pretrainer.config_load import load_config
     from pretrainer.train.budget import BudgetGuard
 
     cfg = load_config(args.config, overrides)
@@ -248,7 +248,7 @@ def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
 
 def cmd_config(args: argparse.Namespace, overrides: list[str]) -> None:
     """Print the resolved config as TOML, each key's help as a comment: a starting point for a config file."""
-    from pretrainer.config import load_config
+    from pretrainer.config_load import load_config
     from pretrainer.config_doc import config_text_with_help
 
     cfg = load_config(args.config, overrides)

@@ -197,7 +197,7 @@ def train_epilog() -> str:
 def join_dotted_overrides(argv: list[str]) -> list[str]:
     """['--optim.lr', '3e-4'] -> ['--optim.lr=3e-4'], so a value is never taken for a positional argument.
     A boolean key takes the next word only when it is true/false/yes/no/on/off/1/0: `--train.compile CONFIG` is a bare flag."""
-    from pretrainer.config import BOOL_WORDS, is_bool_key
+    from pretrainer.config_load import BOOL_WORDS, is_bool_key
 
     out, i = [], 0
     while i < len(argv):

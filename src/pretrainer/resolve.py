@@ -17,7 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from pretrainer.config import Config, ModelConfig, apply_overrides, diff_keys, flatten, from_dict, load_config
+from pretrainer.config import Config, ModelConfig, diff_keys, flatten
+
+from pretrainer.config_load import apply_overrides, from_dict, load_config
 from pretrainer.errors import UserError
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.config import Config, ModelConfig, apply_overrides, from_dict
+from pretrainer.config import Config, ModelConfig
+
+from pretrainer.config_load import apply_overrides, from_dict
 from pretrainer.data.tokenizer import Tokenizer
 from pretrainer.model import Transformer
 from pretrainer.errors import UserError

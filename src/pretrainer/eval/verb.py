@@ -12,13 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrainer.config import (
-    Config,
-    ModelConfig,
-    canonical_key,
-    load_config,
-    parse_overrides,
-)
+from pretrainer.config import Config, ModelConfig, canonical_key
+from pretrainer.config_load import load_config, parse_overrides
 from pretrainer.data.loader import open_training_data
 from pretrainer.device import autocast_dtype, resolve_device
 from pretrainer.errors import UserError

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrainer.config import from_dict
+from pretrainer.config_load import from_dict
 from pretrainer.errors import UserError
 from pretrainer.io import atomic_write_bytes, save_figure
 from pretrainer.metrics import read_metrics

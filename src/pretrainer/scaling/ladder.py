@@ -35,7 +35,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pretrainer.config import Config, apply_overrides, load_config, opt, set_key
+from pretrainer.config import Config, opt
+
+from pretrainer.config_load import apply_overrides, load_config, set_key
 from pretrainer.errors import UserError
 
 SIZE_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}

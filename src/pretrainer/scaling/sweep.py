@@ -28,7 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-from pretrainer.config import Config, config_text, diff_keys, load_config
+from pretrainer.config import Config, config_text, diff_keys
+
+from pretrainer.config_load import load_config
 from pretrainer.errors import RunStopped, UserError, exit_code_for_signal, read_exit_record
 from pretrainer.io import atomic_write_bytes, atomic_write_json
 from pretrainer.scaling.ladder import RunSpec, SweepConfig, plan_runs
