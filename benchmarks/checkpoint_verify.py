@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.config_load import load_config
+from pretrainer.artifacts.checkpoint import model_weights, read_intact, save_checkpoint, verify_checkpoint
+from pretrainer.config.load import load_config
+from pretrainer.config.resolve import resolve
 from pretrainer.model import Transformer, count_parameters
-from pretrainer.resolve import resolve
-from pretrainer.train.checkpoint import model_weights, read_intact, save_checkpoint, verify_checkpoint
-from pretrainer.train.optim import build_optimizer
+from pretrainer.optim.adamw import build_optimizer
 
 
 def main() -> None:

@@ -89,10 +89,10 @@ def main() -> None:
     # per item: each choice's log-likelihood by our scorer against lm-eval's logged one
     import torch
 
-    from pretrainer.config import Config
+    from pretrainer.artifacts.runs import build_model, init_source
+    from pretrainer.config.schema import Config
     from pretrainer.data.loader import open_data_dir
     from pretrainer.eval.tasks import continuation_scorer, encode_task
-    from pretrainer.runs import build_model, init_source
 
     model_cfg, load = init_source(f"hf:{args.hf_dir}")
     model = build_model(Config(model=model_cfg), load).eval()

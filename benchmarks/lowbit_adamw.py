@@ -17,11 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pretrainer.config_load import load_config
+from pretrainer.analysis.plan import make_plan
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.load import load_config
 from pretrainer.data.loader import open_training_data
-from pretrainer.metrics import read_metrics
-from pretrainer.plan import make_plan
-from pretrainer.train.checkpoint import latest_checkpoint
 
 TOLERANCE = 0.03
 

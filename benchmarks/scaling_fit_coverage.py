@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from pretrainer.scaling import fit as F  # noqa: E402
+from pretrainer.analysis.scaling import fit as F  # noqa: E402
 
 LAWS = {"hoffmann": {"E": 1.69, "A": 406.4, "alpha": 0.34, "B": 410.7, "beta": 0.28},
         "epoch": {"E": 1.8172, "A": 482.01, "alpha": 0.3478, "B": 2085.43, "beta": 0.3658}}

@@ -3,11 +3,15 @@ under rollback (checkpoints every 20), the same at step 80 of 100 under skip, an
 
     python benchmarks/spike_drills.py OUT_DIR DATA_DIR      # prints final val loss, rollbacks, skips per run
 """
-import sys, shutil, json
+import json
+import shutil
+import sys
 from pathlib import Path
-from pretrainer.config_load import load_config
+
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.load import load_config
 from pretrainer.train.loop import train
-from pretrainer.metrics import read_metrics
+
 out = Path(sys.argv[1]); data = sys.argv[2]
 base = {"data.dir": data, "model.d_model": 64, "model.n_layer": 2, "model.n_head": 4, "model.n_kv_head": 2,
         "model.seq_len": 64, "train.micro_batch": 16, "optim.lr": 1e-2, "optim.warmup_steps": 5,

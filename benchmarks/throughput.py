@@ -62,19 +62,20 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from pretrainer.cli import join_dotted_overrides
-from pretrainer.config import Config
-from pretrainer.config_load import load_config
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.artifacts.runs import build_model
+from pretrainer.cli.main import join_dotted_overrides
+from pretrainer.config.load import load_config
+from pretrainer.config.resolve import resolve, tokens_per_step
+from pretrainer.config.schema import Config
+from pretrainer.core.device import autocast, autocast_dtype, device_peak_tflops, resolve_device
+from pretrainer.core.errors import UserError
+from pretrainer.core.hardware import mfu
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir
-from pretrainer.device import autocast, autocast_dtype, device_peak_tflops, resolve_device
-from pretrainer.errors import UserError
-from pretrainer.flops import flops_per_token, mfu
-from pretrainer.metrics import read_metrics
 from pretrainer.model import Transformer, count_parameters
-from pretrainer.resolve import resolve, tokens_per_step
-from pretrainer.runs import build_model
+from pretrainer.model.flops import flops_per_token
+from pretrainer.optim.adamw import build_optimizer
 from pretrainer.train.loop import train
-from pretrainer.train.optim import build_optimizer
 
 CONFIG_VARIANTS = {
     "config": [],

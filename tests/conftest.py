@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from pretrainer.cli import main
-from pretrainer.config_load import load_config
+from pretrainer.cli.main import main
+from pretrainer.config.load import load_config
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
+
 
 def _isolated_cache() -> None:
     """Derived caches (unigram counts) go to a temp dir, not the user's ~/.cache; the GPT-2 ranks
     `make setup` fetched are linked in, so tests stay offline. Subprocesses inherit it."""
     import tempfile
 
-    from pretrainer.data.tokenizer import gpt2_ranks_path
+    from pretrainer.data.tokenizers.bpe import gpt2_ranks_path
 
     ranks = gpt2_ranks_path()
     isolated = Path(tempfile.mkdtemp(prefix="pretrainer-test-cache-"))

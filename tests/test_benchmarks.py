@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pretrainer.config_load import load_config
+from pretrainer.config.load import load_config
+from pretrainer.config.resolve import resolve
 from pretrainer.data.loader import open_data_dir
-from pretrainer.resolve import resolve
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -91,10 +91,10 @@ def test_task_accuracy_agrees_with_lm_evaluation_harness(stdlib_data, tmp_path):
     import pytest
     import torch
 
-    from pretrainer.config import ModelConfig
-    from pretrainer.hf import export_hf
+    from pretrainer.artifacts.checkpoint import model_weights
+    from pretrainer.artifacts.hf_format import export_hf
+    from pretrainer.config.schema import ModelConfig
     from pretrainer.model import Transformer
-    from pretrainer.train.checkpoint import model_weights
 
     lm_eval = os.environ.get("LM_EVAL") or shutil.which("lm_eval")
     if not lm_eval:

@@ -5,15 +5,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from conftest import tiny_config, tiny_overrides
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import tiny_config, tiny_overrides
-from pretrainer.config import BudgetConfig
-from pretrainer.errors import RunStopped, UserError
-from pretrainer.metrics import read_metrics
+from pretrainer.artifacts.checkpoint import latest_checkpoint, list_checkpoints
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.schema import BudgetConfig
+from pretrainer.core.errors import RunStopped, UserError
 from pretrainer.train.budget import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, BudgetGuard, parse_budget
-from pretrainer.train.checkpoint import latest_checkpoint, list_checkpoints
 from pretrainer.train.loop import train
 
 T0 = 1_900_000_000.0  # the fake clock's start (2030)
@@ -120,7 +120,7 @@ def test_budget_check_dry_run(tmp_path, run_cli):
     code, out, _ = run_cli("budget-check", "--budget.file", path, "--budget.cap_usd=40", "--budget.usd_per_gpu_hour=1.1")
     assert code == 0 and "decision: ok" in out
     with pytest.raises(UserError):
-        from pretrainer.config_load import load_config
+        from pretrainer.config.load import load_config
         load_config(None, ["--budget.cap_usd=10"])  # a cap needs a price for the estimate
 
 

@@ -10,17 +10,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from chat_tasks import conversation, split_reversal, sum_items, write_jsonl
 from conftest import DOCS, tiny_config
-from pretrainer.config import ModelConfig
-from pretrainer.config_load import load_config
-from pretrainer.data.chat import ASSISTANT_END, ASSISTANT_START, BOS, CHAT_TOKENS, USER_START, render
+
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.load import load_config
+from pretrainer.config.schema import ModelConfig
+from pretrainer.core.errors import UserError
 from pretrainer.data.loader import SequenceLoader, TokenSource, open_data_dir, validation_batches
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
-from pretrainer.errors import UserError
-from pretrainer.metrics import read_metrics
+from pretrainer.data.tokenizers.chat_format import (
+    ASSISTANT_END,
+    ASSISTANT_START,
+    BOS,
+    CHAT_TOKENS,
+    USER_START,
+    render,
+)
 from pretrainer.model import Transformer
 from pretrainer.model.loss import IGNORE_INDEX
 from pretrainer.train.loop import train
@@ -213,8 +220,8 @@ def test_masked_mean_over_a_step_is_over_all_counted_targets_and_two_ranks_match
     cfg = tiny_config(chat_data, single, **steps, **{"train.grad_accum": 2})
     train(cfg)
     # by hand: the initial model on the first step's 8 windows (2 micro-batches of uneven assistant-token counts)
-    from pretrainer.resolve import resolve
-    from pretrainer.runs import build_model
+    from pretrainer.artifacts.runs import build_model
+    from pretrainer.config.resolve import resolve
 
     data = open_data_dir(chat_data)
     resolved = resolve(cfg, data=data)
@@ -244,7 +251,7 @@ def test_masked_mean_over_a_step_is_over_all_counted_targets_and_two_ranks_match
 # --- pretrain -> SFT -> chat ---
 
 def held_out_accuracy(model, tokenizer) -> float:
-    from pretrainer.chat import ChatSession
+    from pretrainer.cli.chat import ChatSession
 
     session = ChatSession(model.eval(), tokenizer, temperature=0.0, top_k=0, max_new_tokens=12, seed=0)
     _, held_out = split_reversal()
@@ -258,8 +265,8 @@ def held_out_accuracy(model, tokenizer) -> float:
 def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(text_data, chat_data, tmp_path):
     from safetensors.torch import load_file
 
-    from pretrainer.runs import build_model, grow_vocabulary, open_run
-    from pretrainer.train.checkpoint import latest_checkpoint
+    from pretrainer.artifacts.checkpoint import latest_checkpoint
+    from pretrainer.artifacts.runs import build_model, grow_vocabulary, open_run
 
     base, sft = tmp_path / "base", tmp_path / "sft"
     quiet = {"eval.every": 0, "ckpt.every": 0, "log.every": 100, **SMALL}

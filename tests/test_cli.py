@@ -8,20 +8,19 @@ import os
 from pathlib import Path
 
 import pytest
-
-from pretrainer.cli import build_parser
-from pretrainer.config_load import load_config
-from pretrainer.data.loader import open_data_dir
-from pretrainer.metrics import format_duration, step_line
-from pretrainer.preflight import config_warnings, data_warnings
-
 from conftest import tiny_overrides
+
+from pretrainer.cli.main import build_parser
+from pretrainer.config.load import load_config
+from pretrainer.config.preflight import config_warnings, data_warnings
+from pretrainer.data.loader import open_data_dir
+from pretrainer.train.console import format_duration, step_line
 
 
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory, stdlib_data):
     """A run started with relative paths and model overrides, stopped at step 3 of 6."""
-    from pretrainer.cli import main
+    from pretrainer.cli.main import main
 
     base = tmp_path_factory.mktemp("cli")
     (base / "data").symlink_to(stdlib_data)
@@ -142,8 +141,8 @@ def test_budget_check_names_the_file_once(tmp_path, run_cli):
 def test_saved_configs_are_completed_by_overrides_then_checked(stopped_run, tmp_path):
     """Overrides are checked against the saved config they complete, not the defaults; a chosen
     checkpoint (train.resume=PATH) brings its own config."""
-    from pretrainer.config import save_config
-    from pretrainer.resolve import load_train_config
+    from pretrainer.artifacts.run_config import load_train_config
+    from pretrainer.config.schema import save_config
 
     run = tmp_path / "priced"
     run.mkdir()

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_overrides
-from pretrainer.metrics import read_metrics
-from pretrainer.train.checkpoint import list_checkpoints
+
+from pretrainer.artifacts.checkpoint import list_checkpoints
+from pretrainer.artifacts.metrics import read_metrics
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 STEPS = 60

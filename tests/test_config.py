@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from pretrainer.cli import main
-from pretrainer.config import all_keys, config_hash, key_help, save_config
-from pretrainer.config_load import load_config, parse_overrides
-from pretrainer.config_doc import config_text_with_help, keys_reference
-from pretrainer.errors import UserError
+from pretrainer.cli.main import main
+from pretrainer.config.doc import config_text_with_help, keys_reference
+from pretrainer.config.load import load_config, parse_overrides
+from pretrainer.config.schema import all_keys, config_hash, key_help, save_config
+from pretrainer.core.errors import UserError
 
 
 def test_toml_and_dotted_overrides(tmp_path: Path):

@@ -8,12 +8,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import tiny_config, tiny_overrides
 from safetensors.torch import load_file
 
-from conftest import tiny_config, tiny_overrides
-from pretrainer.errors import UserError
-from pretrainer.metrics import read_metrics
-from pretrainer.train.checkpoint import latest_checkpoint
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.core.errors import UserError
 from pretrainer.train.loop import train
 
 STEPS = 20

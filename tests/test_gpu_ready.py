@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import tiny_config, tiny_overrides
-from pretrainer.metrics import read_metrics
+
+from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.train import loop
 from pretrainer.train.loop import train
 
@@ -69,9 +69,9 @@ def test_no_host_sync_outside_logging_steps_cuda(stdlib_data, tmp_path):
 
 def test_update_norm_from_optimizer_state_equals_the_weights_difference(stdlib_data, tmp_path):
     """optim.adamw_update_norm (no weight copy) against the copy-and-subtract it replaced."""
-    from pretrainer.runs import build_model
-    from pretrainer.resolve import resolve
-    from pretrainer.train.optim import adamw_update_norm, build_optimizer
+    from pretrainer.artifacts.runs import build_model
+    from pretrainer.config.resolve import resolve
+    from pretrainer.optim.adamw import adamw_update_norm, build_optimizer
 
     cfg = resolve(tiny_config(stdlib_data, tmp_path / "run", **{"model.vocab_size": 1024}))
     torch.manual_seed(0)
@@ -201,7 +201,7 @@ def test_micro_batch_auto_under_a_simulated_memory_limit(stdlib_data, tmp_path, 
     The search finds the largest divisor under the limit, and no try outlives its turn."""
     import weakref
 
-    from pretrainer.resolve import resolve
+    from pretrainer.config.resolve import resolve
     from pretrainer.train import autobatch
 
     cfg = resolve(tiny_config(stdlib_data, tmp_path / "run", **{"model.vocab_size": 1024, "train.activation_checkpointing": True}))
@@ -251,11 +251,11 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
     (activations, bf16 weight copies, the fused loss's output gradient: every tensor the autograd
     graph holds at the end of the forward) and the tensors alive then (weights, gradients from an
     earlier micro-step, AdamW moments), each within 10%."""
-    from pretrainer.config_load import load_config
-    from pretrainer.device import autocast
+    from pretrainer.analysis.plan import make_plan
+    from pretrainer.config.load import load_config
+    from pretrainer.core.device import autocast
     from pretrainer.model import Transformer
-    from pretrainer.plan import make_plan
-    from pretrainer.train.optim import build_optimizer
+    from pretrainer.optim.adamw import build_optimizer
 
     micro_batch = 4
     cfg = load_config(None, [f"--model.arch={arch}", f"--model.d_model={d}", f"--model.n_layer={layers}",

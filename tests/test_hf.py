@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_config, tiny_overrides
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from conftest import tiny_config, tiny_overrides
-from pretrainer import hf
-from pretrainer.config import ModelConfig
+from pretrainer.artifacts import hf_format as hf
+from pretrainer.artifacts.checkpoint import latest_checkpoint, model_weights
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.schema import ModelConfig
 from pretrainer.data.sources import Corpus
-from pretrainer.data.tokenizer import load_gpt2, train_bpe
-from pretrainer.metrics import read_metrics
+from pretrainer.data.tokenizers.bpe import load_gpt2, train_bpe
 from pretrainer.model import Transformer
 from pretrainer.model.generate import generate
-from pretrainer.train.checkpoint import latest_checkpoint, model_weights
 from pretrainer.train.loop import train
 
 SHAPES = {

@@ -9,17 +9,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DOCS, tiny_config
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from conftest import DOCS, tiny_config
-from pretrainer.data.chat import ASSISTANT_END, CHAT_TOKENS, USER_START, chat_tokenizer, render
-from pretrainer.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
+from pretrainer.core.errors import UserError
 from pretrainer.data.loader import open_data_dir
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
-from pretrainer.data.tokenizer import Tokenizer
-from pretrainer.errors import UserError
+from pretrainer.data.tokenizers.chat_format import (
+    ASSISTANT_END,
+    CHAT_TOKENS,
+    USER_START,
+    chat_tokenizer,
+    render,
+)
+from pretrainer.data.tokenizers.hf import HFTokenizer, load_hf_tokenizer
+from pretrainer.data.tokenizers.load import load_tokenizer
 from pretrainer.train.loop import train
 
 TEXTS = ["Hello world", "def main(argv):\n\treturn 0\n", "naïve café — 日本語 🙂", "   spaces   \n\n\n  x", "1234567 + 89"]
@@ -107,7 +113,7 @@ def test_our_exported_tokenizer_json_read_back_gives_our_ids(tmp_path, corpus):
     manifest = prepare(Corpus([str(corpus)]), f"hf:{ours}", again, val_fraction=0.2, seed=3, workers=1)
     for split in ("train.bin", "val.bin"):
         assert (again / split).read_bytes() == (ours / split).read_bytes()
-    tiktoken_kind, hf_kind = Tokenizer.load(ours), Tokenizer.load(again)
+    tiktoken_kind, hf_kind = load_tokenizer(ours), load_tokenizer(again)
     assert isinstance(hf_kind, HFTokenizer) and hf_kind.eot_id == tiktoken_kind.eot_id and hf_kind.bos_id is None
     assert hf_kind.token_byte_lengths() == tiktoken_kind.token_byte_lengths()
     for text in TEXTS + ["<|endoftext|> is text here"]:
@@ -136,7 +142,7 @@ def test_an_hf_tokenizer_prepares_trains_samples_and_exports(source, tmp_path, c
 
     # every document is [BOS] + the library's own ids + EOT
     theirs = Backend.from_str(original.decode())
-    tok = Tokenizer.load(data)
+    tok = load_tokenizer(data)
     bos = [] if tok.bos_id is None else [tok.bos_id]
     expected = {tuple(bos + theirs.encode(d, add_special_tokens=False).ids + [tok.eot_id]) for d in DOCS}
     got = documents_of(data, "train") + documents_of(data, "val")
@@ -191,7 +197,7 @@ def test_chat_tokens_are_appended_after_an_hf_vocabulary(tmp_path):
     assert ids[-1] == chat.eot_id and ids[-2] == chat.special_tokens[ASSISTANT_END] and sum(mask) > 1
     assert chat.encode(USER_START) == tok.encode(USER_START)  # typed in a message: text
     chat.save(tmp_path / "saved")
-    again = Tokenizer.load(tmp_path / "saved")
+    again = load_tokenizer(tmp_path / "saved")
     assert again.sha256 == chat.sha256 and again.special_tokens == chat.special_tokens
     assert (tmp_path / "saved" / "tokenizer.json").read_bytes() == (tmp_path / "tok" / "tokenizer.json").read_bytes()
     chat.write_hf_files(tmp_path / "saved")  # export: the chat tokens go into the exported tokenizer.json
@@ -258,7 +264,8 @@ def test_a_changed_tokenizer_json_is_refused(tmp_path, corpus):
 
 def test_a_streamed_document_gets_one_bos(tmp_path, monkeypatch):
     """A document read in pieces, its pieces spread over several batches: BOS before the first only."""
-    from pretrainer.data import prepare as prepare_module, sources
+    from pretrainer.data import prepare as prepare_module
+    from pretrainer.data import sources
 
     monkeypatch.setattr(sources, "PIECE_BYTES", 200)
     monkeypatch.setattr(prepare_module, "BATCH_CHARS", 300)

@@ -11,13 +11,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import DOCS, tiny_config
+
+from pretrainer.artifacts.metrics import MetricsLog, read_metrics
+from pretrainer.core.errors import UserError
+from pretrainer.core.hardware import gpu_from_device_name
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
-from pretrainer.errors import UserError
-from pretrainer.flops import gpu_from_device_name
-from pretrainer.metrics import MetricsLog, read_metrics
+from pretrainer.data.tokenizers.load import load_tokenizer
 
 
 def manifest(out: Path) -> dict:
@@ -93,7 +94,7 @@ def test_gpus_without_a_table_row_get_no_peak_instead_of_a_wrong_one():
 # --- 7: metrics.csv keeps divergence, tells steps from events, and plots never run backwards ---
 
 def test_non_finite_values_stay_numbers_in_metrics_and_csv(tmp_path):
-    from pretrainer.report.export import write_metrics_csv
+    from pretrainer.analysis.report.export import write_metrics_csv
 
     log = MetricsLog(tmp_path / "metrics.jsonl", keep_through_step=0)
     log.write({"step": 1, "loss": 5.0, "grad_norm": 1.0})
@@ -107,7 +108,7 @@ def test_non_finite_values_stay_numbers_in_metrics_and_csv(tmp_path):
 
 
 def test_a_rolled_back_run_has_unique_rows_and_plots_forward(stdlib_data, tmp_path):
-    from pretrainer.report.export import _series, write_metrics_csv
+    from pretrainer.analysis.report.export import _series, write_metrics_csv
     from pretrainer.train.loop import train
 
     run = tmp_path / "run"
@@ -126,7 +127,7 @@ def test_a_rolled_back_run_has_unique_rows_and_plots_forward(stdlib_data, tmp_pa
 
 
 def test_steps_abandoned_by_a_rollback_are_not_plotted_even_if_never_rerun():
-    from pretrainer.report.export import _series, record_kinds
+    from pretrainer.analysis.report.export import _series, record_kinds
 
     records = [{"step": s, "loss": 5.0 - 0.1 * s} for s in range(1, 6)] + [{"step": 5, "rollback": 1.0, "to_step": 2},
                                                                           {"step": 3, "loss": 9.0}, {"loss": 1.0}]
@@ -161,7 +162,7 @@ def test_repeated_token_rule_is_relative_to_the_runs_typical_batches(monkeypatch
     thresholds used are stated."""
     from types import SimpleNamespace
 
-    from pretrainer.report import postmortem
+    from pretrainer.analysis.report import postmortem
 
     monkeypatch.setattr(postmortem, "lr_at", lambda *args: 0.0)  # the LR rule is not under test here
     cfg = SimpleNamespace(model=SimpleNamespace(vocab_size=50257), optim=None, train=SimpleNamespace(max_steps=100))
@@ -197,7 +198,7 @@ GPT2 = {"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_embd": 64
     ({**GPT2, "scale_attn_weights": False, "tie_word_embeddings": False}, ["scale_attn_weights = false", "untied lm_head"]),
 ])
 def test_hf_import_refuses_what_it_cannot_reproduce_listing_every_reason(config, reasons):
-    from pretrainer.hf import model_config_from_hf
+    from pretrainer.artifacts.hf_format import model_config_from_hf
 
     with pytest.raises(UserError) as refused:
         model_config_from_hf(config, "config.json")
@@ -208,7 +209,7 @@ def test_hf_import_refuses_what_it_cannot_reproduce_listing_every_reason(config,
 
 
 def test_hf_import_still_accepts_what_it_reproduces():
-    from pretrainer.hf import model_config_from_hf
+    from pretrainer.artifacts.hf_format import model_config_from_hf
 
     assert model_config_from_hf({**LLAMA, "hidden_act": "silu", "rope_scaling": {"rope_type": "default"}}, "c").arch == "llama"
     assert model_config_from_hf({**LLAMA, "hidden_act": "swish", "head_dim": None, "rope_scaling": None}, "c").d_model == 64
@@ -228,7 +229,7 @@ def test_a_document_read_in_pieces_encodes_exactly_as_the_whole(which, name, mod
     """Pieces are cut only where no pre-tokenisation pattern can join across the cut: prose with blank
     lines, CRLF, tabs and unicode spaces; code; a log with no blank line at all (blank-lines mode)."""
     from pretrainer.data import sources
-    from pretrainer.data.tokenizer import Tokenizer, tokenizer_from_spec
+    from pretrainer.data.tokenizers.load import tokenizer_from_spec
 
     text = {"CODE": CODE, "PROSE": PROSE, "LOG": LOG}[name]
     monkeypatch.setattr(sources, "PIECE_BYTES", 300)
@@ -236,14 +237,14 @@ def test_a_document_read_in_pieces_encodes_exactly_as_the_whole(which, name, mod
     pieces = list(Corpus([str(tmp_path / "big.txt")], txt_docs=mode).documents())
     assert len(pieces) > 20 and all(isinstance(p, sources.Piece) for p in pieces[:-1])
     assert "".join(pieces) == (text if mode == "file" else text.rstrip("\r\n"))
-    tokenizer = tokenizer_from_spec("gpt2") if which == "gpt2" else Tokenizer.load(stdlib_data)
+    tokenizer = tokenizer_from_spec("gpt2") if which == "gpt2" else load_tokenizer(stdlib_data)
     assert [i for p in pieces for i in tokenizer.encode(p)] == tokenizer.encode("".join(pieces))
 
 
 def test_a_streamed_document_stays_one_document(tmp_path, monkeypatch):
-    from pretrainer.data import sources
-
     from test_prepare import split_documents
+
+    from pretrainer.data import sources
 
     monkeypatch.setattr(sources, "PIECE_BYTES", 500)
     (tmp_path / "corpus").mkdir()
@@ -282,9 +283,9 @@ def test_exact_duplicates_are_dropped_counted_and_never_straddle(tmp_path):
 
 
 def test_a_trained_bpe_learns_from_the_train_split_only(tmp_path, monkeypatch):
-    from pretrainer.data import prepare as prepare_module
-
     from test_prepare import split_documents
+
+    from pretrainer.data import prepare as prepare_module
 
     seen: list[str] = []
     real = prepare_module.tokenizer_from_spec
@@ -326,7 +327,7 @@ def test_the_stdlib_corpus_records_its_python_version(stdlib_data):
 
 
 def test_state_json_and_the_report_say_which_data_trained_the_model(stdlib_data, tmp_path, run_cli):
-    from pretrainer.train.checkpoint import latest_checkpoint
+    from pretrainer.artifacts.checkpoint import latest_checkpoint
     from pretrainer.train.loop import train
 
     run = tmp_path / "run"
@@ -344,7 +345,8 @@ def test_state_json_and_the_report_say_which_data_trained_the_model(stdlib_data,
 def test_the_gpt2_tokenizer_hash_does_not_depend_on_tiktoken():
     """The pattern text is ours (tiktoken's r50k text has changed between releases), so the hash is
     the same whatever tiktoken is installed: the ranks' sha256 is pinned, and so is this."""
-    from pretrainer.data.tokenizer import GPT2_PATTERN, tokenizer_from_spec
+    from pretrainer.data.tokenizers.bpe import GPT2_PATTERN
+    from pretrainer.data.tokenizers.load import tokenizer_from_spec
 
     tokenizer = tokenizer_from_spec("gpt2")
     assert tokenizer.pattern == GPT2_PATTERN

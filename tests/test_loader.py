@@ -3,8 +3,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pretrainer.core.errors import UserError
 from pretrainer.data.loader import SequenceLoader, validation_batches
-from pretrainer.errors import UserError
 
 TOKENS = np.arange(10_001, dtype=np.uint16) % 5000  # 10,001 tokens -> 1000 windows of 10 (+1)
 

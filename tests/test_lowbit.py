@@ -7,17 +7,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import pretrainer.train
 from conftest import tiny_config, tiny_overrides
-from pretrainer.config_load import load_config
-from pretrainer.errors import UserError
-from pretrainer.metrics import read_metrics
+
+import pretrainer.optim
+from pretrainer.analysis.plan import make_plan
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.load import load_config
+from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
-from pretrainer.plan import make_plan
-from pretrainer.train.checkpoint import latest_checkpoint
+from pretrainer.optim.adamw import build_optimizer
+from pretrainer.optim.sizes import is_quantised, optimizer_state_bytes
+from pretrainer.optim.state_file import state_for_file, state_from_file
 from pretrainer.train.loop import train
-from pretrainer.train.optim import build_optimizer, is_quantised, optimizer_state_bytes, state_for_file, state_from_file
 
 pytest.importorskip("torchao")
 LOW_BIT = ["adamw8bit", "adamw4bit"]
@@ -128,8 +130,8 @@ def test_found_inf_skips_the_whole_update_and_state_round_trips_through_a_file(n
 
 def test_without_torchao_the_error_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.optim", None)
-    monkeypatch.delitem(sys.modules, "pretrainer.train.lowbit", raising=False)
-    monkeypatch.delattr(pretrainer.train, "lowbit", raising=False)  # else `from pretrainer.train import lowbit` finds it
+    monkeypatch.delitem(sys.modules, "pretrainer.optim.lowbit", raising=False)
+    monkeypatch.delattr(pretrainer.optim, "lowbit", raising=False)  # else `from pretrainer.optim import lowbit` finds it
     cfg = load_config(None, ["--model.vocab_size=256", "--optim.name=adamw8bit"])
     with pytest.raises(UserError, match=r"pip install 'pretrainer\[lowbit\]'"):
         build_optimizer(Transformer(cfg.model), cfg.optim, "cpu")

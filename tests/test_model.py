@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from pretrainer.config import ModelConfig
+from pretrainer.config.schema import ModelConfig
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.generate import generate
 

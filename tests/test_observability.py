@@ -7,11 +7,11 @@ import sys
 import time
 
 import pytest
-
 from conftest import tiny_config, tiny_overrides
-from pretrainer.errors import UserError
-from pretrainer.metrics import read_metrics
-from pretrainer.train.checkpoint import latest_checkpoint
+
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.core.errors import UserError
 from pretrainer.train.loop import train
 
 

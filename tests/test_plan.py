@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from pretrainer.config_load import load_config
-from pretrainer.errors import UserError
-from pretrainer.plan import make_plan
+from pretrainer.analysis.plan import make_plan
+from pretrainer.config.load import load_config
+from pretrainer.core.errors import UserError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -86,7 +86,7 @@ def test_plan_json_into_a_closed_pipe_is_quiet(monkeypatch, capsys):
     import os
     import sys
 
-    from pretrainer.cli import main
+    from pretrainer.cli.main import main
 
     read_end, write_end = os.pipe()
     os.close(read_end)

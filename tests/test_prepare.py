@@ -8,13 +8,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import DOCS, run_subprocess
 from tqdm import tqdm
 
-from conftest import DOCS, run_subprocess
 from pretrainer.data.loader import open_data_dir
 from pretrainer.data.prepare import prepare, token_dtype
 from pretrainer.data.sources import Corpus
-from pretrainer.data.tokenizer import METADATA_FILE, Tokenizer
+from pretrainer.data.tokenizers.base import METADATA_FILE
+from pretrainer.data.tokenizers.load import load_tokenizer
 
 
 def split_documents(data_dir: Path, split: str) -> list[str]:
@@ -38,7 +39,7 @@ def test_manifest_counts_and_hashes_match_the_files(stdlib_data: Path):
         assert hashlib.sha256(data).hexdigest() == info["sha256"]
         assert np.count_nonzero(np.frombuffer(data, dtype=np.uint16) == manifest["tokenizer"]["eot_id"]) == info["documents"]
     assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == 400
-    assert Tokenizer.load(stdlib_data).sha256 == manifest["tokenizer"]["sha256"]
+    assert load_tokenizer(stdlib_data).sha256 == manifest["tokenizer"]["sha256"]
 
 
 def test_documents_are_whole_and_val_is_disjoint_from_train(jsonl_corpus: Path, tmp_path: Path):

@@ -5,12 +5,12 @@ import os
 
 import pytest
 import torch
+from conftest import tiny_config
 from safetensors.torch import load_file
 
-from conftest import tiny_config
-from pretrainer.metrics import read_metrics
-from pretrainer.report.export import throughput_series, time_unit, write_plots
-from pretrainer.train.checkpoint import latest_checkpoint, save_checkpoint
+from pretrainer.analysis.report.export import throughput_series, time_unit, write_plots
+from pretrainer.artifacts.checkpoint import latest_checkpoint, save_checkpoint
+from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.train.loop import train
 
 
@@ -87,7 +87,6 @@ def test_metrics_csv_is_long_format_with_every_number(finished_run, tmp_path, ru
 
 def test_plots_are_real_pngs_with_data(finished_run, tmp_path, run_cli):
     import matplotlib.image as mpimg
-
     import numpy as np
 
     run_cli("export", finished_run, "--out", tmp_path / "report")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import tiny_overrides
-from pretrainer.errors import UserError
-from pretrainer.scaling import fit as F
-from pretrainer.scaling.lbfgs import batched_lbfgs
-from pretrainer.scaling.report import fit_sweep
-from pretrainer.scaling.sweep import TIMING_COLUMNS
+
+from pretrainer.analysis.scaling import fit as F
+from pretrainer.analysis.scaling.lbfgs import batched_lbfgs
+from pretrainer.analysis.scaling.report import fit_sweep
+from pretrainer.analysis.scaling.sweep import TIMING_COLUMNS
+from pretrainer.core.errors import UserError
 
 HOFFMANN = {"E": 1.69, "A": 406.4, "alpha": 0.34, "B": 410.7, "beta": 0.28}
 EPOCH = {"E": 1.8172, "A": 482.01, "alpha": 0.3478, "B": 2085.43, "beta": 0.3658}  # Besiroglu et al. 2024's refit

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import tiny_overrides
 
 pytest.importorskip("torchao")
@@ -17,7 +16,7 @@ pytest.importorskip("torchao")
 
 @pytest.fixture(scope="module")
 def tiny_run(stdlib_data, tmp_path_factory):
-    from pretrainer.cli import main
+    from pretrainer.cli.main import main
 
     run_dir = tmp_path_factory.mktemp("serve") / "run"
     assert main(["train", *tiny_overrides(stdlib_data, run_dir, **{"train.max_steps": 6, "ckpt.every": 6, "eval.every": 6})]) == 0
@@ -61,9 +60,9 @@ def test_serve_cost_tables_memory_and_quality_on_cpu(tiny_run, run_cli):
 
 
 def test_int8_logits_match_fp32_and_int4_skips_layers_its_group_size_does_not_divide(tiny_run):
-    from pretrainer.runs import open_run
-    from pretrainer.device import import_torchao
-    from pretrainer.serve_cost import load_variant
+    from pretrainer.analysis.serve_cost import load_variant
+    from pretrainer.artifacts.runs import open_run
+    from pretrainer.core.device import import_torchao
 
     import_torchao("this test")
     run, cpu = open_run(tiny_run), torch.device("cpu")

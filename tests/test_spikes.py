@@ -8,14 +8,14 @@ import re
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_config, tiny_overrides
-from pretrainer.config import ModelConfig, OptimConfig
-from pretrainer.metrics import read_metrics
+
+from pretrainer.analysis.report.postmortem import write_postmortem
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.schema import ModelConfig, OptimConfig
 from pretrainer.model import Transformer
-from pretrainer.report.postmortem import write_postmortem
+from pretrainer.optim.adamw import build_optimizer
 from pretrainer.train.loop import train
-from pretrainer.train.optim import build_optimizer
 from pretrainer.train.spikes import SpikeMonitor, unigram_cache_path, unigram_counts
 
 N = 40  # the injection step
@@ -189,8 +189,8 @@ def test_a_stop_right_after_a_rollback_keeps_it(stdlib_data, tmp_path, monkeypat
     import os
     import signal
 
-    from pretrainer.errors import RunStopped
-    from pretrainer.train.checkpoint import latest_checkpoint
+    from pretrainer.artifacts.checkpoint import latest_checkpoint
+    from pretrainer.core.errors import RunStopped
     from pretrainer.train.spikes import SpikeGuard
 
     settings = {"spike.action": "rollback", "eval.every": 80}
@@ -224,8 +224,8 @@ def test_a_stop_right_after_a_rollback_keeps_it(stdlib_data, tmp_path, monkeypat
 def test_rollback_lr_window_survives_an_interruption(stdlib_data, tmp_path):
     """A rollback at step 40 (to step 30) runs the next 25 steps at 0.3 x the LR. Stopped at step 45, inside
     that window, and resumed, the run continues exactly as an uninterrupted one: the window is saved state."""
-    from pretrainer.train.checkpoint import latest_checkpoint
-    from pretrainer.train.optim import lr_at
+    from pretrainer.artifacts.checkpoint import latest_checkpoint
+    from pretrainer.optim.schedule import lr_at
 
     settings = {"spike.action": "rollback", "spike.rollback_lr_factor": 0.3, "spike.rollback_lr_steps": 25, "eval.every": 80}
     straight, split = tmp_path / "straight", tmp_path / "split"

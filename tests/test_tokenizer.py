@@ -3,9 +3,11 @@ import os
 
 import pytest
 
+from pretrainer.core.errors import UserError
 from pretrainer.data.sources import Corpus
-from pretrainer.data.tokenizer import EOT, GPT2_VOCAB_SIZE, METADATA_FILE, Tokenizer, load_gpt2, train_bpe
-from pretrainer.errors import UserError
+from pretrainer.data.tokenizers.base import EOT, METADATA_FILE
+from pretrainer.data.tokenizers.bpe import GPT2_VOCAB_SIZE, load_gpt2, train_bpe
+from pretrainer.data.tokenizers.load import load_tokenizer
 
 SAMPLES = ["Hello world", "def main(argv):\n\treturn 0\n", "naïve café — 日本語 🙂", "   leading spaces\n\n\n", "<|endoftext|> is text here"]
 
@@ -42,7 +44,7 @@ def test_trained_bpe_round_trips_and_compresses(trained):
 
 def test_trained_bpe_saves_and_reloads_identically(trained, tmp_path):
     trained.save(tmp_path)
-    again = Tokenizer.load(tmp_path)
+    again = load_tokenizer(tmp_path)
     assert again.sha256 == trained.sha256 and again.ranks == trained.ranks and again.pattern == trained.pattern
     for text in SAMPLES:
         assert again.encode(text) == trained.encode(text)
@@ -54,7 +56,7 @@ def test_tampered_tokenizer_files_are_rejected(trained, tmp_path):
     meta["pattern"] = r"\w+"
     (tmp_path / METADATA_FILE).write_text(json.dumps(meta))
     with pytest.raises(UserError, match="does not match the sha256"):
-        Tokenizer.load(tmp_path)
+        load_tokenizer(tmp_path)
 
 
 def test_saved_directory_loads_in_transformers_and_encodes_like_ours(trained, tmp_path):
@@ -82,7 +84,7 @@ def test_directories_written_before_the_hugging_face_files_still_load(trained, t
     os.replace(tmp_path / METADATA_FILE, tmp_path / "tokenizer.json")
     assert sorted(os.listdir(tmp_path)) == ["tokenizer.json", "tokenizer.tiktoken"]
     assert set(json.loads((tmp_path / "tokenizer.json").read_text())) == {"name", "pattern", "special_tokens", "vocab_size", "sha256"}
-    again = Tokenizer.load(tmp_path)
+    again = load_tokenizer(tmp_path)
     assert again.sha256 == trained.sha256 and again.encode(SAMPLES[1]) == trained.encode(SAMPLES[1])
 
 

@@ -7,19 +7,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_subprocess, tiny_config, tiny_overrides
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from conftest import run_subprocess, tiny_config, tiny_overrides
-from pretrainer.config import OptimConfig
-from pretrainer.config_load import from_dict
-from pretrainer.data.tokenizer import Tokenizer
-from pretrainer.metrics import read_metrics
+from pretrainer.artifacts.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_model_weights,
+    model_weights,
+)
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.load import from_dict
+from pretrainer.config.schema import OptimConfig
+from pretrainer.data.tokenizers.bpe import Tokenizer
+from pretrainer.data.tokenizers.load import load_tokenizer
 from pretrainer.model import Transformer
 from pretrainer.model.generate import generate
-from pretrainer.train.checkpoint import latest_checkpoint, list_checkpoints, load_model_weights, model_weights
+from pretrainer.optim.adamw import param_groups
+from pretrainer.optim.schedule import lr_at
 from pretrainer.train.loop import train
-from pretrainer.train.optim import lr_at, param_groups
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -92,7 +99,7 @@ def test_metrics_have_the_contract_keys_and_exact_tokens(stdlib_data, tmp_path):
         assert {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s"} <= set(r)
         assert r["tokens"] == r["step"] * 8 * 64 * 2  # micro_batch x seq_len x grad_accum x 1 rank
     assert any("val_loss" in r and r["step"] == 12 for r in records)
-    assert (run / "config.toml").is_file() and Tokenizer.load(run / "tokenizer").vocab_size == 1024
+    assert (run / "config.toml").is_file() and load_tokenizer(run / "tokenizer").vocab_size == 1024
 
 
 def test_grad_accumulation_matches_a_larger_micro_batch(stdlib_data, tmp_path):
@@ -129,7 +136,7 @@ def test_sample_cli_is_deterministic_and_greedy_matches_the_model(stdlib_data, t
     first, second = run_cli(*args), run_cli(*args)
     assert first[0] == 0 and first[1] == second[1] and "def main(" in first[1]
     code, out, _ = run_cli(*args, "--temperature", "0")
-    tok = Tokenizer.load(run / "tokenizer")
+    tok = load_tokenizer(run / "tokenizer")
     ckpt = latest_checkpoint(run)
     model = Transformer(from_dict(json.loads((ckpt / "state.json").read_text())["config"], "").model)
     load_model_weights(model, load_file(ckpt / "model.safetensors"), "")
@@ -153,7 +160,7 @@ def test_vocab_mismatches_are_caught(stdlib_data, tmp_path, run_cli):
     assert code == 2 and "tokenizer/shard vocab mismatch" in err and "model.vocab_size = 512" in err
     swapped = tmp_path / "swapped"
     shutil.copytree(stdlib_data, swapped)
-    other = Tokenizer("bpe:300", Tokenizer.load(stdlib_data).pattern, {bytes([i]): i for i in range(256)})
+    other = Tokenizer("bpe:300", load_tokenizer(stdlib_data).pattern, {bytes([i]): i for i in range(256)})
     other.save(swapped)
     code, _, err = run_cli("train", *tiny_overrides(swapped, tmp_path / "run"))
     assert code == 2 and "tokenizer.json: tokenizer/shard vocab mismatch" in err
@@ -161,7 +168,7 @@ def test_vocab_mismatches_are_caught(stdlib_data, tmp_path, run_cli):
 
 
 def test_activation_checkpointing_gives_the_same_gradients():
-    from pretrainer.config import ModelConfig
+    from pretrainer.config.schema import ModelConfig
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=97, seq_len=32, d_model=48, n_layer=3, n_head=4, n_kv_head=2))
@@ -187,7 +194,7 @@ def test_activation_checkpointing_run_matches_a_plain_run(stdlib_data, tmp_path)
 
 
 def test_activation_checkpointing_saves_less_for_backward():
-    from pretrainer.config import ModelConfig
+    from pretrainer.config.schema import ModelConfig
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=97, seq_len=64, d_model=64, n_layer=4, n_head=4))

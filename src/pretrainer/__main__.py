@@ -1,3 +1,3 @@
-from pretrainer.cli import main
+from pretrainer.cli.main import main
 
 raise SystemExit(main())

@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pretrainer.data.tokenizer import Tokenizer, metadata_path
-from pretrainer.errors import UserError
+from pretrainer.data.tokenizers.base import Tokenizer
+from pretrainer.data.tokenizers.load import load_tokenizer
+from pretrainer.data.tokenizers.base import metadata_path
+from pretrainer.core.errors import UserError
 from pretrainer import IGNORE_INDEX
 
 
@@ -38,7 +40,7 @@ class DataDir:
     def provenance(self) -> dict:
         """Which data trains a model, for state.json and the report: the manifest's hash, the
         tokenizer's and each split's sha256 and counts."""
-        from pretrainer.io import sha256_file
+        from pretrainer.core.files import sha256_file
 
         tokenizer = self.manifest["tokenizer"]
         return {"dir": str(self.path.resolve()), "manifest_sha256": sha256_file(self.path / "manifest.json"),
@@ -142,7 +144,7 @@ def open_data_dir(path: str | Path) -> DataDir:
         dtype = np.dtype(manifest["dtype"])
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise UserError(f"{manifest_path}: malformed manifest ({type(e).__name__}: {e}); re-run `pretrainer prepare`") from None
-    tokenizer = Tokenizer.load(path)
+    tokenizer = load_tokenizer(path)
     if tokenizer.vocab_size != expected["vocab_size"] or tokenizer.sha256 != expected["sha256"]:
         raise UserError(f"{metadata_path(path)}: tokenizer/shard vocab mismatch (tokenizer {tokenizer.name}, vocab "
                         f"{tokenizer.vocab_size}; manifest says {expected['name']}, vocab {expected['vocab_size']}); "

@@ -46,9 +46,12 @@ from tqdm import tqdm
 
 from pretrainer import __version__
 from pretrainer.data.sources import Corpus, Piece
-from pretrainer.data.tokenizer import METADATA_FILE, RANKS_FILE, Tokenizer, tokenizer_from_spec
-from pretrainer.errors import UserError
-from pretrainer.io import atomic_directory, atomic_write_json
+from pretrainer.data.tokenizers.base import METADATA_FILE, RANKS_FILE
+from pretrainer.data.tokenizers.base import Tokenizer
+from pretrainer.data.tokenizers.load import load_tokenizer
+from pretrainer.data.tokenizers.load import tokenizer_from_spec
+from pretrainer.core.errors import UserError
+from pretrainer.core.files import atomic_directory, atomic_write_json
 
 BATCH_CHARS = 1 << 20  # documents are sent to workers in batches of about 1M characters
 BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
@@ -59,7 +62,7 @@ def tokenizer_of(path: str) -> Tokenizer:
     path = Path(path)
     for candidate in (path / "tokenizer", path.parent.parent / "tokenizer", path):
         if (candidate / METADATA_FILE).is_file() or (candidate / RANKS_FILE).is_file():
-            return Tokenizer.load(candidate)
+            return load_tokenizer(candidate)
     raise UserError(f"--tokenizer-from {path}: no tokenizer there; give a run dir, a checkpoint or a prepared data dir")
 
 
@@ -158,7 +161,7 @@ _worker_tokenizer: Tokenizer | None = None
 def _init_worker(tokenizer_dir: str) -> None:
     global _worker_tokenizer
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # an hf: tokenizer's own threads: one process per core already
-    _worker_tokenizer = Tokenizer.load(Path(tokenizer_dir))
+    _worker_tokenizer = load_tokenizer(Path(tokenizer_dir))
 
 
 def _encode_batch(texts: list[str], starts: list[bool], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, None, np.ndarray]:
@@ -177,7 +180,7 @@ def _encode_batch(texts: list[str], starts: list[bool], tokenizer: Tokenizer | N
 def _render_chat_batch(conversations: list[str], starts: list[bool], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """--format chat: canonical conversations -> (tokens in the chat template, loss mask, per-item lengths).
     Each starts with the template's <|bos|> (a conversation is never in pieces)."""
-    from pretrainer.data.chat import render_batch
+    from pretrainer.data.tokenizers.chat_format import render_batch
 
     return render_batch(conversations, tokenizer or _worker_tokenizer)
 
@@ -298,7 +301,7 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
         else:
             tokenizer = tokenizer_from_spec(tokenizer_spec)
         if chat:
-            from pretrainer.data.chat import chat_tokenizer
+            from pretrainer.data.tokenizers.chat_format import chat_tokenizer
 
             tokenizer = chat_tokenizer(tokenizer)
         tokenizer.save(tmp)
@@ -374,7 +377,7 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "splits": splits,
         }
         if chat:
-            from pretrainer.data.chat import TEMPLATE
+            from pretrainer.data.tokenizers.chat_format import TEMPLATE
 
             manifest["chat"] = {"template": TEMPLATE, "loss_mask": "1 on assistant content and <|assistant_end|>",
                                 "bad_conversations": corpus.bad_documents, "on_bad": corpus.on_bad}

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pretrainer.errors import UserError
+from pretrainer.core.errors import UserError
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 TXT_DOC_MODES = ("auto", "file", "blank-lines")
@@ -324,7 +324,7 @@ class Corpus:
 
     def _conversation(self, messages, where: str) -> str | None:
         """A conversation's canonical JSON, or None for a malformed one that on_bad = skip drops (counted)."""
-        from pretrainer.data.chat import canonical, conversation_problem
+        from pretrainer.data.tokenizers.chat_format import canonical, conversation_problem
 
         problem = conversation_problem(messages)
         if not problem:
@@ -340,7 +340,7 @@ class Corpus:
         Python version for stdlib (it defines that corpus); the hub revision and file list for hf:."""
         import platform
 
-        from pretrainer.io import sha256_file
+        from pretrainer.core.files import sha256_file
 
         out = []
         for spec in self.specs:

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.config import Config
+from pretrainer.artifacts.metrics import MetricsLog
+from pretrainer.config.schema import Config
 from pretrainer.data.loader import validation_batches
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
 from pretrainer.eval.probes import format_probes, read_probes, run_probes
 from pretrainer.eval.task_files import load_tasks
 from pretrainer.eval.tasks import continuation_scorer, encode_task, suite_score, task_result
-from pretrainer.metrics import MetricsLog
 
 
 def data_validation_batches(data, cfg: Config) -> list:

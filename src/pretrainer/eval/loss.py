@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from pretrainer.device import autocast
+from pretrainer.core.device import autocast
 from pretrainer.model.loss import IGNORE_INDEX
 
 

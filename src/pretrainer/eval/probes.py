@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.device import autocast
-from pretrainer.errors import UserError
+from pretrainer.core.device import autocast
+from pretrainer.core.errors import UserError
 
 # world knowledge, sentence completion, code: what a small model learns first and last
 DEFAULT_PROBES = [

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pretrainer.errors import UserError
+from pretrainer.core.errors import UserError
 
 TASK_TYPES = ("mc", "schema", "lm")
 OLMO_DEFAULT_VARIANT = "rc_5shot"  # ranked classification (cloze), 5-shot: what small models can do

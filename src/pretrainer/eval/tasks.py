@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pretrainer.device import autocast
-from pretrainer.errors import UserError
+from pretrainer.core.device import autocast
+from pretrainer.core.errors import UserError
 from pretrainer.eval.task_files import Task
 
 FEWSHOT_SEPARATOR = "\n\n"

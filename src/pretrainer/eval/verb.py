@@ -12,17 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrainer.config import Config, ModelConfig, canonical_key
-from pretrainer.config_load import load_config, parse_overrides
-from pretrainer.data.loader import open_training_data
-from pretrainer.device import autocast_dtype, resolve_device
-from pretrainer.errors import UserError
-from pretrainer.eval.inloop import data_validation_batches
-from pretrainer.eval.loss import evaluate, token_bytes_tensor
-from pretrainer.io import atomic_write_json
-from pretrainer.model.loss import IGNORE_INDEX
-from pretrainer.resolve import resolve
-from pretrainer.runs import (
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.artifacts.runs import (
     OpenRun,
     WeightLoader,
     build_model,
@@ -30,7 +21,16 @@ from pretrainer.runs import (
     open_run,
     with_overrides,
 )
-from pretrainer.train.checkpoint import latest_checkpoint
+from pretrainer.config.load import load_config, parse_overrides
+from pretrainer.config.resolve import resolve
+from pretrainer.config.schema import Config, ModelConfig, canonical_key
+from pretrainer.core.device import autocast_dtype, resolve_device
+from pretrainer.core.errors import UserError
+from pretrainer.core.files import atomic_write_json
+from pretrainer.data.loader import open_training_data
+from pretrainer.eval.inloop import data_validation_batches
+from pretrainer.eval.loss import evaluate, token_bytes_tensor
+from pretrainer.model.loss import IGNORE_INDEX
 
 
 @dataclass

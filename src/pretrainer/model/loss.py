@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from pretrainer import IGNORE_INDEX  # noqa: F401 (re-exported: the loss skips these targets)
+
 # Logits per chunk. Each chunk costs a vocab x d gradient product added into the fp32 weight gradient
 # (memory traffic ~12 x vocab x d bytes), so chunks are large: at vocab 131,072 one chunk is 2,048
 # tokens (1.5 GiB of logits in bf16 + fp32), 8 chunks for a 16K-token micro-batch.

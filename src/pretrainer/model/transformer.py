@@ -25,10 +25,9 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from pretrainer.config import ModelConfig
+from pretrainer.config.resolve import resolve_d_ff
+from pretrainer.config.schema import ModelConfig
 from pretrainer.model.loss import IGNORE_INDEX, linear_cross_entropy  # noqa: F401 (IGNORE_INDEX: re-exported)
-from pretrainer.resolve import resolve_d_ff
-
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 import torch
 
-from pretrainer.config import Config
-from pretrainer.device import autocast
-from pretrainer.errors import UserError
+from pretrainer.config.schema import Config
+from pretrainer.core.device import autocast
+from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
-from pretrainer.train.optim import build_optimizer
+from pretrainer.optim.adamw import build_optimizer
 
 TRIAL_STEPS = 3
 

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pretrainer.config import BudgetConfig
-from pretrainer.errors import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, UserError
-from pretrainer.flops import training_seconds
+from pretrainer.config.schema import BudgetConfig
+from pretrainer.core.errors import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, UserError
+from pretrainer.core.hardware import training_seconds
+
 FIELDS = ("spent_usd", "rate_usd_per_hr", "hours_elapsed", "projected_total_usd", "last_update_utc")
 ACTION_CODES = {"ok": 0, "warn": 1, "stop": 2, "halt": 3}  # ordered: the most severe wins across ranks
 

@@ -15,19 +15,23 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 
-from pretrainer.device import resolve_device
-from pretrainer.errors import UserError
+from pretrainer.core.device import resolve_device
+from pretrainer.core.errors import UserError
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -160,7 +164,7 @@ def load_full_state(wrapped: nn.Module, model: nn.Module, optimizer: torch.optim
         if getattr(optimizer, "quantised_state", False):
             # torchao's quantised moments have no broadcast: rank 0's plain parts go to every rank as one object
             # (DDP only, train/lowbit.py: each rank holds the whole state anyway), rebuilt and loaded there
-            from pretrainer.train.optim import state_for_file, state_from_file
+            from pretrainer.optim.state_file import state_for_file, state_from_file
 
             full = state_from_file(broadcast_object(state_for_file(optimizer_state) if env.is_main else None, env))
             set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=full, options=StateDictOptions(full_state_dict=True))

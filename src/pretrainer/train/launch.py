@@ -28,7 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from pretrainer.errors import EXIT_CRASH, EXIT_FILE_ENV, SIGNAL_REPEAT_GRACE_S, exit_code_for_signal, read_exit_record
+from pretrainer.core.errors import (
+    EXIT_CRASH,
+    EXIT_FILE_ENV,
+    SIGNAL_REPEAT_GRACE_S,
+    exit_code_for_signal,
+    read_exit_record,
+)
 
 PR_SET_CHILD_SUBREAPER = 36
 

@@ -27,29 +27,47 @@ import torch
 from tqdm import tqdm
 
 from pretrainer import __version__
-from pretrainer.config import Config, config_hash, save_config, to_dict
+from pretrainer.artifacts.checkpoint import latest_checkpoint, read_resume_checkpoint, weights_problem
+from pretrainer.artifacts.metrics import MetricsLog
+from pretrainer.artifacts.runs import InitSource, build_model, grow_vocabulary, open_init_source
+from pretrainer.config.preflight import config_warnings, data_warnings
+from pretrainer.config.resolve import resolve, resume_changes, tokens_per_step
+from pretrainer.config.schema import Config, config_hash, save_config, to_dict
+from pretrainer.core.device import autocast, autocast_dtype, device_peak_tflops, hardware_info
+from pretrainer.core.errors import RunStopped, UserError
+from pretrainer.core.files import atomic_write_json
 from pretrainer.data.loader import SequenceLoader, open_training_data
-from pretrainer.device import autocast, autocast_dtype, device_peak_tflops
-from pretrainer.errors import RunStopped, UserError
 from pretrainer.eval.inloop import LoopEvals
-from pretrainer.flops import flops_per_token
-from pretrainer.io import atomic_write_json
-from pretrainer.metrics import MetricsLog, RunLog, hardware_info, layer_group_grad_norms, step_line, weight_norms
 from pretrainer.model import count_parameters
-from pretrainer.preflight import config_warnings, data_warnings
-from pretrainer.resolve import resolve, resume_changes, tokens_per_step
-from pretrainer.runs import InitSource, build_model, grow_vocabulary, open_init_source
+from pretrainer.model.flops import flops_per_token
+from pretrainer.optim.adamw import adamw_update_norm, build_optimizer, describe_optimizer
+from pretrainer.optim.schedule import lr_at, set_lr
+from pretrainer.optim.sizes import optimizer_state_bytes
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.budget import launch_cost_check
-from pretrainer.train.checkpoint import (latest_checkpoint, read_resume_checkpoint, restore_checkpoint, weights_problem,
-                                         write_checkpoint)
-from pretrainer.train.distributed import (DistEnv, agree_max, barrier, broadcast_object, full_tensor, gradient_sync, init_distributed,
-                                          keep_grads, load_full_state, mean_across_ranks, on_rank0, shutdown, wrap_model)
-from pretrainer.train.optim import adamw_update_norm, build_optimizer, describe_optimizer, lr_at, optimizer_state_bytes, set_lr
+from pretrainer.train.checkpoint import restore_checkpoint, write_checkpoint
+from pretrainer.train.console import step_line
+from pretrainer.train.distributed import (
+    DistEnv,
+    agree_max,
+    barrier,
+    broadcast_object,
+    full_tensor,
+    gradient_sync,
+    init_distributed,
+    keep_grads,
+    load_full_state,
+    mean_across_ranks,
+    on_rank0,
+    shutdown,
+    wrap_model,
+)
+from pretrainer.train.norms import layer_group_grad_norms, weight_norms
 from pretrainer.train.perf import SpeedMonitor, attention_backend
 from pretrainer.train.spikes import SpikeGuard, UnigramStats, unigram_counts
 from pretrainer.train.state import RunClock, TrainerState
-from pretrainer.train.stopping import StopSignal, Stopper, exit_status, write_exit_record
+from pretrainer.train.stopping import Stopper, StopSignal, exit_status, write_exit_record
+from pretrainer.train.tracking import RunLog
 
 
 def train(cfg: Config, clock=time.time) -> dict:

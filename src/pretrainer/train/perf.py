@@ -28,8 +28,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pretrainer.config import Config, TrainConfig
-from pretrainer.metrics import Throughput
+from pretrainer.config.schema import Config, TrainConfig
+from pretrainer.core.hardware import mfu
 
 SCALAR_READ = torch.ops.aten._local_scalar_dense.default
 
@@ -119,7 +119,7 @@ def attention_backend(model: torch.nn.Module, seq_len: int, device: torch.device
 
 
 def _probe_attention(model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None) -> str:
-    from pretrainer.device import autocast
+    from pretrainer.core.device import autocast
 
     seen: Counter = Counter()
 
@@ -239,3 +239,27 @@ class SpeedMonitor:
 
     def close(self) -> None:
         self.syncs.close()
+
+
+class Throughput:
+    """Tokens per second (and MFU, when the device's peak is known) over the interval since the last
+    reading, not counting evaluation and checkpoint time (restart() after them)."""
+
+    def __init__(self, tokens: int, flops_per_token: float, peak_tflops: float | None, world_size: int):
+        self.started, self.tokens = time.time(), tokens
+        self.flops_per_token, self.peak_tflops, self.world_size = flops_per_token, peak_tflops, world_size
+
+    def restart(self) -> None:
+        self.started = time.time()
+
+    def interval_s(self) -> float:
+        """Seconds since the interval began (read before rate(), which starts the next one)."""
+        return time.time() - self.started
+
+    def rate(self, tokens: int) -> dict[str, float]:
+        now = time.time()
+        tokens_per_s = (tokens - self.tokens) / max(now - self.started, 1e-9)
+        self.started, self.tokens = now, tokens
+        if not self.peak_tflops:
+            return {"tokens_per_s": tokens_per_s}
+        return {"tokens_per_s": tokens_per_s, "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_tflops, self.world_size)}

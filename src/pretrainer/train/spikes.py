@@ -48,11 +48,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pretrainer.config import SpikeConfig
-from pretrainer.data.tokenizer import cache_dir
-from pretrainer.errors import UserError
-from pretrainer.io import atomic_write_bytes
-from pretrainer.train.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
+from pretrainer.artifacts.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
+from pretrainer.config.schema import SpikeConfig
+from pretrainer.core.errors import UserError
+from pretrainer.core.files import atomic_write_bytes
+from pretrainer.data.tokenizers.base import cache_dir
 from pretrainer.train.distributed import DistEnv, broadcast_object
 
 RARE_FRACTION = 0.01  # "rare" = the rarest 1% of the vocabulary ids that occur in the training data

@@ -29,14 +29,25 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pretrainer.config import BudgetConfig
-from pretrainer.errors import (EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, EXIT_COLLECTIVE_TIMEOUT, EXIT_CRASH, EXIT_FILE_ENV,
-                               EXIT_OK, EXIT_SLOW, EXIT_USER_ERROR, SIGNAL_REPEAT_GRACE_S, RunStopped, UserError, exit_code_for_signal)
-from pretrainer.io import atomic_write_json
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.config.schema import BudgetConfig
+from pretrainer.core.errors import (
+    EXIT_BUDGET_PROJECTED,
+    EXIT_BUDGET_SPENT,
+    EXIT_COLLECTIVE_TIMEOUT,
+    EXIT_CRASH,
+    EXIT_FILE_ENV,
+    EXIT_OK,
+    EXIT_SLOW,
+    EXIT_USER_ERROR,
+    SIGNAL_REPEAT_GRACE_S,
+    RunStopped,
+    UserError,
+    exit_code_for_signal,
+)
+from pretrainer.core.files import atomic_write_json
 from pretrainer.train.budget import ACTION_CODES, BudgetGuard, estimated_spend_usd
-from pretrainer.train.checkpoint import latest_checkpoint
 from pretrainer.train.distributed import DistEnv, is_collective_timeout
-
 
 
 class StopSignal:

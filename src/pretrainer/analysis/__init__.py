@@ -1,0 +1,1 @@
+"""Reads run dirs and configs: plan, flops, serve-cost, reports, scaling laws."""

@@ -1,0 +1,388 @@
+"""`pretrainer serve-cost RUN_DIR`: what the trained model costs to serve, in full precision and with
+its Linear layers' weights quantised to int8 and int4 (torchao, weight-only), on this machine.
+
+    result = serve_cost(ServeSettings("runs/tiny", variants=["fp32", "int8", "int4"], batch_sizes=[1, 8, 32]))
+    # -> RUN_DIR/report/serve_cost.json and serve_cost.md (written atomically), and the same tables printed
+
+Per variant, each loaded afresh from the run's newest intact checkpoint:
+  - load: the checkpoint read (from the page cache: one untimed load comes first, so the first
+    variant pays no first-read cost), the model built and moved to the device (load_s), then
+    quantised (quantize_s);
+  - weight memory: the bytes every parameter really holds (a torchao tensor's inner tensors summed:
+    int8 values, scales, zero points), for the quantised layers against their fp32 bytes, and for
+    the whole model; what stayed unquantised is listed with why (the token embedding and its tied
+    output projection, norms, biases, layers whose shape the int4 kernel cannot take);
+  - speed, with the KV cache as `pretrainer sample` uses it: a prefill of --prompt-tokens random token
+    ids per row (logits of the last position only), then --new-tokens greedy decode steps, at each
+    batch size; after --warmup untimed rounds, the median of --repeats timed ones (synchronised on CUDA);
+  - cost: $ per million generated tokens = usd_per_hour / 3600 / decode tokens per s x 1e6. Assumed:
+    the device is rented whole at that price and kept busy decoding at that batch size (every row
+    generating; prefill, idle time and the host's other costs not counted). $ per million prompt
+    tokens likewise from the prefill rate;
+  - quality: validation loss and bits per byte on the run's own val split (--val-batches batches, as
+    `pretrainer eval` scores them), the share of the first val batch's positions whose most likely
+    next token is the baseline's, and the in-context tasks of --tasks (off by default); each with
+    its delta against the baseline (the first variant that ran), whatever its sign.
+
+Variants: fp32 and bf16 (the weights cast; no quantisation), int8 (torchao Int8WeightOnlyConfig: one
+scale per output row) and int4 (groups of --group-size weights per scale and zero point: on CPU
+torchao's Int4OpaqueTensor, packed two values a byte for the tinygemm CPU kernel; on CUDA
+Int4WeightOnlyConfig, plain packing when its kernels (mslk) are installed, else tinygemm's tile
+packing, which pads in_features to a multiple of 1024). What is not quantised, and the activations,
+are in bf16 on CUDA; on CPU in fp32 for int8 and in bf16 for int4, the only dtype torchao's CPU int4
+kernel is fast on (serving_dtype). In eager mode torchao's int8 weight-only matmul casts the int8
+weights to the activations' dtype at every call: it saves memory, not time (measured in eager mode;
+torch.compile is not tried). A variant this device cannot run is recorded as skipped with the
+reason, not an error.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from pretrainer.analysis.report.serve_cost_tables import format_tables
+from pretrainer.core.device import import_torchao, tensor_bytes
+from pretrainer.core.errors import UserError
+
+VARIANTS = ("fp32", "bf16", "int8", "int4")
+DEFAULT_USD_PER_HOUR = 1.0  # when neither --usd-per-hour nor the run's budget.usd_per_gpu_hour says (stated as assumed)
+
+
+@dataclass
+class ServeSettings:
+    run: str
+    variants: list[str] = field(default_factory=list)  # [] = the device's default (default_variants)
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
+    prompt_tokens: int = 0  # 0 = seq_len // 2
+    new_tokens: int = 0  # 0 = min(64, seq_len - prompt_tokens)
+    repeats: int = 3
+    warmup: int = 1
+    val_batches: int = 8
+    group_size: int = 32  # int4: weights per scale and zero point
+    usd_per_hour: float | None = None  # None = the run's budget.usd_per_gpu_hour, else DEFAULT_USD_PER_HOUR
+    tasks: str = ""  # in-context tasks, as `pretrainer eval --tasks` names them; "" = none
+    task_limit: int = 100  # items per task
+    device: str = "auto"
+    threads: int = 0  # CPU threads for torch; 0 = torch's default
+    data_dir: str = ""  # "" = the data the run trained on
+    out: str = ""  # "" = RUN_DIR/report
+
+
+def default_variants(device: torch.device) -> list[str]:
+    """The training precision first (it is the baseline): fp32 on CPU, bf16 on CUDA; then the other
+    one (bf16 alone shows what int4's bf16 activations cost on CPU), int8 and int4."""
+    return ["bf16", "fp32", "int8", "int4"] if device.type == "cuda" else ["fp32", "bf16", "int8", "int4"]
+
+
+def serving_dtype(variant: str, device: torch.device) -> torch.dtype:
+    """The dtype of the weights left unquantised and of the activations: bf16 on CUDA; on CPU fp32,
+    except int4, whose CPU kernel (tinygemm's _weight_int4pack_mm_for_cpu) is fast only on bf16
+    activations (measured: 8-57x slower than an fp32 matmul on fp32 activations, docs/benchmarks.md)."""
+    if variant == "fp32":
+        return torch.float32
+    if variant == "bf16" or variant == "int4" or device.type == "cuda":
+        return torch.bfloat16
+    return torch.float32
+
+
+def quant_config(variant: str, device: torch.device, group_size: int):
+    """-> (the torchao config, a name for its weight format)."""
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig
+
+    if variant == "int8":
+        return Int8WeightOnlyConfig(set_inductor_config=False), "int8 per output row (torchao Int8Tensor)"
+    if device.type == "cpu":
+        from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
+
+        return (PrototypeInt4WeightOnlyConfig(group_size=group_size, set_inductor_config=False),
+                f"int4, groups of {group_size}, packed for the tinygemm CPU kernel (torchao Int4OpaqueTensor)")
+    from torchao.utils import is_mslk_version_at_least
+
+    if is_mslk_version_at_least("1.0.0"):  # the plain format's kernels
+        return (Int4WeightOnlyConfig(group_size=group_size, set_inductor_config=False),
+                f"int4, groups of {group_size}, plain packing (torchao Int4Tensor)")
+    return (Int4WeightOnlyConfig(group_size=group_size, int4_packing_format="tile_packed_to_4d", set_inductor_config=False),
+            f"int4, groups of {group_size}, tinygemm tile packing, in_features padded to 1024 (torchao Int4TilePackedTo4dTensor)")
+
+
+def why_not_quantised(name: str, module: torch.nn.Module, variant: str, device: torch.device, group_size: int,
+                      tied: bool) -> str:
+    """'' when the Linear `module` is quantised in `variant`, else why not."""
+    if name == "lm_head":
+        return "output projection, tied to the token embedding" if tied else "output projection (read directly by the fused loss)"
+    if variant == "int4":
+        if module.in_features % group_size:
+            return f"in_features {module.in_features} is not a multiple of --group-size {group_size}"
+        if device.type == "cpu" and module.out_features % 16:
+            return f"out_features {module.out_features} is not a multiple of 16 (the CPU int4 kernel's tile)"
+    return ""
+
+
+# --- measuring ---
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def weight_memory(model: torch.nn.Module, skipped: dict[str, str], quantised: set[str], tied: bool) -> dict:
+    """Every parameter (a tied one once) by what happened to it: the quantised layers' weights against
+    their fp32 bytes, the rest by kind with why it stayed in the serving precision."""
+    groups: dict[str, dict] = {}
+    q = {"layers": 0, "params": 0, "bytes": 0, "fp32_bytes": 0, "format": ""}
+    total = total_fp32 = 0
+    for name, param in model.named_parameters():  # tied weights once
+        numel, nbytes = math.prod(param.shape), tensor_bytes(param)
+        total, total_fp32 = total + nbytes, total_fp32 + 4 * numel
+        module_name, _, leaf = name.rpartition(".")
+        if module_name in quantised and leaf == "weight":
+            q["layers"] += 1
+            q["params"] += numel
+            q["bytes"] += nbytes
+            q["fp32_bytes"] += 4 * numel
+            q["format"] = type(param).__name__
+            continue
+        if name == "wte.weight":
+            kind, why = "token embedding" + (" (= lm_head, tied)" if tied else ""), "an embedding lookup, not a matmul"
+        elif name == "lm_head.weight":
+            kind, why = "lm_head", skipped.get("lm_head", "")
+        elif name == "wpe.weight":
+            kind, why = "position embedding", "an embedding lookup, not a matmul"
+        elif "norm" in module_name.rpartition(".")[2]:
+            kind, why = "norms", "elementwise scales"
+        elif leaf == "bias":
+            kind, why = "biases", "added after the matmul; weight-only quantisation keeps them"
+        elif module_name in skipped:
+            kind, why = f"{module_name}.weight", skipped[module_name]
+        else:
+            kind, why = "other", "not a Linear layer's weight"
+        group = groups.setdefault(kind, {"what": kind, "tensors": 0, "params": 0, "bytes": 0, "dtype": dtype_name(param.dtype),
+                                         "why": why})
+        group["tensors"] += 1
+        group["params"] += numel
+        group["bytes"] += nbytes
+    q["ratio_to_fp32"] = q["bytes"] / q["fp32_bytes"] if q["fp32_bytes"] else None
+    return {"total_bytes": total, "total_fp32_bytes": total_fp32, "ratio_to_fp32": total / total_fp32,
+            "quantised": q, "unquantised": list(groups.values())}
+
+
+@torch.inference_mode()
+def measure_speed(model: torch.nn.Module, batch: int, prompt_tokens: int, new_tokens: int, repeats: int, warmup: int,
+                  device: torch.device) -> dict:
+    """Prefill and greedy decode with the KV cache (as model/generate.py runs them), median tokens/s."""
+    generator = torch.Generator().manual_seed(batch)
+    prompt = torch.randint(model.cfg.vocab_size, (batch, prompt_tokens), generator=generator).to(device)
+    prefill_s, decode_s = [], []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    kv_bytes = 0
+    for round_ in range(warmup + repeats):
+        cache = model.new_kv_cache(batch)
+        kv_bytes = tensor_bytes(cache.k) + tensor_bytes(cache.v)
+        sync(device)
+        started = time.perf_counter()
+        logits, _ = model(prompt, kv_cache=cache, last_only=True)
+        next_id = logits[:, -1].argmax(dim=-1, keepdim=True)
+        sync(device)
+        prefilled = time.perf_counter()
+        for _ in range(new_tokens):
+            logits, _ = model(next_id, kv_cache=cache)
+            next_id = logits[:, -1].argmax(dim=-1, keepdim=True)
+        sync(device)
+        if round_ >= warmup:
+            prefill_s.append(prefilled - started)
+            decode_s.append(time.perf_counter() - prefilled)
+    prefill, decode = statistics.median(prefill_s), statistics.median(decode_s)
+    return {"batch": batch, "prefill_tokens_per_s": batch * prompt_tokens / prefill,
+            "decode_tokens_per_s": batch * new_tokens / decode, "prefill_s": prefill, "decode_s": decode,
+            "prefill_s_each": prefill_s, "decode_s_each": decode_s,  # every timed round: the spread behind the median
+            "kv_cache_bytes": kv_bytes,
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
+
+
+@torch.inference_mode()
+def top1_predictions(model: torch.nn.Module, batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The most likely next token at every position of one val batch, a row at a time (no batch x
+    seq_len x vocab logits at once), on the CPU."""
+    return torch.cat([model(row[None].to(device))[0][0].argmax(dim=-1).cpu() for row in batch])
+
+
+# --- the verb ---
+
+def load_variant(run, cfg, variant: str, device: torch.device, group_size: int, entry: dict | None = None) -> torch.nn.Module:
+    """The run's checkpoint as `variant` on `device`, in eval mode; `entry` receives load_s, quantize_s,
+    format, quantised_layers and weights (weight_memory). Raises what torchao raises when this device
+    cannot quantise or run the variant."""
+    from torchao.quantization import quantize_
+
+    from pretrainer.artifacts.runs import build_model
+
+    entry = {} if entry is None else entry
+    started = time.perf_counter()
+    model = build_model(cfg, run.load_weights, str(run.checkpoint)).to(device=device, dtype=serving_dtype(variant, device)).eval()
+    sync(device)
+    entry["load_s"] = time.perf_counter() - started
+    skipped, quantised = {}, set()
+    if variant in ("int8", "int4"):
+        config, entry["format"] = quant_config(variant, device, group_size)
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                why = why_not_quantised(name, module, variant, device, group_size, cfg.model.tie_embeddings)
+                if why:
+                    skipped[name] = why
+                else:
+                    quantised.add(name)
+        started = time.perf_counter()
+        quantize_(model, config, filter_fn=lambda module, name: name in quantised)
+        sync(device)
+        entry["quantize_s"] = time.perf_counter() - started
+        with torch.inference_mode():  # a kernel this device lacks fails here, not halfway through the timings
+            model(torch.zeros(1, 1, dtype=torch.long, device=device))
+    else:
+        entry["format"] = f"{dtype_name(serving_dtype(variant, device))} (not quantised)"
+    entry["quantised_layers"] = sorted(quantised)
+    entry["weights"] = weight_memory(model, skipped, quantised, cfg.model.tie_embeddings)
+    return model
+
+
+def serve_cost(settings: ServeSettings) -> dict:
+    from pretrainer import __version__
+    from pretrainer.artifacts.runs import build_model, open_run, with_overrides
+    from pretrainer.config.resolve import resolve
+    from pretrainer.core.device import resolve_device
+    from pretrainer.core.files import atomic_write_bytes, atomic_write_json
+    from pretrainer.data.loader import open_training_data
+    from pretrainer.eval.inloop import data_validation_batches
+    from pretrainer.eval.loss import evaluate, token_bytes_tensor
+    from pretrainer.model.loss import IGNORE_INDEX
+
+    torchao = import_torchao("serve-cost")
+
+    run = open_run(settings.run)
+    device = resolve_device(settings.device)
+    if settings.threads < 0:
+        raise UserError(f"serve-cost: --threads must be >= 0 (0 = torch's default), got {settings.threads}")
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    variants = settings.variants or default_variants(device)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants or len(set(variants)) != len(variants):
+        raise UserError(f"serve-cost: --variants takes distinct names from {', '.join(VARIANTS)}, got {','.join(variants)}")
+    if not settings.batch_sizes or min(settings.batch_sizes) < 1:
+        raise UserError(f"serve-cost: --batch-sizes must be positive, got {settings.batch_sizes}")
+    if settings.repeats < 1 or settings.warmup < 0 or settings.val_batches < 1:
+        raise UserError("serve-cost: --repeats and --val-batches must be >= 1, --warmup >= 0")
+    if settings.group_size not in (32, 64, 128, 256):
+        raise UserError(f"serve-cost: --group-size must be 32, 64, 128 or 256, got {settings.group_size}")
+    overrides = [f"--eval.batches={settings.val_batches}"] + ([f"--data.dir={settings.data_dir}"] if settings.data_dir else [])
+    if settings.data_dir:
+        run.cfg.data.mixture = []  # another data dir replaces the run's mixture
+    cfg = with_overrides(run.cfg, overrides)
+    seq_len = cfg.model.seq_len
+    prompt_tokens = settings.prompt_tokens or seq_len // 2
+    new_tokens = settings.new_tokens or min(64, seq_len - prompt_tokens)
+    if prompt_tokens < 1 or new_tokens < 1 or prompt_tokens + new_tokens > seq_len:
+        raise UserError(f"serve-cost: --prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} must fit model.seq_len "
+                        f"{seq_len} (each at least 1)")
+    usd_per_hour, price_source = settings.usd_per_hour, "--usd-per-hour"
+    if usd_per_hour is None and run.cfg.budget.usd_per_gpu_hour > 0:
+        usd_per_hour, price_source = run.cfg.budget.usd_per_gpu_hour, "the run's budget.usd_per_gpu_hour"
+    elif usd_per_hour is None:
+        usd_per_hour, price_source = DEFAULT_USD_PER_HOUR, "assumed: no --usd-per-hour, no budget.usd_per_gpu_hour in the run"
+    if usd_per_hour <= 0:
+        raise UserError(f"serve-cost: --usd-per-hour must be > 0, got {usd_per_hour}")
+
+    data = open_training_data(cfg.data.dir, cfg.data.mixture)
+    cfg = resolve(cfg, data=data, source=run.cfg.model, source_where=str(run.checkpoint))
+    batches = data_validation_batches(data, cfg)
+    token_bytes = token_bytes_tensor(data.tokenizer, cfg.model.vocab_size)
+    separator = data.eot_id if cfg.data.packing == "document" else None
+    tasks, tokenizer = [], data.tokenizer
+    if settings.tasks and settings.tasks != "none":
+        from pretrainer.eval.task_files import load_tasks
+
+        tasks = load_tasks([s for s in settings.tasks.split(",") if s.strip()], cfg.eval.num_fewshot, settings.task_limit)
+
+    print(f"serve-cost: {run.checkpoint} (step {run.step}) on {device_name(device)}; variants {', '.join(variants)}; "
+          f"batch sizes {', '.join(map(str, settings.batch_sizes))}; prompt {prompt_tokens} + {new_tokens} new tokens; "
+          f"${usd_per_hour:g}/hour ({price_source})", flush=True)
+    build_model(cfg, run.load_weights, str(run.checkpoint))  # untimed: every variant's load_s is then a warm-cache load
+    results, baseline, baseline_top1 = [], None, None
+    for variant in variants:
+        entry = {"variant": variant, "status": "ok", "reason": "", "dtype": dtype_name(serving_dtype(variant, device))}
+        results.append(entry)
+        try:
+            model = load_variant(run, cfg, variant, device, settings.group_size, entry)
+        except Exception as e:  # noqa: BLE001 (torchao raises what its kernels raise: a variant this device cannot run)
+            message = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            entry.update(status="skipped", reason=f"{type(e).__name__}: {message}")
+            print(f"  {variant}: skipped ({entry['reason']})", flush=True)
+            continue
+        entry["speed"] = []
+        for batch in settings.batch_sizes:
+            speed = measure_speed(model, batch, prompt_tokens, new_tokens, settings.repeats, settings.warmup, device)
+            speed["usd_per_million_generated"] = usd_per_hour / 3600 / speed["decode_tokens_per_s"] * 1e6
+            speed["usd_per_million_prompt"] = usd_per_hour / 3600 / speed["prefill_tokens_per_s"] * 1e6
+            entry["speed"].append(speed)
+        quality = evaluate(model, batches, device, None, token_bytes, separator)
+        model.eval()
+        top1 = top1_predictions(model, batches[0][0], device)
+        if baseline is None:
+            baseline, baseline_top1 = entry, top1
+        quality["top1_agreement"] = float((top1 == baseline_top1).float().mean())
+        if tasks:
+            from pretrainer.eval.tasks import continuation_scorer, score_task, suite_score
+
+            scorer = continuation_scorer(model, seq_len, device, None, cfg.train.micro_batch * seq_len)
+            quality["tasks"] = [score_task(task, scorer, tokenizer) for task in tasks]
+            quality["suite_score"] = suite_score(quality["tasks"])
+        base_quality = baseline["quality"] if baseline is not entry else quality
+        for key in ("val_loss", "val_bpb", "suite_score"):
+            if key in quality:
+                quality[f"delta_{key}"] = quality[key] - base_quality[key]
+        entry["quality"] = quality
+        print(f"  {variant}: {entry['weights']['total_bytes'] / 2**20:.2f} MiB of weights, decode "
+              f"{entry['speed'][-1]['decode_tokens_per_s']:,.0f} tokens/s at batch {settings.batch_sizes[-1]}, "
+              f"val loss {quality['val_loss']:.4f}", flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    result = {
+        "run": str(run.run_dir), "checkpoint": str(run.checkpoint), "step": run.step,
+        "device": {"type": device.type, "name": device_name(device), "torch_threads": torch.get_num_threads()},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "torchao": torchao.__version__,
+                     "pretrainer": __version__},
+        "settings": {**asdict(settings), "variants": variants, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+                     "val_tokens": sum(int((y != IGNORE_INDEX).sum()) for _, y in batches),
+                     "top1_positions": batches[0][0].numel(), "data_dir": str(data.path)},
+        "usd_per_hour": usd_per_hour, "usd_per_hour_source": price_source,
+        "cost_assumption": ("$ per million generated tokens = usd_per_hour / 3600 / decode tokens per s x 1e6: the device "
+                            "rented whole and kept busy decoding at that batch size; prefill and idle time not counted"),
+        "baseline": baseline["variant"] if baseline else None,
+        "variants": results,
+    }
+    out = Path(settings.out) if settings.out else run.run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    text = format_tables(result)
+    atomic_write_json(out / "serve_cost.json", result)
+    atomic_write_bytes(out / "serve_cost.md", text.encode())
+    result["written"] = [str(out / "serve_cost.json"), str(out / "serve_cost.md")]
+    return result
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

@@ -1,0 +1,1 @@
+"""The run-dir contract: checkpoint format, saved configs, metrics files, HF format, run loading."""

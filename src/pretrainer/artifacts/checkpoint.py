@@ -1,0 +1,215 @@
+"""Atomic checkpoints: RUN_DIR/checkpoints/step-NNNNNNN/{model.safetensors, optimizer.pt, state.json, COMPLETE}.
+
+Written into a temp directory, every file fsynced, the COMPLETE marker written last, then renamed
+into place: a directory without COMPLETE (a crash mid-write) is never resumed from. The newest
+`keep` complete checkpoints are kept. COMPLETE records each file's size and sha256; resume verifies
+them and falls back past a damaged checkpoint (torn, truncated, bit-flipped, missing) to the newest
+intact one, with a one-line warning. Nothing trains from damaged state.
+
+Weights are safetensors (no pickle). The optimizer state holds only tensors and plain values and
+is loaded with torch.load(weights_only=True). state.json carries the step, tokens, data position,
+RNG states and the config.
+
+In a run, `write_checkpoint` (a collective: every rank gathers its shards, rank 0 writes) and
+`restore_checkpoint` (rank 0 reads, every rank receives its part) are what the loop calls;
+`read_resume_checkpoint` picks and reads where a run starts from, on rank 0 only: no other rank
+ever holds the full weights and optimizer state in host memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from pretrainer.core.errors import UserError
+from pretrainer.core.files import atomic_directory, atomic_write_json, save_safetensors, sha256_file
+from pretrainer.optim.state_file import state_for_file, state_from_file
+
+CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
+MARKER = "COMPLETE"
+FILES = ("model.safetensors", "optimizer.pt", "state.json")
+
+
+class DamagedCheckpoint(UserError):
+    pass
+
+
+def checkpoints_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(CHECKPOINT_NAME.match(Path(path).name).group(1))
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = checkpoints_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_NAME.match(p.name)) and (p / MARKER).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The model's state dict (or a full one gathered across ranks) on CPU, without tied aliases:
+    safetensors stores each tensor once."""
+    aliases = set(model.tied_aliases())
+    state = model.state_dict() if state is None else state
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items() if k not in aliases}
+
+
+def weights_problem(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> str:
+    """"" when the weights fit the model name by name and shape by shape; else a one-line error."""
+    expected = {k: v.shape for k, v in model.state_dict().items() if k not in set(model.tied_aliases())}
+    problems = [f"missing {k}" for k in expected if k not in weights]
+    problems += [f"unexpected {k}" for k in weights if k not in expected]
+    problems += [f"{k} {tuple(weights[k].shape)} != {tuple(s)}" for k, s in expected.items() if k in weights and weights[k].shape != s]
+    return f"{where}: weights do not fit this model ({'; '.join(problems[:5])}); check the model.* config" if problems else ""
+
+
+def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
+    problem = weights_problem(model, weights, where)
+    if problem:
+        raise UserError(problem)
+    model.load_state_dict(weights, strict=False)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], optimizer_state: dict,
+                    trainer_state: dict, keep: int) -> Path:
+    root = checkpoints_root(run_dir)
+    final = root / f"step-{step:07d}"
+    with atomic_directory(final) as tmp:  # replaces the same step saved again (a resumed run stopping where it began)
+        # One metadata key only: safetensors writes __metadata__ in hash-map order, so two or more keys
+        # can come out in a different order in another process and break byte-identical re-saves.
+        save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        torch.save(state_for_file(optimizer_state), tmp / "optimizer.pt")  # quantised moments as plain tensors
+        atomic_write_json(tmp / "state.json", trainer_state)
+        for name in ("model.safetensors", "optimizer.pt"):
+            _fsync_file(tmp / name)
+        files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in FILES}
+        atomic_write_json(tmp / MARKER, {"step": step, "files": files})
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old)
+    for stale in root.glob(".step-*.tmp-*"):  # left by a crash mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def read_trainer_state(path: Path) -> dict:
+    path = Path(path)
+    if not (path / MARKER).is_file():
+        raise UserError(f"{path}: not a complete checkpoint (no {MARKER} marker); pick another or resume=auto")
+    try:
+        return json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise DamagedCheckpoint(f"{path}/state.json: unreadable ({type(e).__name__})") from None
+
+
+def verify_checkpoint(path: Path, files: tuple[str, ...] = FILES) -> str:
+    """"" when every file is there with the size and sha256 that COMPLETE recorded; else what is
+    wrong, in a few words. (Checkpoints written before checksums were recorded: presence only.)"""
+    path = Path(path)
+    try:
+        recorded = json.loads((path / MARKER).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return f"its {MARKER} marker is unreadable"
+    for name in files:
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if name in recorded:
+            size, expected = file.stat().st_size, recorded[name]
+            if size != expected["bytes"]:
+                return f"{name} has {size:,} bytes but {expected['bytes']:,} were written (torn or truncated)"
+            if sha256_file(file) != expected["sha256"]:
+                return f"{name} does not match its recorded sha256 (corrupted)"
+    return ""
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """-> (model weights, optimizer state, trainer state) from a complete checkpoint directory;
+    DamagedCheckpoint (one line) when a file cannot be read."""
+    state = read_trainer_state(path)
+    try:
+        weights = load_file(Path(path) / "model.safetensors")
+        optimizer_state = state_from_file(torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=True))
+    except UserError:  # e.g. 8-bit moments without torchao installed: say so, the checkpoint is fine
+        raise
+    except Exception as e:  # safetensors, pickle and zip errors have no common base class
+        raise DamagedCheckpoint(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    return weights, optimizer_state, state
+
+
+def read_intact(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """load_checkpoint after verify_checkpoint: DamagedCheckpoint saying what is wrong."""
+    problem = verify_checkpoint(path)
+    if problem:
+        raise DamagedCheckpoint(f"{path}: {problem}")
+    return load_checkpoint(path)
+
+
+def resolve_run_or_checkpoint(path: Path) -> Path:
+    """A run dir (-> its newest complete checkpoint) or a checkpoint dir (-> itself)."""
+    path = Path(path)
+    if (path / MARKER).is_file():
+        return path
+    if not path.exists():
+        raise UserError(f"{path}: no such run or checkpoint directory")
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise UserError(f"{path}: no complete checkpoint found under {checkpoints_root(path)}; train first")
+    return latest
+
+
+def read_resume_checkpoint(run_dir: Path, resume: str, say) -> tuple[Path, dict, dict, dict] | None:
+    """train.resume -> (checkpoint, weights, optimizer state, trainer state), or None to start fresh.
+    "auto": the newest *intact* checkpoint; each damaged one newer than it is reported in one line.
+    "never": refuse a run dir that has checkpoints. A path: that checkpoint, which must be intact."""
+    if resume == "never":
+        if list_checkpoints(run_dir):
+            raise UserError(f"{run_dir}: has checkpoints but train.resume = 'never'; use a new run.dir or resume=auto")
+        return None
+    if resume != "auto":
+        return (Path(resume), *read_intact(Path(resume)))
+    candidates = list_checkpoints(run_dir)
+    for path in reversed(candidates):
+        try:
+            found = (path, *read_intact(path))
+        except DamagedCheckpoint as e:
+            say(f"warning: damaged checkpoint {e}; falling back to the one before it")
+            continue
+        retire_after(run_dir, checkpoint_step(path), "damaged")
+        return found
+    if candidates:
+        raise UserError(f"{checkpoints_root(run_dir)}: none of the {len(candidates)} checkpoints is intact (see the warnings); "
+                        f"restore one from a backup or start again with a new run.dir")
+    return None
+
+
+def retire_after(run_dir: Path, step: int, why: str) -> None:
+    """Checkpoints newer than `step` leave the resume path: "rolled-back" ones (damaged weights of an
+    abandoned trajectory) are deleted, "damaged" ones renamed step-N.damaged for inspection."""
+    for newer in [c for c in list_checkpoints(run_dir) if checkpoint_step(c) > step]:
+        if why == "damaged":
+            target = newer.with_name(f"{newer.name}.damaged")
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(newer, target)
+        else:
+            shutil.rmtree(newer)

@@ -1,0 +1,54 @@
+"""Where metrics go: metrics.jsonl always (one JSON object per logged step, validation pass or
+event, appended and flushed), and mlflow when it is installed and enabled. The loop writes to one
+`RunLog`, which is both (and nothing on ranks other than 0).
+
+On resume the file is first cut back to the checkpoint's step (records of steps after it were
+written by the interrupted run and will be recomputed), so every step appears exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pretrainer.core.errors import UserError
+from pretrainer.core.files import atomic_write_bytes
+
+
+def read_metrics(path: Path, note=None) -> list[dict]:
+    """The records of a metrics.jsonl. An unparsable *last* line is what a kill or a full disk leaves
+    mid-write: it is ignored (and reported to `note`). An unparsable line anywhere else is an error."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    lines = [(number, line) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    records = []
+    for position, (number, line) in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if position < len(lines) - 1:
+                raise UserError(f"{path}:{number}: not valid JSON in the middle of the file; the metrics are damaged") from None
+            if note is not None:
+                note(f"note: {path}:{number}: ignoring a torn last line (the process was killed mid-write)")
+    return records
+
+
+class MetricsLog:
+    def __init__(self, path: Path, keep_through_step: int):
+        """keep_through_step: the resumed checkpoint's step; -1 on a fresh start (an attempt killed before
+        its first checkpoint leaves nothing behind)."""
+        self.path = Path(path)
+        kept = [r for r in read_metrics(self.path, note=print) if r.get("step", 0) <= keep_through_step]
+        if self.path.exists() or kept:
+            atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        self.file = open(self.path, "a")
+
+    def write(self, record: dict) -> None:
+        # non-finite values stay numbers (NaN, Infinity: Python's JSON reads them back as floats), so a
+        # divergence is in the data, not a string next to it
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()

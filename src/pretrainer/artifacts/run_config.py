@@ -1,0 +1,44 @@
+"""pretrainer.artifacts.run_config (split from pretrainer.resolve)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pretrainer.config.load import apply_overrides, from_dict, load_config
+from pretrainer.config.schema import Config
+from pretrainer.core.errors import UserError
+
+
+def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
+    """The config `pretrainer train` runs: the config file (or the defaults) with the overrides. With
+    no config file, a run is continued with its saved config, so nothing is retyped:
+    `--train.resume=CHECKPOINT` takes that checkpoint's config, else a run.dir holding config.toml
+    takes that one. (Given a config file anyway, the trainer compares it with the checkpoint's and
+    reports the changes.) The keys of one launch (stop_at_step, resume) are not inherited."""
+    given = load_config(path, overrides, validated=path is not None)  # checked once complete
+    resume, run_dir = given.train.resume, Path(os.path.expanduser(given.run.dir))
+    if path is not None:
+        return given
+    if resume not in ("auto", "never"):
+        cfg, source = read_trainer_config(Path(os.path.expanduser(resume))), resume
+    elif (run_dir / "config.toml").is_file():
+        cfg, source = load_config(run_dir / "config.toml", validated=False), f"{run_dir}/config.toml"
+    else:
+        return apply_overrides(given, [])
+    if os.environ.get("RANK", "0") == "0":  # the launcher (or the only process) says it once
+        print(f"note: continuing with the saved config {source}")
+    cfg.train.stop_at_step, cfg.train.resume = Config().train.stop_at_step, Config().train.resume
+    cfg.run.dir = str(run_dir)  # where it is now, if the run dir was moved
+    cfg = apply_overrides(cfg, overrides)
+    if not Path(cfg.data.dir).is_absolute() and not Path(cfg.data.dir).is_dir():
+        raise UserError(f"{source}: data.dir = {cfg.data.dir} is relative (saved by an older version) and not found "
+                        f"from here; pass --data.dir=DIR")
+    return cfg
+
+
+def read_trainer_config(checkpoint: Path) -> Config:
+    """The (resolved) config a checkpoint was trained with, from its state.json."""
+    from pretrainer.artifacts.checkpoint import read_trainer_state  # torch: only for this case
+
+    return from_dict(read_trainer_state(checkpoint)["config"], f"{checkpoint}/state.json")

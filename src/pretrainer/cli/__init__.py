@@ -1,0 +1,1 @@
+"""The command line: argument grammar, what each verb does, the chat REPL."""

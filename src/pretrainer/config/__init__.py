@@ -1,0 +1,1 @@
+"""Typed configs: the schema, loading (TOML + dotted overrides), resolution, suggestions, preflight."""

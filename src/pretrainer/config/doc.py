@@ -1,0 +1,42 @@
+"""The config explained to people: the resolved TOML with each key's help as a comment
+(`pretrainer config`) and the key reference of `pretrainer train --help`. The help itself lives in
+one place, the dataclass field metadata of pretrainer.config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tomli_w
+
+from pretrainer.config.schema import Config, all_keys, flatten, key_help, to_dict
+
+
+def _toml_value(value: Any) -> str:
+    return tomli_w.dumps({"v": value})[len("v = "):].strip()  # tomli_w's quoting and number format, for one value
+
+
+def config_text_with_help(cfg: Config) -> str:
+    """The config as TOML with each key's help as a comment above it (and its default when it differs)."""
+    lines, defaults, helps = [], flatten(Config()), key_help()
+    for section, values in to_dict(cfg).items():
+        lines += ["", f"[{section}]"]
+        for name, value in values.items():
+            key = f"{section}.{name}"
+            default = f" (default {_toml_value(defaults[key])})" if value != defaults[key] else ""
+            lines += [f"# {helps[key]}{default}", f"{name} = {_toml_value(value)}"]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def keys_reference(width: int = 100) -> str:
+    """Every key with its type, default and help, grouped by section: the `train --help` epilog."""
+    import textwrap
+
+    lines, types, helps = [], all_keys(), key_help()
+    for section, values in to_dict(Config()).items():
+        lines.append(f"[{section}]")
+        for name, default in values.items():
+            key = f"{section}.{name}"
+            lines.append(f"  --{key}  ({types[key].__name__}, default {_toml_value(default)})")
+            lines += textwrap.wrap(helps[key], width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)

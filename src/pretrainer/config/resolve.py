@@ -1,0 +1,137 @@
+"""The one config resolution: what a config leaves to the data, the init source and the world.
+
+    cfg = resolve(load_config(path, overrides), world_size=8, data=open_data_dir(data_dir))
+
+`train`, `plan` and `eval` all call `resolve`; it returns a new config with model.vocab_size,
+model.d_ff, train.micro_batch and train.grad_accum filled in and checked. Nothing else mutates a
+config, and the tokens-per-step formula is written only here. `load_train_config` picks the config
+a `train` launch starts from: a config file, or a run's saved one (`train --run.dir=R`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from pretrainer.config.load import from_dict
+from pretrainer.config.schema import Config, ModelConfig, diff_keys, flatten
+from pretrainer.core.errors import UserError
+
+
+def resolve_d_ff(m: ModelConfig) -> int:
+    if m.d_ff:
+        return m.d_ff
+    if m.arch == "gpt2":
+        return 4 * m.d_model
+    return 64 * math.ceil(8 * m.d_model / 3 / 64)  # SwiGLU keeps ~4*d^2*2 MLP params with three matrices
+
+
+def tokens_per_step(cfg: Config, world_size: int) -> int:
+    """Tokens per optimizer step, counted exactly: micro_batch x seq_len x grad_accum x world size."""
+    return cfg.train.micro_batch * cfg.model.seq_len * cfg.train.grad_accum * world_size
+
+
+def model_shape(m: ModelConfig) -> dict[str, Any]:
+    """The settings that decide which weights fit a model."""
+    shape = {"arch": m.arch, "vocab_size": m.vocab_size, "d_model": m.d_model, "n_layer": m.n_layer, "n_head": m.n_head,
+             "n_kv_head": m.n_kv_head or m.n_head, "d_ff": resolve_d_ff(m), "tie_embeddings": m.tie_embeddings,
+             "norm_eps": m.norm_eps}
+    if m.arch == "llama":
+        shape["rope_theta"] = m.rope_theta
+    else:
+        shape["seq_len"] = m.seq_len  # the learned position table's size
+    return shape
+
+
+def check_fits(model: ModelConfig, source: ModelConfig, where: str) -> None:
+    """List every model setting that differs from the weights' source, in one error. A larger
+    vocabulary fits: the new token rows are initialised (runs.grow_vocabulary)."""
+    ours, theirs = model_shape(model), model_shape(source)
+    problems = [f"model.{k} = {ours[k]} but the source has {theirs.get(k)}" for k in ours
+                if ours[k] != theirs.get(k) and not (k == "vocab_size" and ours[k] > theirs[k])]
+    if problems:
+        raise UserError(f"{where}: weights do not fit this model: {'; '.join(problems)}; set those model.* keys to match")
+
+
+class DataInfo(Protocol):  # what resolution reads of a prepared data dir (pretrainer.data.loader.DataDir)
+    path: Path
+    manifest: dict
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+def resolve(cfg: Config, world_size: int = 1, data: DataInfo | None = None, source: ModelConfig | None = None,
+            source_where: str = "", search_micro_batch: Callable[[Config, int], int] | None = None) -> Config:
+    """A copy of cfg with everything derived filled in, checked against the data and the world:
+      model.vocab_size   0 -> the larger of the init source's and the data's; never smaller than the data's ids
+      model.d_ff         0 -> the architecture's default
+      data.packing       auto -> document for chat data, concat otherwise
+      train.micro_batch  auto -> search_micro_batch(cfg, per-rank batch), a divisor of it
+      train.grad_accum   global_batch / (micro_batch x world size) when global_batch is set
+    """
+    cfg = absolute_paths(cfg)
+    m, t = cfg.model, cfg.train
+    if m.vocab_size == 0:
+        if source is None and data is None:
+            raise UserError("model.vocab_size is 0 (taken from the data); pass --data.dir=DIR (a prepared data dir) "
+                            "or set --model.vocab_size")
+        # the source's, grown to the data's when its tokenizer has more (chat) tokens appended
+        m.vocab_size = max(source.vocab_size if source is not None else 0, data.vocab_size if data is not None else 0)
+    if source is not None:
+        check_fits(m, source, source_where)
+    if data is not None and (m.vocab_size < data.vocab_size or data.manifest["max_token_id"] >= m.vocab_size):
+        raise UserError(f"{data.path}/manifest.json: tokenizer/shard vocab mismatch: the data has vocab {data.vocab_size} "
+                        f"(max id {data.manifest['max_token_id']}) but model.vocab_size = {m.vocab_size}; "
+                        f"leave model.vocab_size = 0 to take it from the data")
+    m.d_ff = resolve_d_ff(m)
+    if cfg.data.packing == "auto":  # chat data: no token sees or predicts across a conversation's end
+        cfg.data.packing = "document" if data is not None and getattr(data, "is_chat", False) else "concat"
+    if t.micro_batch == 0:  # auto: the largest micro-batch that fits, keeping the global batch
+        if search_micro_batch is None:
+            raise UserError("train.micro_batch = auto is found at launch on the GPU; set a number to plan, "
+                            "e.g. --train.micro_batch=8")
+        t.micro_batch = search_micro_batch(cfg, t.global_batch // world_size)
+    if t.global_batch:
+        per_step = t.micro_batch * world_size
+        if t.global_batch % per_step:
+            raise UserError(f"train.global_batch = {t.global_batch} is not divisible by train.micro_batch x world size "
+                            f"= {t.micro_batch} x {world_size}; pick a global batch that is a multiple of {per_step}")
+        t.grad_accum = t.global_batch // per_step
+    return cfg
+
+
+def absolute_paths(cfg: Config) -> Config:
+    """A copy of cfg whose paths (data.dir, run.dir, init.from, budget.file) are absolute, so a saved
+    config works from any directory."""
+    cfg = copy.deepcopy(cfg)
+    absolute = lambda p: os.path.abspath(os.path.expanduser(p)) if p else p  # noqa: E731 (not resolve(): keep symlinks)
+    cfg.data.dir, cfg.run.dir, cfg.budget.file = absolute(cfg.data.dir), absolute(cfg.run.dir), absolute(cfg.budget.file)
+    cfg.data.mixture = [{**source, "dir": absolute(source["dir"])} for source in cfg.data.mixture]
+    spec = cfg.init.from_
+    cfg.init.from_ = "hf:" + absolute(spec[3:]) if spec.startswith("hf:") else absolute(spec)
+    return cfg
+
+
+def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -> list[str]:
+    """'key: old -> new' for each config key that differs from a checkpoint's (resolved) config. A
+    different model is refused, naming each key with the value the checkpoint was trained with, and
+    `resume_command`, which continues with the saved config."""
+    saved_cfg = absolute_paths(from_dict(saved, f"{where}/state.json"))  # older runs saved relative paths
+    saved_cfg.model.d_ff = resolve_d_ff(saved_cfg.model)  # checkpoints written before d_ff was resolved hold 0
+    if saved_cfg.data.packing == "auto":  # checkpoints written before data.packing existed: they packed by concatenation
+        saved_cfg.data.packing = "concat"
+    old, new = flatten(saved_cfg), flatten(cfg)
+    changed = diff_keys(saved_cfg, cfg)
+    # the model, and the optimizer whose state the checkpoint holds (8-bit moments are not AdamW's, nor the reverse)
+    model_keys = [k for k in changed if k.startswith("model.") or k == "optim.name"]
+    if model_keys:
+        raise UserError(f"{where}: was trained with {', '.join(f'{k} = {old[k]!r} (this launch: {new[k]!r})' for k in model_keys)}. "
+                        f"To resume, drop those settings "
+                        f"(`{resume_command}` resumes with its saved config); to train a different model or with another "
+                        f"optimizer, use a new run.dir (init.from=RUN starts from its weights)")
+    return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in changed]

@@ -1,0 +1,57 @@
+"""pretrainer.core.hardware (split from pretrainer.flops)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- GPUs: dense bf16 peak (no sparsity), memory, board power ---
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    peak_bf16_tflops: float
+    memory_gb: float
+    board_power_w: float
+
+
+GPUS = {
+    "a100-40gb": GPU("NVIDIA A100 40GB", 312, 40, 400),
+    "a100-80gb": GPU("NVIDIA A100 80GB", 312, 80, 400),
+    "h100-sxm": GPU("NVIDIA H100 SXM", 989, 80, 700),
+    "h100-pcie": GPU("NVIDIA H100 PCIe", 756, 80, 350),
+    "h200": GPU("NVIDIA H200", 989, 141, 700),
+    "b200": GPU("NVIDIA B200", 2250, 192, 1000),
+    "l4": GPU("NVIDIA L4", 121, 24, 72),
+    "l40s": GPU("NVIDIA L40S", 362, 48, 350),
+    "rtx-3090": GPU("NVIDIA GeForce RTX 3090", 71, 24, 350),
+    "rtx-4090": GPU("NVIDIA GeForce RTX 4090", 165, 24, 450),
+    "a10": GPU("NVIDIA A10", 125, 24, 150),
+}
+ALIASES = {"a100-40": "a100-40gb", "a100-80": "a100-80gb", "h100": "h100-sxm", "rtx3090": "rtx-3090", "rtx4090": "rtx-4090"}
+
+
+def lookup_gpu(name: str) -> GPU | None:
+    key = name.strip().lower()
+    return GPUS.get(ALIASES.get(key, key))
+
+
+def gpu_from_device_name(device_name: str) -> str | None:
+    """torch.cuda.get_device_name() -> a GPUS key, or None for a device we do not know (no MFU then)."""
+    n = device_name.upper()
+    rules = [("B200", "b200"), ("H200", "h200"), ("H100 NVL", None), ("H100", "h100-pcie" if "PCIE" in n else "h100-sxm"),
+             ("A100", "a100-40gb" if "40GB" in n else "a100-80gb"), ("L40S", "l40s"), ("L40", None), ("4090", "rtx-4090"),
+             ("3090", "rtx-3090"), ("L4", "l4"), ("A10", "a10")]
+    for needle, key in rules:  # order matters: "A100" contains "A10", "L40S" and "L40" contain "L4"; None: not in
+        # the table (H100 NVL and L40 have their own peaks), so no MFU rather than a wrong one
+        if needle in n:
+            return key
+    return None
+
+
+def training_seconds(total_flops: float, gpus: int, peak_tflops: float, mfu: float) -> float:
+    """Wall time for `total_flops` on `gpus` GPUs of `peak_tflops` each, at model FLOPs utilisation `mfu`."""
+    return total_flops / (gpus * peak_tflops * 1e12 * mfu)
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_tflops: float, n_gpus: int) -> float:
+    return flops_per_token * tokens_per_s / (peak_tflops * 1e12 * n_gpus)

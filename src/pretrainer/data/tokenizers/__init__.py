@@ -1,0 +1,1 @@
+"""Tokenizers: a shared base, tiktoken BPEs, Hugging Face tokenizer.json, the chat format."""

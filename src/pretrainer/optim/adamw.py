@@ -1,0 +1,83 @@
+"""AdamW with weight decay on matrices only (fp32 moments, or 8-/4-bit ones: train/lowbit.py), and the
+learning-rate schedules.
+
+Weight decay applies to the weight matrices of Linear layers. Norm weights, biases and embeddings
+(token and position) are not decayed: decaying them pulls gains toward zero and rare tokens'
+embeddings toward the origin, with no regularising benefit (GPT-3, nanoGPT, OLMo).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pretrainer.config.schema import OptimConfig
+from pretrainer.optim.sizes import OPTIMIZERS, _plain
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    embedding_params = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():  # tied weights appear once
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and id(p) not in embedding_params else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str, compile_step: bool = False) -> torch.optim.Optimizer:
+    """Fused AdamW on CUDA and CPU: one kernel per step, and it takes `optimizer.found_inf`, a device
+    tensor that skips the whole update (parameters, moments, step count) without a host sync; the
+    loop uses it to keep non-finite and flagged steps away from the weights. adamw8bit / adamw4bit:
+    the same groups and hyperparameters with quantised moments, honouring found_inf with one host
+    sync (train/lowbit.py); their update is compiled on CUDA or when `compile_step`."""
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
+    from pretrainer.optim import lowbit  # torchao: an optional extra
+
+    return lowbit.build(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps, OPTIMIZERS[cfg.name],
+                        compile_step=compile_step or device_type == "cuda")
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer, name: str) -> dict:
+    """What the report records about the optimizer (its state's size is measured at each checkpoint)."""
+    if name == "adamw":
+        return {"name": name, "implementation": f"torch.optim.AdamW, fused (torch {torch.__version__})"}
+    import importlib.metadata
+
+    return {"name": name, "implementation": f"torchao.optim.{type(optimizer).__name__} (torchao "
+                                            f"{importlib.metadata.version('torchao')}), update "
+                                            f"{'compiled' if optimizer.compile_step else 'eager'}"}
+
+
+@torch.no_grad()
+def adamw_update_norm(optimizer: torch.optim.Optimizer, skipped: torch.Tensor | None = None) -> torch.Tensor:
+    """||delta theta|| of the AdamW step just taken, from the optimizer's state alone: no copy of the weights
+    before the step (4 bytes per parameter, 4.6 GiB at 1.2B). AdamW does
+        theta' = theta (1 - lr wd) - lr a,   a = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+    so delta = theta' - theta = -lr (a + wd theta') / (1 - lr wd). One parameter at a time: the extra
+    memory is about twice the largest parameter. Quantised moments enter dequantised: the step
+    used them before re-quantising, so the norm is within that quantisation error of the applied update. A skipped update (`skipped` = 1, fused AdamW's
+    found_inf) changed nothing: its norm is 0. Under FSDP2 the shards' sums are reduced (a collective)."""
+    total = None
+    for group in optimizer.param_groups:
+        lr, weight_decay, (beta1, beta2), eps = group["lr"], group["weight_decay"], group["betas"], group["eps"]
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if not state:
+                continue
+            step = state["step"]
+            denominator = (_plain(state["exp_avg_sq"]) / (1 - beta2 ** step)).sqrt_().add_(eps)
+            update = (_plain(state["exp_avg"]) / (1 - beta1 ** step)).div_(denominator)
+            del denominator
+            if weight_decay:
+                update.add_(p.detach(), alpha=weight_decay)
+            squares = update.float().pow(2).sum() * (lr / (1 - lr * weight_decay)) ** 2
+            total = squares if total is None else total + squares
+    if total is None:
+        return torch.zeros(())
+    norm = (total.full_tensor() if hasattr(total, "full_tensor") else total).sqrt()
+    if skipped is not None:  # (where, not a product: with no update ever taken the formula is 0/0)
+        norm = torch.where(skipped.bool(), torch.zeros_like(norm), norm)
+    return norm

@@ -1,0 +1,92 @@
+"""pretrainer.train.tracking (split from pretrainer.metrics)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from pretrainer.artifacts.metrics import MetricsLog
+from pretrainer.config.schema import Config, config_text, flatten
+from pretrainer.core.files import atomic_write_bytes
+
+
+class MlflowLogger:
+    """The same records to mlflow, through MlflowClient (no global mlflow state). The default store
+    is sqlite inside the run dir; a resumed run continues the same mlflow run (its id is kept in
+    RUN_DIR/mlflow-run-id.txt). View with: mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlflow.db"""
+
+    def __init__(self, run_dir: Path, uri: str, experiment: str, params: dict[str, object], config_text: str):
+        import logging
+
+        from mlflow.tracking import (
+            MlflowClient,  # importing mlflow configures its loggers: quieten them after
+        )
+
+        for name in ("mlflow", "alembic"):  # their INFO lines (database migrations) would land mid-output
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+        run_dir = Path(run_dir).resolve()
+        self.uri = uri or f"sqlite:///{run_dir / 'mlflow.db'}"
+        self.client = MlflowClient(tracking_uri=self.uri)
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(
+            experiment, artifact_location=(run_dir / "mlflow-artifacts").as_uri() if not uri else None)
+        id_file = run_dir / "mlflow-run-id.txt"
+        self.run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        if self.run_id:
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
+            from mlflow.entities import Param
+
+            self.client.log_batch(self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
+            self.client.log_text(self.run_id, config_text, "config.toml")
+            atomic_write_bytes(id_file, (self.run_id + "\n").encode())
+
+    def write(self, record: dict) -> None:
+        from mlflow.entities import Metric
+
+        step, now_ms = int(record.get("step", 0)), int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now_ms, step) for k, v in record.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+class RunLog:
+    """metrics.jsonl (cut back to `keep_through_step` on resume) and mlflow, on rank 0; a no-op elsewhere."""
+
+    def __init__(self, cfg: Config, run_dir: Path, keep_through_step: int, is_main: bool, say):
+        if is_main:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step) if is_main else None
+        self.tracker = open_tracker(cfg, run_dir, say) if is_main else None
+
+    def write(self, record: dict) -> None:
+        for sink in (self.metrics, self.tracker):
+            if sink:
+                sink.write(record)
+
+    def close(self, reason: str) -> None:
+        """`reason`: why the run ended (train/stopping.py's exit reasons)."""
+        if self.metrics:
+            self.metrics.close()
+        if self.tracker:
+            status = {"finished": "FINISHED", "budget_stop": "KILLED", "budget_halt": "KILLED", "signal": "KILLED"}
+            self.tracker.close(status.get(reason, "FAILED"))
+
+
+def open_tracker(cfg: Config, run_dir: Path, say) -> MlflowLogger | None:
+    """mlflow when enabled and installed; None (metrics.jsonl only) otherwise."""
+    if not cfg.mlflow.enabled:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        say("note: mlflow is not installed (pip install -e '.[track]'); metrics go to metrics.jsonl only")
+        return None
+    return MlflowLogger(run_dir, cfg.mlflow.uri, cfg.mlflow.experiment, flatten(cfg), config_text(cfg))
