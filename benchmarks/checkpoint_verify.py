@@ -32,12 +32,16 @@ def main() -> None:
     cfg = resolve(load_config(args.config))
     model = Transformer(cfg.model)
     optimizer = build_optimizer(model, cfg.optim, "cpu")
-    for p in model.parameters():  # one step with zero gradients: the AdamW moments exist, as in a real checkpoint
+    for (
+        p
+    ) in model.parameters():  # one step with zero gradients: the AdamW moments exist, as in a real checkpoint
         p.grad = torch.zeros_like(p)
     optimizer.step()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         started = time.perf_counter()
-        path = save_checkpoint(Path(tmp), 1, model_weights(model), optimizer.state_dict(), {"step": 1}, keep=2)
+        path = save_checkpoint(
+            Path(tmp), 1, model_weights(model), optimizer.state_dict(), {"step": 1}, keep=2
+        )
         save_s = time.perf_counter() - started
         size = sum(f.stat().st_size for f in path.iterdir())
         started = time.perf_counter()
@@ -48,12 +52,18 @@ def main() -> None:
         read_s = time.perf_counter() - started
     params = count_parameters(model)["total"]
     print(f"{args.config}: {params:,} parameters, checkpoint {size / 1e9:.2f} GB (weights + AdamW state)")
-    print(f"save incl. sha256: {save_s:.2f} s | verify (sha256 of every file): {verify_s:.2f} s ({size / 1e9 / verify_s:.2f} GB/s) "
-          f"| verify + load: {read_s:.2f} s")
+    print(
+        f"save incl. sha256: {save_s:.2f} s | verify (sha256 of every file): {verify_s:.2f} s "
+        f"({size / 1e9 / verify_s:.2f} GB/s) "
+        f"| verify + load: {read_s:.2f} s"
+    )
     with torch.device("meta"):
         other = count_parameters(Transformer(resolve(load_config(args.extrapolate_to)).model))["total"]
-    print(f"extrapolated to {args.extrapolate_to} ({other:,} parameters, ~{size * other / params / 1e9:.1f} GB): "
-          f"verify ~{verify_s * other / params:.0f} s on this machine")
+    print(
+        f"extrapolated to {args.extrapolate_to} ({other:,} parameters, ~{size * other / params / 1e9:.1f} "
+        f"GB): "
+        f"verify ~{verify_s * other / params:.0f} s on this machine"
+    )
 
 
 if __name__ == "__main__":

@@ -39,32 +39,75 @@ metric_list:
 """
 
 
-def lm_eval_scores(hf_dir: Path, items: list[dict], work: Path, lm_eval: str, batch_size: int) -> tuple[dict, list[dict]]:
+def lm_eval_scores(
+    hf_dir: Path, items: list[dict], work: Path, lm_eval: str, batch_size: int
+) -> tuple[dict, list[dict]]:
     """Run lm_eval on the items as a local task -> ({"acc", "acc_norm"}, its per-item records)."""
     name = "pretrainer_agreement"
     data = work / "items.jsonl"
-    data.write_text("".join(json.dumps({"context": it["context"], "choices": it["choices"], "gold": it["gold"]}) + "\n"
-                            for it in items))
+    data.write_text(
+        "".join(
+            json.dumps({"context": it["context"], "choices": it["choices"], "gold": it["gold"]}) + "\n"
+            for it in items
+        )
+    )
     (work / "tasks").mkdir()
     (work / "tasks" / f"{name}.yaml").write_text(TASK_YAML.format(name=name, data=data))
-    command = [lm_eval, "--model", "hf", "--model_args", f"pretrained={hf_dir},dtype=float32", "--device", "cpu",
-               "--include_path", str(work / "tasks"), "--tasks", name, "--batch_size", str(batch_size),
-               "--output_path", str(work / "out"), "--log_samples"]
+    command = [
+        lm_eval,
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={hf_dir},dtype=float32",
+        "--device",
+        "cpu",
+        "--include_path",
+        str(work / "tasks"),
+        "--tasks",
+        name,
+        "--batch_size",
+        str(batch_size),
+        "--output_path",
+        str(work / "out"),
+        "--log_samples",
+    ]
     print("$", " ".join(command), flush=True)
-    subprocess.run(command, check=True, env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                             "PATH": str(Path(lm_eval).parent) + ":/usr/bin:/bin", "HOME": str(work)})
+    subprocess.run(
+        command,
+        check=True,
+        env={
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PATH": str(Path(lm_eval).parent) + ":/usr/bin:/bin",
+            "HOME": str(work),
+        },
+    )
     results = json.loads(next((work / "out").rglob("results_*.json")).read_text())["results"][name]
-    samples = [json.loads(line) for line in next((work / "out").rglob(f"samples_{name}_*.jsonl")).read_text().splitlines()]
-    return {"acc": results["acc,none"], "acc_norm": results["acc_norm,none"]}, sorted(samples, key=lambda s: s["doc_id"])
+    samples = [
+        json.loads(line)
+        for line in next((work / "out").rglob(f"samples_{name}_*.jsonl")).read_text().splitlines()
+    ]
+    return {"acc": results["acc,none"], "acc_norm": results["acc_norm,none"]}, sorted(
+        samples, key=lambda s: s["doc_id"]
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("hf_dir", help="a model written by `pretrainer export RUN --format hf`")
-    parser.add_argument("--task", required=True, help="a multiple-choice task: FILE.jsonl, olmo:TASK[/VARIANT], requests.jsonl.gz")
+    parser.add_argument(
+        "--task",
+        required=True,
+        help="a multiple-choice task: FILE.jsonl, olmo:TASK[/VARIANT], requests.jsonl.gz",
+    )
     parser.add_argument("--limit", type=int, default=500)
-    parser.add_argument("--lm-eval", default=shutil.which("lm_eval") or "lm_eval", help="the lm_eval executable")
-    parser.add_argument("--data-dir", required=True, help="a prepared data dir with the model's tokenizer (and val split)")
+    parser.add_argument(
+        "--lm-eval", default=shutil.which("lm_eval") or "lm_eval", help="the lm_eval executable"
+    )
+    parser.add_argument(
+        "--data-dir", required=True, help="a prepared data dir with the model's tokenizer (and val split)"
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args()
 
@@ -74,18 +117,30 @@ def main() -> None:
     task = load_task(args.task, limit=args.limit)
     items = [it for it in task.items if it["type"] == "mc"]
     if len(items) != len(task.items):
-        sys.exit(f"{args.task}: only multiple-choice items compare directly; {len(task.items) - len(items)} are not")
+        sys.exit(
+            f"{args.task}: only multiple-choice items compare directly; {len(task.items) - len(items)} are "
+            f"not"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         ours_file = work / "ours.jsonl"
         ours_file.write_text("".join(json.dumps(it) + "\n" for it in items))
-        ours = evaluate_target(f"hf:{args.hf_dir}", [f"--eval.tasks={ours_file}", "--eval.probe_tokens=1", f"--data.dir={args.data_dir}"],
-                               out=str(work / "ours.json"), limit=0)["tasks"][0]
-        theirs, samples = lm_eval_scores(Path(args.hf_dir).resolve(), items, work, args.lm_eval, args.batch_size)
+        ours = evaluate_target(
+            f"hf:{args.hf_dir}",
+            [f"--eval.tasks={ours_file}", "--eval.probe_tokens=1", f"--data.dir={args.data_dir}"],
+            out=str(work / "ours.json"),
+            limit=0,
+        )["tasks"][0]
+        theirs, samples = lm_eval_scores(
+            Path(args.hf_dir).resolve(), items, work, args.lm_eval, args.batch_size
+        )
     print(f"\n{task.name}: {len(items)} items (multiple choice, {task.num_fewshot}-shot contexts as given)")
     print(f"{'':<10} {'pretrainer':>11} {'lm-eval':>9} {'diff (points)':>14}")
     for ours_key, their_key in (("accuracy", "acc"), ("accuracy_norm", "acc_norm")):
-        print(f"{their_key:<10} {ours[ours_key]:>11.4f} {theirs[their_key]:>9.4f} {100 * (ours[ours_key] - theirs[their_key]):>+14.2f}")
+        print(
+            f"{their_key:<10} {ours[ours_key]:>11.4f} {theirs[their_key]:>9.4f} "
+            f"{100 * (ours[ours_key] - theirs[their_key]):>+14.2f}"
+        )
     # per item: each choice's log-likelihood by our scorer against lm-eval's logged one
     import torch
 
@@ -97,13 +152,23 @@ def main() -> None:
     model_cfg, load = init_source(f"hf:{args.hf_dir}")
     model = build_model(Config(model=model_cfg), load).eval()
     tokenizer = open_data_dir(args.data_dir).tokenizer
-    scores = continuation_scorer(model, model_cfg.seq_len, torch.device("cpu"), None)(encode_task(task, tokenizer))
-    gaps = [abs(ll - float(theirs_choice[0][0])) for item_scores, sample in zip(scores, samples)
-            for (ll, _), theirs_choice in zip(item_scores, sample["resps"])]
-    differ = sum(max(range(len(s)), key=lambda i: s[i][0]) != max(range(len(r)), key=lambda i: float(r[i][0][0]))
-                 for s, r in zip(scores, (sample["resps"] for sample in samples)))
-    print(f"per choice |log-likelihood ours - lm-eval|: max {max(gaps):.2e}, mean {sum(gaps) / len(gaps):.2e} over "
-          f"{len(gaps)} choices; items whose summed-likelihood choice differs: {differ} of {len(items)}")
+    scores = continuation_scorer(model, model_cfg.seq_len, torch.device("cpu"), None)(
+        encode_task(task, tokenizer)
+    )
+    gaps = [
+        abs(ll - float(theirs_choice[0][0]))
+        for item_scores, sample in zip(scores, samples)
+        for (ll, _), theirs_choice in zip(item_scores, sample["resps"])
+    ]
+    differ = sum(
+        max(range(len(s)), key=lambda i: s[i][0]) != max(range(len(r)), key=lambda i: float(r[i][0][0]))
+        for s, r in zip(scores, (sample["resps"] for sample in samples))
+    )
+    print(
+        f"per choice |log-likelihood ours - lm-eval|: max {max(gaps):.2e}, mean {sum(gaps) / len(gaps):.2e} "
+        f"over "
+        f"{len(gaps)} choices; items whose summed-likelihood choice differs: {differ} of {len(items)}"
+    )
 
 
 if __name__ == "__main__":

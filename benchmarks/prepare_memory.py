@@ -20,7 +20,9 @@ from pretrainer.data.sources import stdlib_files
 
 
 def write_text(path: Path, megabytes: int) -> None:
-    paragraphs = [p for f in stdlib_files()[:400] for p in f.read_text(errors="replace").split("\n\n") if p.strip()]
+    paragraphs = [
+        p for f in stdlib_files()[:400] for p in f.read_text(errors="replace").split("\n\n") if p.strip()
+    ]
     target, written, i = megabytes * 2**20, 0, 0
     with open(path, "w") as out:
         while written < target:
@@ -34,7 +36,9 @@ def tree(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(
+                int(stat.parent.name)
+            )
         except (OSError, IndexError, ValueError):
             continue
     out, todo = [], [pid]
@@ -54,15 +58,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         text = Path(tmp) / "corpus.txt"
         write_text(text, args.mb)
-        cmd = [sys.executable, "-m", "pretrainer", "prepare", "--corpus", str(text), "--tokenizer", args.tokenizer,
-               "--workers", str(args.workers), "--txt-docs", args.txt_docs, "--out", str(Path(tmp) / "out")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pretrainer",
+            "prepare",
+            "--corpus",
+            str(text),
+            "--tokenizer",
+            args.tokenizer,
+            "--workers",
+            str(args.workers),
+            "--txt-docs",
+            args.txt_docs,
+            "--out",
+            str(Path(tmp) / "out"),
+        ]
         started = time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         peaks: dict[int, float] = {}
         while proc.poll() is None:
             for pid in tree(proc.pid):
                 try:
-                    hwm = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM"))
+                    hwm = next(
+                        line
+                        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if line.startswith("VmHWM")
+                    )
                     peaks[pid] = max(peaks.get(pid, 0.0), int(hwm.split()[1]) / 1024)
                 except (OSError, StopIteration):
                     continue
@@ -71,9 +93,13 @@ def main() -> None:
         out = proc.stdout.read()
     main_peak = peaks.pop(proc.pid, 0.0)
     print(out.strip().splitlines()[-1] if out.strip() else f"exit {proc.returncode}")
-    print(f"{args.mb} MB .txt, {args.tokenizer}, {args.workers} workers, --txt-docs {args.txt_docs}: {seconds:.1f} s "
-          f"({args.mb / seconds:.1f} MB/s); peak RSS main process {main_peak:.0f} MB, largest worker "
-          f"{max(peaks.values(), default=0):.0f} MB, all processes together at most {main_peak + sum(peaks.values()):.0f} MB")
+    print(
+        f"{args.mb} MB .txt, {args.tokenizer}, {args.workers} workers, --txt-docs {args.txt_docs}: "
+        f"{seconds:.1f} s "
+        f"({args.mb / seconds:.1f} MB/s); peak RSS main process {main_peak:.0f} MB, largest worker "
+        f"{max(peaks.values(), default=0):.0f} MB, all processes together at most "
+        f"{main_peak + sum(peaks.values()):.0f} MB"
+    )
 
 
 if __name__ == "__main__":

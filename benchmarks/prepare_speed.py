@@ -2,7 +2,8 @@
 number of workers; MB/s of each and their ratio (target: pretrainer >= 0.90 x raw tiktoken).
 
     python benchmarks/prepare_speed.py CORPUS.jsonl [--workers 2] [--repeats 3]     # or a .txt
-    python benchmarks/prepare_speed.py --make-jsonl 200 [--workers 2]              # a synthetic 200 MB JSONL first
+    python benchmarks/prepare_speed.py --make-jsonl 200 [--workers 2]              # a synthetic 200 MB JSONL
+    first
     python benchmarks/prepare_speed.py --smoke                                      # 4 MB, seconds (CI)
 
 - pretrainer: `prepare(Corpus([FILE]), "gpt2", OUT, workers=N)`, what `pretrainer prepare --corpus FILE
@@ -108,17 +109,26 @@ def raw_tiktoken(path: Path, out: Path, workers: int) -> int:
 
 def pretrainer_prepare(path: Path, out: Path, workers: int) -> int:
     """`pretrainer prepare --corpus PATH --tokenizer gpt2 --workers N`. -> tokens written (both splits)."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress bar
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):  # its progress bar
         manifest = prepare(Corpus([str(path)], txt_docs="blank-lines"), "gpt2", out, workers=workers)
     return sum(split["tokens"] for split in manifest["splits"].values())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("corpus", nargs="?", help="a .jsonl (a \"text\" field per line) or .txt file")
-    parser.add_argument("--make-jsonl", type=float, metavar="SIZE_MB", help="write a synthetic JSONL of this size and use it")
-    parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 8), help="prepare's worker processes and "
-                        "tiktoken's threads (default: as prepare's, CPU count up to 8)")
+    parser.add_argument("corpus", nargs="?", help='a .jsonl (a "text" field per line) or .txt file')
+    parser.add_argument(
+        "--make-jsonl", type=float, metavar="SIZE_MB", help="write a synthetic JSONL of this size and use it"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(os.cpu_count() or 1, 8),
+        help="prepare's worker processes and tiktoken's threads (default: as prepare's, CPU count up to 8)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="a 4 MB synthetic JSONL, one repeat")
     args = parser.parse_args()
@@ -138,7 +148,10 @@ def main() -> int:
                 print(f"error: {path}: expected an existing .jsonl or .txt file", file=sys.stderr)
                 return 2
         megabytes = path.stat().st_size / 2**20
-        print(f"{path.name}: {megabytes:,.1f} MB, GPT-2, {args.workers} workers, {args.repeats} repeats", flush=True)
+        print(
+            f"{path.name}: {megabytes:,.1f} MB, GPT-2, {args.workers} workers, {args.repeats} repeats",
+            flush=True,
+        )
         seconds: dict[str, list[float]] = {"pretrainer prepare": [], "raw tiktoken": []}
         tokens: dict[str, int] = {}
         try:
@@ -149,7 +162,11 @@ def main() -> int:
                     tokens[name] = run(path, out, args.workers)
                     seconds[name].append(time.perf_counter() - started)
                     shutil.rmtree(out) if out.is_dir() else out.unlink()
-                    print(f"  {name}, repeat {repeat + 1}: {seconds[name][-1]:.2f} s", file=sys.stderr, flush=True)
+                    print(
+                        f"  {name}, repeat {repeat + 1}: {seconds[name][-1]:.2f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -160,13 +177,20 @@ def main() -> int:
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, times in seconds.items():
         spread = f"{(max(times) - min(times)) / statistics.median(times):.1%}" if len(times) > 1 else "-"
-        print(f"| {name} | {speed[name]:.2f} | {statistics.median(times):.2f} | {spread} | {tokens[name]:,} |")
+        print(
+            f"| {name} | {speed[name]:.2f} | {statistics.median(times):.2f} | {spread} | {tokens[name]:,} |"
+        )
     ratio = speed["pretrainer prepare"] / speed["raw tiktoken"]
-    print(f"\npretrainer / raw tiktoken: {ratio:.3f} ({'meets' if ratio >= 0.90 else 'BELOW'} the 0.90 target)")
+    print(
+        f"\npretrainer / raw tiktoken: {ratio:.3f} ({'meets' if ratio >= 0.90 else 'BELOW'} the 0.90 target)"
+    )
     same = tokens["pretrainer prepare"] == tokens["raw tiktoken"]
     if not same:
-        print(f"note: token counts differ by {tokens['pretrainer prepare'] - tokens['raw tiktoken']:+,} (prepare drops exact "
-              f"duplicate documents)")
+        print(
+            f"note: token counts differ by {tokens['pretrainer prepare'] - tokens['raw tiktoken']:+,} "
+            f"(prepare drops exact "
+            f"duplicate documents)"
+        )
     return 1 if args.make_jsonl and not same else 0
 
 

@@ -29,7 +29,11 @@ def peak_rss_per_rank(cmd: list[str], env: dict) -> list[float]:
                 cmdline = (status.parent / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"pretrainer" in cmdline and b"torch.distributed.run" not in cmdline and int(status.parent.name) != os.getpid():
+            if (
+                b"pretrainer" in cmdline
+                and b"torch.distributed.run" not in cmdline
+                and int(status.parent.name) != os.getpid()
+            ):
                 fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
                 if int(fields.get("PPid", "0").strip()) != proc.pid:
                     continue  # only torchrun's children: the workers
@@ -50,20 +54,57 @@ def main() -> None:
     args = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
-        common = [f"--data.dir={args.data}", f"--model.d_model={args.d_model}", f"--model.n_layer={args.n_layer}",
-                  "--model.n_head=12", "--model.seq_len=128", "--train.micro_batch=2", "--eval.every=0", "--eval.batches=1",
-                  "--log.every=1", "--mlflow.enabled=false", f"--parallel.strategy={args.strategy}", "--train.max_steps=3"]
+        common = [
+            f"--data.dir={args.data}",
+            f"--model.d_model={args.d_model}",
+            f"--model.n_layer={args.n_layer}",
+            "--model.n_head=12",
+            "--model.seq_len=128",
+            "--train.micro_batch=2",
+            "--eval.every=0",
+            "--eval.batches=1",
+            "--log.every=1",
+            "--mlflow.enabled=false",
+            f"--parallel.strategy={args.strategy}",
+            "--train.max_steps=3",
+        ]
         run = Path(tmp) / "run"
-        subprocess.run([sys.executable, "-m", "pretrainer", "train", *common, f"--run.dir={run}", "--train.stop_at_step=1",
-                        "--train.grad_accum=2"], check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pretrainer",
+                "train",
+                *common,
+                f"--run.dir={run}",
+                "--train.stop_at_step=1",
+                "--train.grad_accum=2",
+            ],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
         size = sum(f.stat().st_size for f in next((run / "checkpoints").iterdir()).iterdir())
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-                    "-m", "pretrainer", "train", *common, "--train.stop_at_step=2"]
+        torchrun = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={args.nproc}",
+            "-m",
+            "pretrainer",
+            "train",
+            *common,
+            "--train.stop_at_step=2",
+        ]
         fresh = peak_rss_per_rank([*torchrun, f"--run.dir={Path(tmp) / 'fresh'}"], env)
         resumed = peak_rss_per_rank([*torchrun, f"--run.dir={run}"], env)
     print(f"checkpoint: {size / 1e9:.2f} GB; {args.nproc} ranks, {args.strategy}")
     for rank, (a, b) in enumerate(zip(fresh, resumed)):
-        print(f"rank {rank}: peak RSS fresh {a:.2f} GB, resuming {b:.2f} GB (+{b - a:.2f} GB, {(b - a) * 1e9 / size:.2f} x the checkpoint)")
+        print(
+            f"rank {rank}: peak RSS fresh {a:.2f} GB, resuming {b:.2f} GB (+{b - a:.2f} GB, "
+            f"{(b - a) * 1e9 / size:.2f} x the checkpoint)"
+        )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from pretrainer.analysis.scaling import fit as F  # noqa: E402
 
-LAWS = {"hoffmann": {"E": 1.69, "A": 406.4, "alpha": 0.34, "B": 410.7, "beta": 0.28},
-        "epoch": {"E": 1.8172, "A": 482.01, "alpha": 0.3478, "B": 2085.43, "beta": 0.3658}}
+LAWS = {
+    "hoffmann": {"E": 1.69, "A": 406.4, "alpha": 0.34, "B": 410.7, "beta": 0.28},
+    "epoch": {"E": 1.8172, "A": 482.01, "alpha": 0.3478, "B": 2085.43, "beta": 0.3658},
+}
 
 
 def draw(true: dict, seed: int, noise: float) -> F.Points:
@@ -36,7 +38,9 @@ def draw(true: dict, seed: int, noise: float) -> F.Points:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--noise", type=float, default=0.005)
@@ -49,15 +53,21 @@ def main() -> None:
             points = draw(true, seed, args.noise)
             theta, _ = F.fit_law(points, "nd")
             laws, _ = F.bootstrap_laws(points, "nd", theta, args.resamples, seed)
-            hits = {k: F.interval([x[k] for x in laws])[0] <= law[k] <= F.interval([x[k] for x in laws])[1] for k in F.NAMES}
+            hits = {
+                k: F.interval([x[k] for x in laws])[0] <= law[k] <= F.interval([x[k] for x in laws])[1]
+                for k in F.NAMES
+            }
             low, high = F.interval([F.optimal_tokens_for_params(x, 1e9) for x in laws])
             hits["D_opt(1B)"] = low <= F.optimal_tokens_for_params(law, 1e9) <= high
             for k, hit in hits.items():
                 covered[k] += hit
             all_five += all(hits[k] for k in F.NAMES)
         rates = ", ".join(f"{k} {v / args.seeds:.0%}" for k, v in covered.items())
-        print(f"{name}: {args.seeds} draws, noise {args.noise:g}, {args.resamples} resamples: coverage {rates}; "
-              f"all five constants {all_five / args.seeds:.0%} ({time.perf_counter() - started:.0f}s)")
+        print(
+            f"{name}: {args.seeds} draws, noise {args.noise:g}, {args.resamples} resamples: coverage "
+            f"{rates}; "
+            f"all five constants {all_five / args.seeds:.0%} ({time.perf_counter() - started:.0f}s)"
+        )
 
 
 if __name__ == "__main__":

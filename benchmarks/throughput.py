@@ -6,7 +6,8 @@ device's peak is known, peak memory, and the trainer's speed as a fraction of th
         [--variants config,eager,compile,ac,no-ac,sdpa-flash,sdpa-efficient,sdpa-math,sdpa-cudnn]
         [--micro-batches 4,8,16] [--repeats 3] [--nanogpt PATH_TO_NANOGPT_CHECKOUT] [--out results.json]
         [--model.n_layer=6 ...]                              # any config override
-    python benchmarks/throughput.py --smoke --data DATA_DIR  # tiny shape, every path once, ~15 s on 2 CPU cores
+    python benchmarks/throughput.py --smoke --data DATA_DIR  # tiny shape, every path once, ~15 s on 2 CPU
+    cores
 
 Every (variant, micro-batch) is measured by each loop, alternating (bare, pretrainer, nanoGPT, bare,
 ...) --repeats times; the table shows the median and the spread ((max - min) / median).
@@ -84,15 +85,39 @@ CONFIG_VARIANTS = {
     "ac": ["--train.activation_checkpointing=true"],
     "no-ac": ["--train.activation_checkpointing=false"],
 }
-SDPA_VARIANTS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
-                 "sdpa-math": SDPBackend.MATH, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}
+SDPA_VARIANTS = {
+    "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "sdpa-math": SDPBackend.MATH,
+    "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+}
 
 # --smoke: a d_model-32, 2-layer model, a handful of steps; every loop and kind of variant once. No
 # compile: a cold inductor cache takes about a minute to compile even this model on 2 CPU cores.
-SMOKE_OVERRIDES = ["--model.d_model=32", "--model.n_layer=2", "--model.n_head=2", "--model.n_kv_head=0", "--model.seq_len=32",
-                   "--train.grad_accum=1", "--train.compile=false", "--log.every=2"]
-SMOKE_SETTINGS = {"steps": 4, "warmup": 2, "repeats": 1, "variants": "config,ac+sdpa-math,sdpa-efficient", "micro_batches": "2,4"}
-SETTINGS = {"steps": 50, "warmup": 10, "repeats": 3, "variants": "config", "micro_batches": ""}  # without --smoke
+SMOKE_OVERRIDES = [
+    "--model.d_model=32",
+    "--model.n_layer=2",
+    "--model.n_head=2",
+    "--model.n_kv_head=0",
+    "--model.seq_len=32",
+    "--train.grad_accum=1",
+    "--train.compile=false",
+    "--log.every=2",
+]
+SMOKE_SETTINGS = {
+    "steps": 4,
+    "warmup": 2,
+    "repeats": 1,
+    "variants": "config,ac+sdpa-math,sdpa-efficient",
+    "micro_batches": "2,4",
+}
+SETTINGS = {
+    "steps": 50,
+    "warmup": 10,
+    "repeats": 3,
+    "variants": "config",
+    "micro_batches": "",
+}  # without --smoke
 
 LOOPS = ("bare loop", "pretrainer", "nanoGPT")
 
@@ -103,6 +128,7 @@ def synchronize(device: torch.device) -> None:
 
 
 # --- peak memory of one run ---
+
 
 class PeakMemory:
     """CUDA: max_memory_allocated. CPU: peak RSS, restarted for each run through /proc/self/clear_refs
@@ -126,7 +152,11 @@ class PeakMemory:
             return torch.cuda.max_memory_allocated(self.device), "CUDA allocated"
         if self.resettable:
             with contextlib.suppress(OSError, StopIteration):
-                line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM"))
+                line = next(
+                    row
+                    for row in Path("/proc/self/status").read_text().splitlines()
+                    if row.startswith("VmHWM")
+                )
                 return int(line.split()[1]) * 1024, "RSS"
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "RSS since start"
 
@@ -143,8 +173,10 @@ def fresh_state(device: torch.device, memory: PeakMemory) -> None:
 
 # --- the three loops; each returns (tokens/s, peak memory bytes or None, what the memory measures) ---
 
-def bare_loop(cfg: Config, data: DataDir, device: torch.device, memory: PeakMemory, warmup: int,
-              steps: int) -> tuple[float, int, str]:
+
+def bare_loop(
+    cfg: Config, data: DataDir, device: torch.device, memory: PeakMemory, warmup: int, steps: int
+) -> tuple[float, int, str]:
     """The plain PyTorch loop the trainer is measured against: the same model, optimizer, batches,
     autocast, clipping and compile setting; no logging, guards, metrics or checkpoints."""
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
@@ -153,8 +185,13 @@ def bare_loop(cfg: Config, data: DataDir, device: torch.device, memory: PeakMemo
     model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)  # as the trainer does
     optimizer = build_optimizer(model, cfg.optim, device.type)
     forward = model
-    loader = SequenceLoader(data.tokens("train"), cfg.model.seq_len, cfg.train.micro_batch, cfg.train.grad_accum,
-                            seed=cfg.train.seed)
+    loader = SequenceLoader(
+        data.tokens("train"),
+        cfg.model.seq_len,
+        cfg.train.micro_batch,
+        cfg.train.grad_accum,
+        seed=cfg.train.seed,
+    )
 
     def one_step() -> None:
         for x, y in loader.next_step():
@@ -178,12 +215,30 @@ def bare_loop(cfg: Config, data: DataDir, device: torch.device, memory: PeakMemo
     return steps * tokens_per_step(cfg, 1) / seconds, *memory.read()
 
 
-def pretrainer_loop(args, overrides: list[str], device: torch.device, memory: PeakMemory, warmup: int, steps: int,
-                    run_dir: Path) -> tuple[float, int, str]:
+def pretrainer_loop(
+    args,
+    overrides: list[str],
+    device: torch.device,
+    memory: PeakMemory,
+    warmup: int,
+    steps: int,
+    run_dir: Path,
+) -> tuple[float, int, str]:
     """The real trainer, in this process; tokens/s from the metrics.jsonl records after the warm-up."""
-    cfg = load_config(args.config, ["--mlflow.enabled=false", *overrides,  # --mlflow.enabled=true measures its cost too
-                                    f"--run.dir={run_dir}", f"--train.max_steps={warmup + steps}", "--train.stop_at_step=0",
-                                    "--train.resume=never", "--eval.every=0", "--eval.batches=1", "--ckpt.every=0"])
+    cfg = load_config(
+        args.config,
+        [
+            "--mlflow.enabled=false",
+            *overrides,  # --mlflow.enabled=true measures its cost too
+            f"--run.dir={run_dir}",
+            f"--train.max_steps={warmup + steps}",
+            "--train.stop_at_step=0",
+            "--train.resume=never",
+            "--eval.every=0",
+            "--eval.batches=1",
+            "--ckpt.every=0",
+        ],
+    )
     log = run_dir.with_suffix(".log")
     with open(log, "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
@@ -193,14 +248,22 @@ def pretrainer_loop(args, overrides: list[str], device: torch.device, memory: Pe
             out.flush()
             raise RuntimeError(f"pretrainer failed; its output ends with:\n{tail(log)}") from None
     peak = memory.read()
-    records = sorted((r for r in read_metrics(run_dir / "metrics.jsonl") if "tokens_per_s" in r), key=lambda r: r["step"])
+    records = sorted(
+        (r for r in read_metrics(run_dir / "metrics.jsonl") if "tokens_per_s" in r), key=lambda r: r["step"]
+    )
     steps_logged = [r["step"] for r in records]
     if warmup not in steps_logged or steps_logged[-1] != warmup + steps:
-        raise RuntimeError(f"{run_dir}/metrics.jsonl: expected records at steps {warmup} and {warmup + steps}, "
-                           f"got {steps_logged}")
-    timed = [(previous, record) for previous, record in itertools.pairwise(records) if record["step"] > warmup]
+        raise RuntimeError(
+            f"{run_dir}/metrics.jsonl: expected records at steps {warmup} and {warmup + steps}, "
+            f"got {steps_logged}"
+        )
+    timed = [
+        (previous, record) for previous, record in itertools.pairwise(records) if record["step"] > warmup
+    ]
     tokens = sum(record["tokens"] - previous["tokens"] for previous, record in timed)
-    seconds = sum((record["tokens"] - previous["tokens"]) / record["tokens_per_s"] for previous, record in timed)
+    seconds = sum(
+        (record["tokens"] - previous["tokens"]) / record["tokens_per_s"] for previous, record in timed
+    )
     shutil.rmtree(run_dir)  # the final checkpoint: a 124M model's is 1.5 GB
     return tokens / seconds, *peak
 
@@ -209,13 +272,23 @@ def nanogpt_problem(cfg: Config, data: DataDir) -> str:
     """'' when nanoGPT can train this exact shape on these token files, else why not."""
     m = cfg.model
     if data.manifest["dtype"] != "uint16":
-        return (f"{data.path}: tokens are {data.manifest['dtype']}, but nanoGPT's train.py reads uint16 "
-                f"(a vocab over 65,536 cannot be compared)")
-    problems = [text for wrong, text in [
-        (m.arch != "gpt2", "--model.arch=gpt2 (nanoGPT is GPT-2: LayerNorm, GELU, learned positions, biases)"),
-        (m.d_ff != 4 * m.d_model, f"--model.d_ff=0 (nanoGPT's MLP is 4 x d_model = {4 * m.d_model})"),
-        (not m.tie_embeddings, "--model.tie_embeddings=true (nanoGPT ties wte and lm_head)"),
-        (m.norm_eps != 1e-5, "--model.norm_eps=1e-5 (nanoGPT's LayerNorm eps)")] if wrong]
+        return (
+            f"{data.path}: tokens are {data.manifest['dtype']}, but nanoGPT's train.py reads uint16 "
+            f"(a vocab over 65,536 cannot be compared)"
+        )
+    problems = [
+        text
+        for wrong, text in [
+            (
+                m.arch != "gpt2",
+                "--model.arch=gpt2 (nanoGPT is GPT-2: LayerNorm, GELU, learned positions, biases)",
+            ),
+            (m.d_ff != 4 * m.d_model, f"--model.d_ff=0 (nanoGPT's MLP is 4 x d_model = {4 * m.d_model})"),
+            (not m.tie_embeddings, "--model.tie_embeddings=true (nanoGPT ties wte and lm_head)"),
+            (m.norm_eps != 1e-5, "--model.norm_eps=1e-5 (nanoGPT's LayerNorm eps)"),
+        ]
+        if wrong
+    ]
     return f"--nanogpt needs the same shape; set {', '.join(problems)}" if problems else ""
 
 
@@ -224,43 +297,72 @@ def nanogpt_overrides(cfg: Config, device: torch.device, warmup: int, steps: int
     one batch at iteration 0 (before the timed window), a log line (and a loss sync) every iteration."""
     m, t = cfg.model, cfg.train
     settings = {
-        "dataset": "pretrainer", "init_from": "scratch", "n_layer": m.n_layer, "n_head": m.n_head, "n_embd": m.d_model,
-        "block_size": m.seq_len, "bias": True, "dropout": 0.0, "batch_size": t.micro_batch,
-        "gradient_accumulation_steps": t.grad_accum, "max_iters": warmup + steps - 1,  # iterations 0 .. max_iters
-        "eval_interval": warmup + steps + 1, "eval_iters": 1, "log_interval": 1, "always_save_checkpoint": False,
-        "wandb_log": False, "compile": t.compile, "device": str(device),
-        "dtype": "bfloat16" if autocast_dtype(t.dtype, device) else "float32", "grad_clip": float(t.grad_clip),
+        "dataset": "pretrainer",
+        "init_from": "scratch",
+        "n_layer": m.n_layer,
+        "n_head": m.n_head,
+        "n_embd": m.d_model,
+        "block_size": m.seq_len,
+        "bias": True,
+        "dropout": 0.0,
+        "batch_size": t.micro_batch,
+        "gradient_accumulation_steps": t.grad_accum,
+        "max_iters": warmup + steps - 1,  # iterations 0 .. max_iters
+        "eval_interval": warmup + steps + 1,
+        "eval_iters": 1,
+        "log_interval": 1,
+        "always_save_checkpoint": False,
+        "wandb_log": False,
+        "compile": t.compile,
+        "device": str(device),
+        "dtype": "bfloat16" if autocast_dtype(t.dtype, device) else "float32",
+        "grad_clip": float(t.grad_clip),
     }
     return [f"--{key}={value}" for key, value in settings.items()]
 
 
-def nanogpt_loop(checkout: Path, cfg: Config, data: DataDir, device: torch.device, warmup: int, steps: int,
-                 workdir: Path) -> tuple[float, int | None, str]:
+def nanogpt_loop(
+    checkout: Path, cfg: Config, data: DataDir, device: torch.device, warmup: int, steps: int, workdir: Path
+) -> tuple[float, int | None, str]:
     if not workdir.exists():  # nanoGPT reads data/<dataset>/{train,val}.bin and meta.pkl relative to its cwd
         dataset = workdir / "data" / "pretrainer"
         dataset.mkdir(parents=True)
         for name in ("train.py", "model.py", "configurator.py"):
             shutil.copy(checkout / name, workdir / name)
         for split in ("train", "val"):
-            (dataset / f"{split}.bin").symlink_to((data.path / data.manifest["splits"][split]["file"]).resolve())
+            (dataset / f"{split}.bin").symlink_to(
+                (data.path / data.manifest["splits"][split]["file"]).resolve()
+            )
         with open(dataset / "meta.pkl", "wb") as f:
             pickle.dump({"vocab_size": cfg.model.vocab_size}, f)  # else nanoGPT pads the vocab to 50304
     log = workdir / "train.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "train.py", *nanogpt_overrides(cfg, device, warmup, steps)], cwd=workdir,
-                                stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})  # as many as ours
+        proc = subprocess.Popen(
+            [sys.executable, "train.py", *nanogpt_overrides(cfg, device, warmup, steps)],
+            cwd=workdir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())},
+        )  # as many as ours
         _, status, usage = os.wait4(proc.pid, 0)  # wait4: this child's own peak RSS
         proc.returncode = os.waitstatus_to_exitcode(status)
     text = log.read_text()
     if proc.returncode != 0:
         raise RuntimeError(f"nanoGPT exited with {proc.returncode}; its output ends with:\n{tail(log)}")
-    times_ms = {int(i): float(ms) for i, ms in re.findall(r"^iter (\d+): loss \S+, time ([\d.]+)ms", text, re.MULTILINE)}
+    times_ms = {
+        int(i): float(ms)
+        for i, ms in re.findall(r"^iter (\d+): loss \S+, time ([\d.]+)ms", text, re.MULTILINE)
+    }
     missing = [i for i in range(warmup, warmup + steps) if i not in times_ms]
     if missing:
-        raise RuntimeError(f"nanoGPT printed no 'iter N: ... time X ms' line for iterations {missing[:5]}; output:\n{tail(log)}")
+        raise RuntimeError(
+            f"nanoGPT printed no 'iter N: ... time X ms' line for iterations {missing[:5]}; "
+            f"output:\n{tail(log)}"
+        )
     seconds = sum(times_ms[i] for i in range(warmup, warmup + steps)) / 1000
-    memory = (usage.ru_maxrss * 1024, "RSS") if device.type == "cpu" else (None, "")  # its GPU memory is not visible here
+    memory = (
+        (usage.ru_maxrss * 1024, "RSS") if device.type == "cpu" else (None, "")
+    )  # its GPU memory is not visible here
     return steps * tokens_per_step(cfg, 1) / seconds, *memory
 
 
@@ -269,6 +371,7 @@ def tail(path: Path, lines: int = 15) -> str:
 
 
 # --- variants ---
+
 
 def parse_variant(name: str) -> tuple[list[str], SDPBackend | None]:
     """'compile+sdpa-math' -> (config overrides, attention backend or None)."""
@@ -279,19 +382,30 @@ def parse_variant(name: str) -> tuple[list[str], SDPBackend | None]:
         elif part in SDPA_VARIANTS:
             backend = SDPA_VARIANTS[part]
         else:
-            raise UserError(f"--variants: unknown variant '{part}'; use {', '.join([*CONFIG_VARIANTS, *SDPA_VARIANTS])}, "
-                            f"combined with '+'")
+            raise UserError(
+                f"--variants: unknown variant '{part}'; use {', '.join([*CONFIG_VARIANTS, *SDPA_VARIANTS])}, "
+                f"combined with '+'"
+            )
     return overrides, backend
 
 
 def backend_problem(backend: SDPBackend, cfg: Config, device: torch.device) -> str:
     """'' when this attention backend runs forward and backward for the model's heads on this device."""
     dtype = autocast_dtype(cfg.train.dtype, device) or torch.float32
-    q = torch.randn(1, cfg.model.n_head, cfg.model.seq_len, cfg.model.d_model // cfg.model.n_head, device=device,
-                    dtype=dtype, requires_grad=True)
+    q = torch.randn(
+        1,
+        cfg.model.n_head,
+        cfg.model.seq_len,
+        cfg.model.d_model // cfg.model.n_head,
+        device=device,
+        dtype=dtype,
+        requires_grad=True,
+    )
     try:
         with warnings.catch_warnings(), sdpa_kernel(backend):
-            warnings.simplefilter("ignore")  # torch explains each missing kernel in a warning; the error says enough
+            warnings.simplefilter(
+                "ignore"
+            )  # torch explains each missing kernel in a warning; the error says enough
             F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
     except RuntimeError as e:
         return f"{backend.name} not available on {device.type} for {dtype} ({str(e).splitlines()[0]})"
@@ -300,8 +414,17 @@ def backend_problem(backend: SDPBackend, cfg: Config, device: torch.device) -> s
 
 # --- the sweep ---
 
-def measure_row(args, base_overrides: list[str], variant: str, micro_batch: int, data: DataDir, tmp: Path,
-                warmup: int, steps: int) -> list[dict]:
+
+def measure_row(
+    args,
+    base_overrides: list[str],
+    variant: str,
+    micro_batch: int,
+    data: DataDir,
+    tmp: Path,
+    warmup: int,
+    steps: int,
+) -> list[dict]:
     """All loops on one (variant, micro-batch), alternating, args.repeats times -> one result per loop."""
     variant_overrides, backend = parse_variant(variant)
     overrides = [*base_overrides, *variant_overrides, f"--train.micro_batch={micro_batch}"]
@@ -311,11 +434,16 @@ def measure_row(args, base_overrides: list[str], variant: str, micro_batch: int,
         non_embedding = count_parameters(Transformer(cfg.model))["non_embedding"]
     model_flops = flops_per_token(cfg.model, non_embedding)["total"]
     peak_tflops = device_peak_tflops(cfg.budget.peak_tflops, device)
-    results = {loop: {"loop": loop, "variant": variant, "micro_batch": micro_batch, "runs": [], "note": ""} for loop in LOOPS}
+    results = {
+        loop: {"loop": loop, "variant": variant, "micro_batch": micro_batch, "runs": [], "note": ""}
+        for loop in LOOPS
+    }
     if not args.nanogpt:
         del results["nanoGPT"]
     elif cfg.train.activation_checkpointing or backend is not None:
-        results["nanoGPT"]["note"] = "no nanoGPT counterpart (activation checkpointing or a forced attention backend)"
+        results["nanoGPT"]["note"] = (
+            "no nanoGPT counterpart (activation checkpointing or a forced attention backend)"
+        )
     skipped = backend_problem(backend, cfg, device) if backend is not None else ""
     for result in results.values():
         result["note"] = result["note"] or skipped
@@ -330,26 +458,43 @@ def measure_row(args, base_overrides: list[str], variant: str, micro_batch: int,
                     if loop == "bare loop":
                         measured = bare_loop(cfg, data, device, memory, warmup, steps)
                     elif loop == "pretrainer":
-                        measured = pretrainer_loop(args, overrides, device, memory, warmup, steps, tmp / f"run-{row_id}-{repeat}")
+                        measured = pretrainer_loop(
+                            args, overrides, device, memory, warmup, steps, tmp / f"run-{row_id}-{repeat}"
+                        )
                     else:
-                        measured = nanogpt_loop(Path(args.nanogpt), cfg, data, device, warmup, steps, tmp / f"nanogpt-{row_id}")
+                        measured = nanogpt_loop(
+                            Path(args.nanogpt), cfg, data, device, warmup, steps, tmp / f"nanogpt-{row_id}"
+                        )
             except Exception as e:  # an OOM at one micro-batch should not lose the rest of the sweep
-                result["error"] = "out of memory" if isinstance(e, torch.cuda.OutOfMemoryError) else f"{type(e).__name__}: {e}"
-                print(f"{loop}, {variant}, micro-batch {micro_batch}: FAILED: {result['error']}", file=sys.stderr)
+                result["error"] = (
+                    "out of memory"
+                    if isinstance(e, torch.cuda.OutOfMemoryError)
+                    else f"{type(e).__name__}: {e}"
+                )
+                print(
+                    f"{loop}, {variant}, micro-batch {micro_batch}: FAILED: {result['error']}",
+                    file=sys.stderr,
+                )
                 result["note"] = "failed"
                 continue
             tokens_per_s, peak_bytes, memory_kind = measured
             result["runs"].append(tokens_per_s)
             result["peak_memory_bytes"] = max(result.get("peak_memory_bytes") or 0, peak_bytes or 0) or None
             result["memory_kind"] = memory_kind
-            print(f"  {loop}, {variant}, micro-batch {micro_batch}, repeat {repeat + 1}: {tokens_per_s:,.0f} tokens/s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {loop}, {variant}, micro-batch {micro_batch}, repeat {repeat + 1}: {tokens_per_s:,.0f} "
+                f"tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
     bare = statistics.median(results["bare loop"]["runs"]) if results["bare loop"]["runs"] else None
     for result in results.values():
         runs = result["runs"]
         result["tokens_per_s"] = statistics.median(runs) if runs else None
         result["spread"] = (max(runs) - min(runs)) / statistics.median(runs) if len(runs) > 1 else None
-        result["mfu"] = mfu(model_flops, result["tokens_per_s"], peak_tflops, 1) if runs and peak_tflops else None
+        result["mfu"] = (
+            mfu(model_flops, result["tokens_per_s"], peak_tflops, 1) if runs and peak_tflops else None
+        )
         result["vs_bare_loop"] = result["tokens_per_s"] / bare if runs and bare else None
     return list(results.values())
 
@@ -359,16 +504,31 @@ def format_table(rows: list[dict]) -> str:
         size = row.get("peak_memory_bytes")
         return f"{size / 2**30:.2f} GiB {row['memory_kind']}" if size else "n/a"
 
-    lines = ["| loop | variant | micro-batch | tokens/s | spread | MFU | peak memory | vs bare loop |",
-             "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    lines = [
+        "| loop | variant | micro-batch | tokens/s | spread | MFU | peak memory | vs bare loop |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
     for row in rows:
         measured = row["tokens_per_s"] is not None
-        lines.append(" | ".join([
-            f"| {row['loop']}", row["variant"], str(row["micro_batch"]),
-            f"{row['tokens_per_s']:,.0f}" if measured else "FAILED" if row.get("error") else "skipped",
-            f"{row['spread']:.1%}" if row["spread"] is not None else "-",
-            f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a", memory(row),
-            f"{row['vs_bare_loop']:.3f}" if row["vs_bare_loop"] is not None else "-"]) + " |")
+        lines.append(
+            " | ".join(
+                [
+                    f"| {row['loop']}",
+                    row["variant"],
+                    str(row["micro_batch"]),
+                    f"{row['tokens_per_s']:,.0f}"
+                    if measured
+                    else "FAILED"
+                    if row.get("error")
+                    else "skipped",
+                    f"{row['spread']:.1%}" if row["spread"] is not None else "-",
+                    f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a",
+                    memory(row),
+                    f"{row['vs_bare_loop']:.3f}" if row["vs_bare_loop"] is not None else "-",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -384,8 +544,10 @@ def summary(rows: list[dict]) -> list[str]:
         ratio = loops["pretrainer"]["vs_bare_loop"]
         if ratio is None:
             continue
-        line = (f"{variant}, micro-batch {micro_batch}: pretrainer / bare loop {ratio:.3f} "
-                f"({'meets' if ratio >= 0.97 else 'BELOW'} the 0.97 target)")
+        line = (
+            f"{variant}, micro-batch {micro_batch}: pretrainer / bare loop {ratio:.3f} "
+            f"({'meets' if ratio >= 0.97 else 'BELOW'} the 0.97 target)"
+        )
         nanogpt = loops.get("nanoGPT", {}).get("tokens_per_s")
         if nanogpt:
             line += f"; pretrainer / nanoGPT {ours / nanogpt:.3f}"
@@ -404,32 +566,53 @@ def main() -> int:
     parser.add_argument("config", nargs="?", help="TOML config (default: the built-in defaults)")
     parser.add_argument("--data", required=True, help="a directory written by `pretrainer prepare`")
     parser.add_argument("--steps", type=int, help="timed optimizer steps per run (default 50)")
-    parser.add_argument("--warmup", type=int, help="untimed steps first (default 10, rounded up to a multiple of log.every)")
-    parser.add_argument("--repeats", type=int, help="runs of each loop per row, alternating; the median is shown (default 3)")
-    parser.add_argument("--variants", help="comma-separated (default: config): " + ", ".join([*CONFIG_VARIANTS, *SDPA_VARIANTS]))
+    parser.add_argument(
+        "--warmup", type=int, help="untimed steps first (default 10, rounded up to a multiple of log.every)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, help="runs of each loop per row, alternating; the median is shown (default 3)"
+    )
+    parser.add_argument(
+        "--variants",
+        help="comma-separated (default: config): " + ", ".join([*CONFIG_VARIANTS, *SDPA_VARIANTS]),
+    )
     parser.add_argument("--micro-batches", help="comma-separated (default: the config's train.micro_batch)")
-    parser.add_argument("--nanogpt", help="a nanoGPT checkout (train.py, model.py, configurator.py) to run on the same shape")
-    parser.add_argument("--smoke", action="store_true", help="tiny model, few steps, every path once (for CI)")
+    parser.add_argument(
+        "--nanogpt", help="a nanoGPT checkout (train.py, model.py, configurator.py) to run on the same shape"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny model, few steps, every path once (for CI)"
+    )
     parser.add_argument("--out", help="also write the results as JSON here")
     args, overrides = parser.parse_known_args(join_dotted_overrides(sys.argv[1:]))
     for key, value in (SMOKE_SETTINGS if args.smoke else SETTINGS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.smoke:
-        torch.set_num_threads(1)  # a tiny model gains nothing from threads, and they spin badly on a busy CI machine
+        torch.set_num_threads(
+            1
+        )  # a tiny model gains nothing from threads, and they spin badly on a busy CI machine
         overrides = [*SMOKE_OVERRIDES, *overrides]
     overrides = [*overrides, f"--data.dir={args.data}"]
     try:
         base = load_config(args.config, overrides)
         data = open_data_dir(args.data)
-        micro_batches = [int(b) for b in args.micro_batches.split(",")] if args.micro_batches else [base.train.micro_batch]
+        micro_batches = (
+            [int(b) for b in args.micro_batches.split(",")]
+            if args.micro_batches
+            else [base.train.micro_batch]
+        )
         if 0 in micro_batches:
             raise UserError("train.micro_batch = auto is not measured; pass --micro-batches 8,16")
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]
         for variant in variants:
             parse_variant(variant)
         if args.nanogpt:
-            missing = [name for name in ("train.py", "model.py", "configurator.py") if not (Path(args.nanogpt) / name).is_file()]
+            missing = [
+                name
+                for name in ("train.py", "model.py", "configurator.py")
+                if not (Path(args.nanogpt) / name).is_file()
+            ]
             if missing:
                 raise UserError(f"--nanogpt {args.nanogpt}: not a nanoGPT checkout (no {', '.join(missing)})")
             problem = nanogpt_problem(resolve(base, 1, data), data)
@@ -438,18 +621,28 @@ def main() -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    warmup = math.ceil(max(args.warmup, 1) / base.log.every) * base.log.every  # the trainer's window starts on a logging step
+    warmup = (
+        math.ceil(max(args.warmup, 1) / base.log.every) * base.log.every
+    )  # the trainer's window starts on a logging step
     device = resolve_device(base.train.device)
-    print(f"{args.config or 'default config'} on {data.path}, {device} "
-          f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'}), "
-          f"torch {torch.__version__}: {warmup} warm-up + {args.steps} timed steps, {args.repeats} repeats, "
-          f"log.every {base.log.every}", flush=True)
+    hardware = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    )
+    print(
+        f"{args.config or 'default config'} on {data.path}, {device} "
+        f"({hardware}), "
+        f"torch {torch.__version__}: {warmup} warm-up + {args.steps} timed steps, {args.repeats} repeats, "
+        f"log.every {base.log.every}",
+        flush=True,
+    )
 
     started, rows = time.time(), []
     with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
         for variant in variants:
             for micro_batch in micro_batches:
-                rows += measure_row(args, overrides, variant, micro_batch, data, Path(tmp), warmup, args.steps)
+                rows += measure_row(
+                    args, overrides, variant, micro_batch, data, Path(tmp), warmup, args.steps
+                )
     print()
     print(format_table(rows))
     print()
@@ -457,10 +650,21 @@ def main() -> int:
     failed = [row for row in rows if row.get("error")]
     print(f"{len(rows)} rows in {time.time() - started:.1f}s" + (f"; {len(failed)} FAILED" if failed else ""))
     if args.out:
-        settings = {"config": args.config, "data": str(data.path), "overrides": overrides, "warmup": warmup, "steps": args.steps,
-                    "repeats": args.repeats, "device": str(device), "torch": torch.__version__, "nanogpt": args.nanogpt}
+        settings = {
+            "config": args.config,
+            "data": str(data.path),
+            "overrides": overrides,
+            "warmup": warmup,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "device": str(device),
+            "torch": torch.__version__,
+            "nanogpt": args.nanogpt,
+        }
         Path(args.out).write_text(json.dumps({"settings": settings, "rows": rows}, indent=1) + "\n")
-    smoke_broken = args.smoke and any(row["tokens_per_s"] is not None and not row["tokens_per_s"] > 0 for row in rows)
+    smoke_broken = args.smoke and any(
+        row["tokens_per_s"] is not None and not row["tokens_per_s"] > 0 for row in rows
+    )
     return 1 if failed or smoke_broken else 0
 
 

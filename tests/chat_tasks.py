@@ -27,7 +27,9 @@ def sum_items() -> list[tuple[str, str]]:
 
 def conversation(question: str, answer: str, system: str = "") -> dict:
     messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer},
+    ]
     return {"messages": messages}
 
 
@@ -36,7 +38,9 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def split_reversal(n_held_out: int = 100, seed: int = 0) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def split_reversal(
+    n_held_out: int = 100, seed: int = 0
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(train items, held-out items): the held-out strings never appear in the training conversations."""
     items = reversal_items(seed)
     return items[n_held_out:], items[:n_held_out]
@@ -49,6 +53,12 @@ if __name__ == "__main__":  # python tests/chat_tasks.py DIR: the README's SFT e
     out.mkdir(parents=True, exist_ok=True)
     train_items, held_out = split_reversal()
     write_jsonl(out / "text.jsonl", [{"text": f"{q} {a}"} for q, a in train_items[:1500]])
-    write_jsonl(out / "chat.jsonl", [conversation(q, a) for q, a in train_items] + [conversation(q, a) for q, a in sum_items()])
+    write_jsonl(
+        out / "chat.jsonl",
+        [conversation(q, a) for q, a in train_items] + [conversation(q, a) for q, a in sum_items()],
+    )
     write_jsonl(out / "held-out.jsonl", [conversation(q, a) for q, a in held_out])
-    print(f"wrote {out}/text.jsonl (base model text), chat.jsonl ({len(train_items) + 100} conversations), held-out.jsonl")
+    print(
+        f"wrote {out}/text.jsonl (base model text), chat.jsonl ({len(train_items) + 100} conversations), "
+        f"held-out.jsonl"
+    )

@@ -54,9 +54,21 @@ def stdlib_data(tmp_path_factory) -> Path:
 def tiny_overrides(data_dir: Path, run_dir: Path, **extra) -> list[str]:
     """A ~100K-parameter model that trains a step in a few milliseconds."""
     settings = {
-        "data.dir": data_dir, "run.dir": run_dir, "model.d_model": 64, "model.n_layer": 2, "model.n_head": 4,
-        "model.n_kv_head": 2, "model.seq_len": 64, "train.micro_batch": 8, "train.max_steps": 40,
-        "optim.lr": 3e-3, "optim.warmup_steps": 5, "eval.every": 20, "eval.batches": 4, "ckpt.every": 10, "log.every": 1,
+        "data.dir": data_dir,
+        "run.dir": run_dir,
+        "model.d_model": 64,
+        "model.n_layer": 2,
+        "model.n_head": 4,
+        "model.n_kv_head": 2,
+        "model.seq_len": 64,
+        "train.micro_batch": 8,
+        "train.max_steps": 40,
+        "optim.lr": 3e-3,
+        "optim.warmup_steps": 5,
+        "eval.every": 20,
+        "eval.batches": 4,
+        "ckpt.every": 10,
+        "log.every": 1,
         "mlflow.enabled": False,
     }
     settings.update(extra)
@@ -80,10 +92,18 @@ def run_cli(capsys):
     return run
 
 
-def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_subprocess(
+    *args: str, env: dict | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pretrainer", *map(str, args)], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pretrainer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 @pytest.fixture(autouse=True)

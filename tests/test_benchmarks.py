@@ -1,4 +1,5 @@
-"""The throughput and prepare-speed benchmarks run end to end in --smoke mode (the numbers are not checked)."""
+"""The throughput and prepare-speed benchmarks run end to end in --smoke mode (the numbers are not
+checked)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ for i in range(int(settings["max_iters"]) + 1):
 
 
 def run_script(name: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCHMARKS / name), *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_throughput_smoke(stdlib_data, tmp_path):
@@ -34,15 +37,26 @@ def test_throughput_smoke(stdlib_data, tmp_path):
     (tmp_path / "train.py").write_text(FAKE_NANOGPT_TRAIN)
     (tmp_path / "model.py").write_text("")
     (tmp_path / "configurator.py").write_text("")
-    result = run_script("throughput.py", "--smoke", "--data", stdlib_data, "--model.arch=gpt2", "--nanogpt", tmp_path,
-                        "--out", tmp_path / "results.json")
+    result = run_script(
+        "throughput.py",
+        "--smoke",
+        "--data",
+        stdlib_data,
+        "--model.arch=gpt2",
+        "--nanogpt",
+        tmp_path,
+        "--out",
+        tmp_path / "results.json",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     for variant in ("config", "ac+sdpa-math"):
         for loop in ("bare loop", "pretrainer"):
             for micro_batch in (2, 4):
                 assert f"| {loop} | {variant} | {micro_batch} |" in result.stdout
     assert "| nanoGPT | config | 2 | 6,400 |" in result.stdout  # 2 sequences x 32 tokens per 10 ms
-    assert "| nanoGPT | ac+sdpa-math | 2 | skipped |" in result.stdout  # nanoGPT has no activation checkpointing
+    assert (
+        "| nanoGPT | ac+sdpa-math | 2 | skipped |" in result.stdout
+    )  # nanoGPT has no activation checkpointing
     assert "pretrainer / bare loop" in result.stdout and "pretrainer / nanoGPT" in result.stdout
     if "cuda" not in result.stdout:
         assert "| bare loop | sdpa-efficient | 2 | skipped |" in result.stdout  # no such kernel on CPU
@@ -73,8 +87,12 @@ def test_gpu_checklist_says_it_needs_a_gpu_on_cpu():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: run the checklist itself")
-    result = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_checklist.py"), "--data", "unused"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu_checklist.py"), "--data", "unused"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "no CUDA device" in result.stdout
 
 
@@ -98,19 +116,52 @@ def test_task_accuracy_agrees_with_lm_evaluation_harness(stdlib_data, tmp_path):
 
     lm_eval = os.environ.get("LM_EVAL") or shutil.which("lm_eval")
     if not lm_eval:
-        pytest.skip("lm-eval is not installed (pip install 'lm-eval[hf]' anywhere, then LM_EVAL=/path/to/lm_eval)")
+        pytest.skip(
+            "lm-eval is not installed (pip install 'lm-eval[hf]' anywhere, then LM_EVAL=/path/to/lm_eval)"
+        )
     tokenizer = open_data_dir(stdlib_data).tokenizer
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, seq_len=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2))
+    model = Transformer(
+        ModelConfig(vocab_size=tokenizer.vocab_size, seq_len=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2)
+    )
     export_hf(model.cfg, model_weights(model), tokenizer, tmp_path / "hf")
     rng = random.Random(0)
-    words = ["return", "self", "value", "import", "None", "list", "dict", "error", "print", "class", "yield", "lambda"]
-    items = [{"type": "mc", "context": f"def f{i}(x):\n    " + " ".join(rng.choices(words, k=rng.randrange(2, 8))),
-              "choices": [" " + " ".join(rng.choices(words, k=rng.randrange(1, 4))) for _ in range(4)], "gold": rng.randrange(4)}
-             for i in range(200)]
+    words = [
+        "return",
+        "self",
+        "value",
+        "import",
+        "None",
+        "list",
+        "dict",
+        "error",
+        "print",
+        "class",
+        "yield",
+        "lambda",
+    ]
+    items = [
+        {
+            "type": "mc",
+            "context": f"def f{i}(x):\n    " + " ".join(rng.choices(words, k=rng.randrange(2, 8))),
+            "choices": [" " + " ".join(rng.choices(words, k=rng.randrange(1, 4))) for _ in range(4)],
+            "gold": rng.randrange(4),
+        }
+        for i in range(200)
+    ]
     (tmp_path / "toy.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
-    done = run_script("lm_eval_agreement.py", tmp_path / "hf", "--task", tmp_path / "toy.jsonl", "--limit", "0",
-                      "--data-dir", stdlib_data, "--lm-eval", lm_eval)
+    done = run_script(
+        "lm_eval_agreement.py",
+        tmp_path / "hf",
+        "--task",
+        tmp_path / "toy.jsonl",
+        "--limit",
+        "0",
+        "--data-dir",
+        stdlib_data,
+        "--lm-eval",
+        lm_eval,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     diffs = [float(x) for x in re.findall(r"^acc(?:_norm)?\s+\S+\s+\S+\s+([+-][\d.]+)$", done.stdout, re.M)]
     assert len(diffs) == 2 and all(abs(d) <= 0.5 for d in diffs), done.stdout

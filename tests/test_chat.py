@@ -32,13 +32,32 @@ from pretrainer.model import Transformer
 from pretrainer.model.loss import IGNORE_INDEX
 from pretrainer.train.loop import train
 
-SMALL = {"model.d_model": 64, "model.n_layer": 2, "model.n_head": 4, "model.n_kv_head": 2, "model.seq_len": 64}
+SMALL = {
+    "model.d_model": 64,
+    "model.n_layer": 2,
+    "model.n_head": 4,
+    "model.n_kv_head": 2,
+    "model.seq_len": 64,
+}
 
 
-def prepare_chat(path: Path, out: Path, tokenizer_from: Path | str = "", tokenizer: str = "gpt2", on_bad: str = "error",
-                 val_fraction: float = 0.05) -> Path:
-    prepare(Corpus([str(path)], column="messages", on_bad=on_bad), tokenizer, out, val_fraction=val_fraction, workers=1,
-            fmt="chat", tokenizer_from=str(tokenizer_from))
+def prepare_chat(
+    path: Path,
+    out: Path,
+    tokenizer_from: Path | str = "",
+    tokenizer: str = "gpt2",
+    on_bad: str = "error",
+    val_fraction: float = 0.05,
+) -> Path:
+    prepare(
+        Corpus([str(path)], column="messages", on_bad=on_bad),
+        tokenizer,
+        out,
+        val_fraction=val_fraction,
+        workers=1,
+        fmt="chat",
+        tokenizer_from=str(tokenizer_from),
+    )
     return out
 
 
@@ -46,8 +65,10 @@ def prepare_chat(path: Path, out: Path, tokenizer_from: Path | str = "", tokeniz
 def text_data(tmp_path_factory) -> Path:
     """Plain documents with a small trained BPE: the base model's data."""
     root = tmp_path_factory.mktemp("text")
-    corpus = write_jsonl(root / "docs.jsonl", [{"text": d} for d in DOCS] + [
-        {"text": f"{q} {a}"} for q, a in split_reversal()[0][:1500]])
+    corpus = write_jsonl(
+        root / "docs.jsonl",
+        [{"text": d} for d in DOCS] + [{"text": f"{q} {a}"} for q, a in split_reversal()[0][:1500]],
+    )
     out = root / "data"
     prepare(Corpus([str(corpus)]), "bpe:300", out, val_fraction=0.05, workers=1)
     return out
@@ -58,26 +79,37 @@ def chat_data(tmp_path_factory, text_data) -> Path:
     """Reversal and sum conversations, some with a system message, tokenized by the base data's tokenizer."""
     root = tmp_path_factory.mktemp("chat")
     train_items, _ = split_reversal()
-    records = [conversation(q, a, system="You reverse strings." if i % 5 == 0 else "") for i, (q, a) in enumerate(train_items)]
+    records = [
+        conversation(q, a, system="You reverse strings." if i % 5 == 0 else "")
+        for i, (q, a) in enumerate(train_items)
+    ]
     records += [conversation(q, a) for q, a in sum_items()]
     return prepare_chat(write_jsonl(root / "chat.jsonl", records), root / "data", tokenizer_from=text_data)
 
 
 # --- the format ---
 
+
 def test_template_mask_and_special_tokens(chat_data, text_data):
     data, base = open_data_dir(chat_data), open_data_dir(text_data)
     tok = data.tokenizer
     assert data.is_chat and tok.extends(base.tokenizer) and not base.tokenizer.extends(tok)
-    assert [tok.special_tokens[name] for name in CHAT_TOKENS] == list(range(base.vocab_size, base.vocab_size + len(CHAT_TOKENS)))
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi <|user_start|>"},
-                {"role": "assistant", "content": "hello"}]
+    assert [tok.special_tokens[name] for name in CHAT_TOKENS] == list(
+        range(base.vocab_size, base.vocab_size + len(CHAT_TOKENS))
+    )
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi <|user_start|>"},
+        {"role": "assistant", "content": "hello"},
+    ]
     ids, mask = render(messages, tok)
     hello = tok.encode("hello")
     start = ids.index(tok.special_tokens[ASSISTANT_START]) + 1
     assert ids[0] == tok.special_tokens[BOS] and ids[-1] == tok.eot_id
-    assert ids[start:start + len(hello) + 1] == hello + [tok.special_tokens[ASSISTANT_END]]
-    assert [i for i, m in enumerate(mask) if m] == list(range(start, start + len(hello) + 1))  # the answer and its end only
+    assert ids[start : start + len(hello) + 1] == hello + [tok.special_tokens[ASSISTANT_END]]
+    assert [i for i, m in enumerate(mask) if m] == list(
+        range(start, start + len(hello) + 1)
+    )  # the answer and its end only
     assert ids.count(tok.special_tokens[USER_START]) == 1  # typed special-token text stays text
     info = data.manifest["splits"]["train"]
     masks = np.fromfile(chat_data / info["mask_file"], dtype=np.uint8)
@@ -85,22 +117,35 @@ def test_template_mask_and_special_tokens(chat_data, text_data):
     assert "template" in data.manifest["chat"] and data.manifest["tokenizer"]["from"] == str(text_data)
 
 
-@pytest.mark.parametrize("messages, problem", [
-    ([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}], "unknown role 'tool'"),
-    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "  "}], "empty content"),
-    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "where 'assistant' was expected"),
-    ([{"role": "user", "content": "a"}], "does not end with an assistant"),
-    ([{"role": "assistant", "content": "a"}], "where 'user' was expected"),
-])
+@pytest.mark.parametrize(
+    "messages, problem",
+    [
+        ([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}], "unknown role 'tool'"),
+        ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "  "}], "empty content"),
+        (
+            [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+            "where 'assistant' was expected",
+        ),
+        ([{"role": "user", "content": "a"}], "does not end with an assistant"),
+        ([{"role": "assistant", "content": "a"}], "where 'user' was expected"),
+    ],
+)
 def test_malformed_conversations_name_file_and_line_or_are_skipped(tmp_path, messages, problem):
     good = conversation("hi", "hello")
     path = write_jsonl(tmp_path / "c.jsonl", [good, {"messages": messages}, good])
     with pytest.raises(UserError, match=rf"c.jsonl:2: malformed conversation: .*{problem}"):
         prepare_chat(path, tmp_path / "out", val_fraction=0.3)
     assert not (tmp_path / "out").exists()  # nothing half-written
-    path = write_jsonl(tmp_path / "c.jsonl", [conversation(f"hi {i}", "hello") for i in range(20)] + [{"messages": messages}])
-    manifest = json.loads((prepare_chat(path, tmp_path / "out", on_bad="skip", val_fraction=0.3) / "manifest.json").read_text())
-    assert manifest["chat"]["bad_conversations"] == 1 and sum(s["documents"] for s in manifest["splits"].values()) == 20
+    path = write_jsonl(
+        tmp_path / "c.jsonl", [conversation(f"hi {i}", "hello") for i in range(20)] + [{"messages": messages}]
+    )
+    manifest = json.loads(
+        (prepare_chat(path, tmp_path / "out", on_bad="skip", val_fraction=0.3) / "manifest.json").read_text()
+    )
+    assert (
+        manifest["chat"]["bad_conversations"] == 1
+        and sum(s["documents"] for s in manifest["splits"].values()) == 20
+    )
 
 
 def test_parquet_messages_column(tmp_path):
@@ -115,10 +160,20 @@ def test_parquet_messages_column(tmp_path):
 
 # --- masked loss ---
 
+
 def tiny_model(arch: str = "llama", vocab: int = 97, seq_len: int = 64) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(ModelConfig(arch=arch, vocab_size=vocab, seq_len=seq_len, d_model=32, n_layer=2, n_head=4,
-                                   n_kv_head=2 if arch == "llama" else 0))
+    return Transformer(
+        ModelConfig(
+            arch=arch,
+            vocab_size=vocab,
+            seq_len=seq_len,
+            d_model=32,
+            n_layer=2,
+            n_head=4,
+            n_kv_head=2 if arch == "llama" else 0,
+        )
+    )
 
 
 def test_masked_targets_send_exactly_zero_gradient():
@@ -145,6 +200,7 @@ def test_masked_targets_send_exactly_zero_gradient():
 
 # --- packing ---
 
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_document_packing_equals_each_document_alone(arch):
     model = tiny_model(arch).eval()
@@ -159,9 +215,13 @@ def test_document_packing_equals_each_document_alone(arch):
     for doc in docs:
         doc_losses, _ = model(doc[None, :-1], doc[None, 1:], per_token=True)
         alone.append(doc_losses[0])
-    expected = torch.cat([torch.cat([a, torch.zeros(1)]) for a in alone])[:x.size(1)]  # each separator's target: ignored
+    expected = torch.cat([torch.cat([a, torch.zeros(1)]) for a in alone])[
+        : x.size(1)
+    ]  # each separator's target: ignored
     assert (losses[0] - expected).abs().max().item() < 1e-5
-    plain, _ = model(x, y, per_token=True)  # without document masking the later documents see the earlier ones
+    plain, _ = model(
+        x, y, per_token=True
+    )  # without document masking the later documents see the earlier ones
     assert (plain[0] - expected).abs().max().item() > 1e-3
 
 
@@ -178,8 +238,12 @@ def test_pad_packing_one_document_per_row_and_reports_padding():
 
 # --- mixtures ---
 
+
 def test_mixture_shares_within_two_percent_and_resume_continues_the_stream():
-    a, b = (TokenSource(np.arange(n * 8 + 1, dtype=np.uint16) % 1000, 8, name=name) for n, name in ((300, "a"), (500, "b")))
+    a, b = (
+        TokenSource(np.arange(n * 8 + 1, dtype=np.uint16) % 1000, 8, name=name)
+        for n, name in ((300, "a"), (500, "b"))
+    )
     loader = SequenceLoader([a, b], 8, micro_batch=4, grad_accum=5, seed=3, weights=[0.7, 0.3])
     for _ in range(50):  # 1,000 sequences
         loader.next_step()
@@ -195,15 +259,25 @@ def test_mixture_shares_within_two_percent_and_resume_continues_the_stream():
     resumed = SequenceLoader([a, b], 8, micro_batch=4, grad_accum=5, seed=3, weights=[0.7, 0.3])
     resumed.load_state_dict(stopped.state_dict())
     for _ in range(40):  # past the end of source a's first epoch
-        assert [t.tolist() for xy in straight.next_step() for t in xy] == [t.tolist() for xy in resumed.next_step() for t in xy]
+        assert [t.tolist() for xy in straight.next_step() for t in xy] == [
+            t.tolist() for xy in resumed.next_step() for t in xy
+        ]
     with pytest.raises(UserError, match="same data dir"):
         SequenceLoader([a, b], 8, 4, 5, seed=3, weights=[0.5, 0.5]).load_state_dict(stopped.state_dict())
 
 
 def test_mixture_config_from_toml_and_command_line(tmp_path):
-    (tmp_path / "c.toml").write_text('[data]\nmixture = [{dir = "a", weight = 0.7}, {dir = "b", weight = 0.3}]\n')
-    assert load_config(tmp_path / "c.toml").data.mixture == [{"dir": "a", "weight": 0.7}, {"dir": "b", "weight": 0.3}]
-    assert load_config(None, ["--data.mixture=x:1,y:3"]).data.mixture == [{"dir": "x", "weight": 1.0}, {"dir": "y", "weight": 3.0}]
+    (tmp_path / "c.toml").write_text(
+        '[data]\nmixture = [{dir = "a", weight = 0.7}, {dir = "b", weight = 0.3}]\n'
+    )
+    assert load_config(tmp_path / "c.toml").data.mixture == [
+        {"dir": "a", "weight": 0.7},
+        {"dir": "b", "weight": 0.3},
+    ]
+    assert load_config(None, ["--data.mixture=x:1,y:3"]).data.mixture == [
+        {"dir": "x", "weight": 1.0},
+        {"dir": "y", "weight": 3.0},
+    ]
     with pytest.raises(UserError, match="DIR:WEIGHT"):
         load_config(None, ["--data.mixture=x:0,y:1"])
     with pytest.raises(UserError, match="not both"):
@@ -212,14 +286,23 @@ def test_mixture_config_from_toml_and_command_line(tmp_path):
 
 # --- the whole step's masked mean, across micro-batches and ranks ---
 
+
 def test_masked_mean_over_a_step_is_over_all_counted_targets_and_two_ranks_match(chat_data, tmp_path):
     from test_distributed import torchrun
 
-    steps = {"train.max_steps": 3, "train.micro_batch": 4, "log.every": 1, "eval.every": 0, "ckpt.every": 0, **SMALL}
+    steps = {
+        "train.max_steps": 3,
+        "train.micro_batch": 4,
+        "log.every": 1,
+        "eval.every": 0,
+        "ckpt.every": 0,
+        **SMALL,
+    }
     single = tmp_path / "single"
     cfg = tiny_config(chat_data, single, **steps, **{"train.grad_accum": 2})
     train(cfg)
-    # by hand: the initial model on the first step's 8 windows (2 micro-batches of uneven assistant-token counts)
+    # by hand: the initial model on the first step's 8 windows (2 micro-batches of uneven assistant-token
+    # counts)
     from pretrainer.artifacts.runs import build_model
     from pretrainer.config.resolve import resolve
 
@@ -235,20 +318,35 @@ def test_masked_mean_over_a_step_is_over_all_counted_targets_and_two_ranks_match
         losses, _ = model(x, y, per_token=True, doc_separator=data.eot_id)
         total, count = total + losses.sum().item(), count + int((y != IGNORE_INDEX).sum())
     local_counts, step_count = loader.last_step_counts
-    assert len(set(local_counts)) == 2 and step_count == count  # uneven micro-batches; the loader counts what the loss counts
+    assert (
+        len(set(local_counts)) == 2 and step_count == count
+    )  # uneven micro-batches; the loader counts what the loss counts
     logged = {r["step"]: r for r in read_metrics(single / "metrics.jsonl") if "loss" in r}
     assert logged[1]["loss"] == pytest.approx(total / count, rel=1e-5)
     assert logged[1]["trained_tokens"] == count < logged[1]["tokens"]
     # 2 gloo ranks x 1 micro-batch read what 1 process x 2 micro-batches reads: the same losses and weights
     two = tmp_path / "two"
-    torchrun(2, *[f"--{k}={v}" for k, v in {"data.dir": chat_data, "run.dir": two, "mlflow.enabled": False,
-                                            "optim.lr": 3e-3, "optim.warmup_steps": 5, **steps}.items()])
+    torchrun(
+        2,
+        *[
+            f"--{k}={v}"
+            for k, v in {
+                "data.dir": chat_data,
+                "run.dir": two,
+                "mlflow.enabled": False,
+                "optim.lr": 3e-3,
+                "optim.warmup_steps": 5,
+                **steps,
+            }.items()
+        ],
+    )
     for step, record in {r["step"]: r for r in read_metrics(two / "metrics.jsonl") if "loss" in r}.items():
         assert record["loss"] == pytest.approx(logged[step]["loss"], abs=1e-5)
         assert record["trained_tokens"] == logged[step]["trained_tokens"]
 
 
 # --- pretrain -> SFT -> chat ---
+
 
 def held_out_accuracy(model, tokenizer) -> float:
     from pretrainer.cli.chat import ChatSession
@@ -274,14 +372,29 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(text_dat
     chat_tokenizer = open_data_dir(chat_data).tokenizer
     # the base model, its vocabulary grown by the chat tokens, as SFT starts it: no skill yet
     base_run = open_run(base)
-    start_cfg = load_config(None, [f"--model.{k.split('.')[1]}={v}" for k, v in SMALL.items()]
-                            + [f"--model.vocab_size={chat_tokenizer.vocab_size}"]).model
+    start_cfg = load_config(
+        None,
+        [f"--model.{k.split('.')[1]}={v}" for k, v in SMALL.items()]
+        + [f"--model.vocab_size={chat_tokenizer.vocab_size}"],
+    ).model
     start = Transformer(start_cfg)
     start.load_state_dict(grow_vocabulary(base_run.load_weights(), chat_tokenizer.vocab_size), strict=False)
     assert held_out_accuracy(start, chat_tokenizer) <= 0.05
 
-    train(tiny_config(chat_data, sft, **quiet, **{"init.from": base, "train.max_steps": 800, "train.micro_batch": 32,
-                                                   "optim.lr": 4e-3, "optim.warmup_steps": 20}))
+    train(
+        tiny_config(
+            chat_data,
+            sft,
+            **quiet,
+            **{
+                "init.from": base,
+                "train.max_steps": 800,
+                "train.micro_batch": 32,
+                "optim.lr": 4e-3,
+                "optim.warmup_steps": 20,
+            },
+        )
+    )
     run = open_run(sft)
     assert run.cfg.model.vocab_size == chat_tokenizer.vocab_size > base_run.cfg.model.vocab_size
     assert held_out_accuracy(build_model(run.cfg, run.load_weights), run.tokenizer()) >= 0.8
@@ -289,21 +402,39 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(text_dat
     parent = run.state["parent"]
     base_checkpoint = latest_checkpoint(base)
     assert parent["checkpoint"] == str(base_checkpoint) and parent["step"] == 60
-    assert parent["model_sha256"] == json.loads((base_checkpoint / "COMPLETE").read_text())["files"]["model.safetensors"]["sha256"]
+    assert (
+        parent["model_sha256"]
+        == json.loads((base_checkpoint / "COMPLETE").read_text())["files"]["model.safetensors"]["sha256"]
+    )
     assert 0 < run.state["trained_tokens"] < run.state["tokens"]
     # base rows of the embedding moved on from the base model's; the rows the chat tokens added exist
     assert load_file(run.checkpoint / "model.safetensors")["wte.weight"].shape[0] == chat_tokenizer.vocab_size
 
-    result = subprocess.run([sys.executable, "-m", "pretrainer", "chat", str(sft), "--max-new-tokens", "20"],
-                            input="What is 2+3?\n", capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "pretrainer", "chat", str(sft), "--max-new-tokens", "20"],
+        input="What is 2+3?\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(result.stdout.strip().splitlines()) == 1 and result.stdout.strip()
 
 
-def test_a_mixture_of_text_and_chat_resumes_the_identical_stream_and_logs_shares(text_data, chat_data, tmp_path):
+def test_a_mixture_of_text_and_chat_resumes_the_identical_stream_and_logs_shares(
+    text_data, chat_data, tmp_path
+):
     mixture = f"{text_data}:0.7,{chat_data}:0.3"
-    steps = {"data.dir": "", "data.mixture": mixture, "train.max_steps": 12, "log.every": 1, "eval.every": 0,
-             "ckpt.every": 0, "log.sequences": True, **SMALL}
+    steps = {
+        "data.dir": "",
+        "data.mixture": mixture,
+        "train.max_steps": 12,
+        "log.every": 1,
+        "eval.every": 0,
+        "ckpt.every": 0,
+        "log.sequences": True,
+        **SMALL,
+    }
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     train(tiny_config(text_data, straight, **steps))
     train(tiny_config(text_data, stopped, **steps, **{"train.stop_at_step": 5}))
@@ -311,8 +442,12 @@ def test_a_mixture_of_text_and_chat_resumes_the_identical_stream_and_logs_shares
     a, b = (read_metrics(run / "metrics.jsonl") for run in (straight, stopped))
     losses = lambda records: {r["step"]: r["loss"] for r in records if "loss" in r}  # noqa: E731
     assert losses(a) == losses(b) and len(losses(a)) == 12
-    reads = lambda run: [json.loads(line)["ids"] for line in (run / "sequences-rank0.jsonl").read_text().splitlines()]  # noqa: E731
+    reads = lambda run: [
+        json.loads(line)["ids"] for line in (run / "sequences-rank0.jsonl").read_text().splitlines()
+    ]  # noqa: E731
     assert reads(straight) == reads(stopped)
     last = [r for r in a if "loss" in r][-1]
-    assert abs(last[f"mix_share/{text_data.parent.name}/{text_data.name}"] - 0.7) < 0.05  # 96 sequences; the 1,000-sequence bound is above
+    assert (
+        abs(last[f"mix_share/{text_data.parent.name}/{text_data.name}"] - 0.7) < 0.05
+    )  # 96 sequences; the 1,000-sequence bound is above
     assert last["trained_tokens"] < last["tokens"]

@@ -27,20 +27,37 @@ def stopped_run(tmp_path_factory, stdlib_data):
     cwd, data_files = os.getcwd(), sorted(os.listdir(stdlib_data))
     os.chdir(base)
     try:
-        overrides = tiny_overrides(Path("data"), Path("runs/tiny"), **{
-            "train.max_steps": 6, "train.stop_at_step": 3, "ckpt.every": 3, "eval.every": 3, "optim.warmup_steps": 50,
-            "log.every": 2, "model.d_model": 32, "model.n_head": 2, "model.n_kv_head": 1})
+        overrides = tiny_overrides(
+            Path("data"),
+            Path("runs/tiny"),
+            **{
+                "train.max_steps": 6,
+                "train.stop_at_step": 3,
+                "ckpt.every": 3,
+                "eval.every": 3,
+                "optim.warmup_steps": 50,
+                "log.every": 2,
+                "model.d_model": 32,
+                "model.n_head": 2,
+                "model.n_kv_head": 1,
+            },
+        )
         assert main(["train", *overrides]) == 0
     finally:
         os.chdir(cwd)
-    assert sorted(os.listdir(stdlib_data)) == data_files  # problem 6: no cache written into the input data dir
+    assert (
+        sorted(os.listdir(stdlib_data)) == data_files
+    )  # problem 6: no cache written into the input data dir
     return base / "runs" / "tiny"
 
 
 def test_a_run_dir_is_enough_to_resume_from_anywhere(stopped_run, tmp_path, monkeypatch, run_cli):
-    """Problem 1: `train --run.dir=R` resumes with R's saved config, no override retyped, from another directory."""
+    """Problem 1: `train --run.dir=R` resumes with R's saved config, no override retyped, from another
+    directory."""
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli("train", f"--run.dir={stopped_run}")  # the first launch's stop_at_step = 3 is not the run's
+    code, out, err = run_cli(
+        "train", f"--run.dir={stopped_run}"
+    )  # the first launch's stop_at_step = 3 is not the run's
     assert code == 0 and "resuming from" in out and "finished at step 6" in out
     assert "warning: optim.warmup_steps = 50 > train.max_steps = 6: the LR never reaches" in out  # problem 3
     saved = load_config(stopped_run / "config.toml")
@@ -51,29 +68,43 @@ def test_a_run_dir_is_enough_to_resume_from_anywhere(stopped_run, tmp_path, monk
     assert f"pretrainer sample {stopped_run}" in out and f"pretrainer export {stopped_run} --format hf" in out
 
 
-def test_resume_reports_only_real_changes_and_refuses_a_new_model_with_the_old_values(stopped_run, run_cli, stdlib_data):
+def test_resume_reports_only_real_changes_and_refuses_a_new_model_with_the_old_values(
+    stopped_run, run_cli, stdlib_data
+):
     code, out, _ = run_cli("train", f"--run.dir={stopped_run}", "--optim.lr=0.001")
     assert code == 0 and "changed config keys: optim.lr: 0.003 -> 0.001" in out
-    assert "data.dir" not in out.split("changed config keys")[1].splitlines()[0]  # relative then, absolute now: the same dir
-    overrides = tiny_overrides(stdlib_data, stopped_run, **{"train.max_steps": 6, "model.n_head": 2, "model.n_kv_head": 1})
+    assert (
+        "data.dir" not in out.split("changed config keys")[1].splitlines()[0]
+    )  # relative then, absolute now: the same dir
+    overrides = tiny_overrides(
+        stdlib_data, stopped_run, **{"train.max_steps": 6, "model.n_head": 2, "model.n_kv_head": 1}
+    )
     code, _, err = run_cli("train", *overrides)  # model.d_model = 64 now: the checkpoint has 32
     assert code == 2 and "was trained with model.d_model = 32 (this launch: 64)" in err
     assert f"pretrainer train --run.dir={stopped_run}" in err and "use a new run.dir" in err
 
 
-def test_eval_sample_export_postmortem_take_the_run_dir_alone(stopped_run, tmp_path, monkeypatch, run_cli, stdlib_data):
+def test_eval_sample_export_postmortem_take_the_run_dir_alone(
+    stopped_run, tmp_path, monkeypatch, run_cli, stdlib_data
+):
     monkeypatch.chdir(tmp_path)
     checkpoint = sorted((stopped_run / "checkpoints").iterdir())[-1]
-    for target in ([str(stopped_run)], [str(checkpoint), "--eval.batches=2"], [f"--run.dir={stopped_run}"],
-                   [str(stopped_run / "config.toml")]):  # the saved config works from any directory
+    for target in (
+        [str(stopped_run)],
+        [str(checkpoint), "--eval.batches=2"],
+        [f"--run.dir={stopped_run}"],
+        [str(stopped_run / "config.toml")],
+    ):  # the saved config works from any directory
         code, out, err = run_cli("eval", *target)
         assert code == 0 and "val loss" in out, err
     code, out, _ = run_cli("sample", stopped_run, "--max-new-tokens", "5")
     assert code == 0 and "--- sample 1 ---" in out
     code, out, _ = run_cli("postmortem", checkpoint)
     assert code == 0 and "No spike could be detected" in out and "No spikes were" not in out
-    assert "No spike could be detected: the detector starts after spike.min_values = 64" in (
-        stopped_run / "spike-postmortem.md").read_text()  # problem 3: not "no spikes" from a detector that never ran
+    assert (
+        "No spike could be detected: the detector starts after spike.min_values = 64"
+        in (stopped_run / "spike-postmortem.md").read_text()
+    )  # problem 3: not "no spikes" from a detector that never ran
 
     # export: RUN/report and RUN/hf by default, an existing output only with --force
     code, out, _ = run_cli("export", stopped_run)
@@ -93,48 +124,98 @@ def test_eval_sample_export_postmortem_take_the_run_dir_alone(stopped_run, tmp_p
 
 def test_warnings_for_likely_mistakes(stdlib_data, tmp_path):
     """Problem 3: one line each, before the run starts (train) or in the plan."""
-    cfg = load_config(None, tiny_overrides(stdlib_data, tmp_path, **{
-        "train.max_steps": 20, "optim.warmup_steps": 50, "eval.every": 100, "ckpt.every": 100, "eval.batches": 10_000}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            stdlib_data,
+            tmp_path,
+            **{
+                "train.max_steps": 20,
+                "optim.warmup_steps": 50,
+                "eval.every": 100,
+                "ckpt.every": 100,
+                "eval.batches": 10_000,
+            },
+        ),
+    )
     said = config_warnings(cfg)
     assert len(said) == 4 and all("\n" not in line for line in said)
-    assert "never reaches optim.lr" in said[0] and "eval.every = 100" in said[1] and "ckpt.every = 100" in said[2]
+    assert (
+        "never reaches optim.lr" in said[0]
+        and "eval.every = 100" in said[1]
+        and "ckpt.every = 100" in said[2]
+    )
     assert "spike.min_values = 64" in said[3]
     assert config_warnings(load_config(None, ["--train.max_steps=1000"])) == []
-    assert "only at the last step" in config_warnings(load_config(None, ["--train.max_steps=100", "--optim.warmup_steps=100"]))[0]
+    assert (
+        "only at the last step"
+        in config_warnings(load_config(None, ["--train.max_steps=100", "--optim.warmup_steps=100"]))[0]
+    )
     data = open_data_dir(stdlib_data)
     said = data_warnings(cfg, data, world_size=1)
     assert any("fewer than eval.batches x train.micro_batch" in line for line in said)
     same = {"dataset": data.provenance(), "tokens_per_step": 8 * 64, "world_size": 1}
     assert not any("change" in line for line in data_warnings(cfg, data, 1, same))
-    recreated = {**same, "dataset": {**data.provenance(), "manifest_sha256": "0" * 64}}  # re-prepared: a new created_utc
+    recreated = {
+        **same,
+        "dataset": {**data.provenance(), "manifest_sha256": "0" * 64},
+    }  # re-prepared: a new created_utc
     assert not any("changed" in line for line in data_warnings(cfg, data, 1, recreated))
     other_split = {**data.provenance()["splits"], "train": {"sha256": "0" * 64, "tokens": 1, "documents": 1}}
     changed = {**same, "dataset": {**data.provenance(), "splits": other_split}}
-    assert any("the data changed since the checkpoint (its splits differ" in line for line in data_warnings(cfg, data, 1, changed))
-    said = data_warnings(cfg, data, 2, same)  # resumed on two ranks without train.global_batch: twice the batch
-    assert any("tokens per step change from 512 at the checkpoint (world size 1) to 1,024" in line for line in said)
+    assert any(
+        "the data changed since the checkpoint (its splits differ" in line
+        for line in data_warnings(cfg, data, 1, changed)
+    )
+    said = data_warnings(
+        cfg, data, 2, same
+    )  # resumed on two ranks without train.global_batch: twice the batch
+    assert any(
+        "tokens per step change from 512 at the checkpoint (world size 1) to 1,024" in line for line in said
+    )
     many_steps = load_config(None, tiny_overrides(stdlib_data, tmp_path, **{"train.max_steps": 100_000}))
     assert any("epochs of the train split" in line for line in data_warnings(many_steps, data, 1))
 
 
 def test_step_line_reads_well_in_a_file():
-    record = {"step": 40, "loss": 3.21, "lr": 3e-4, "grad_norm": 0.5, "tokens_per_s": 1000.0, "mfu": 0.312, "spent_usd": 1.5}
+    record = {
+        "step": 40,
+        "loss": 3.21,
+        "lr": 3e-4,
+        "grad_norm": 0.5,
+        "tokens_per_s": 1000.0,
+        "mfu": 0.312,
+        "spent_usd": 1.5,
+    }
     line = step_line(record, end_step=100, tokens_per_step=1000)
-    assert line == "step 40/100 | loss 3.2100 | lr 3.00e-04 | grad norm 0.500 | 1,000 tok/s | MFU 31.2% | $1.50 | ETA 1m00s"
+    assert (
+        line
+        == "step 40/100 | loss 3.2100 | lr 3.00e-04 | grad norm 0.500 | 1,000 tok/s | MFU 31.2% | $1.50 | "
+        "ETA 1m00s"
+    )
     assert (format_duration(42), format_duration(125), format_duration(3725)) == ("42s", "2m05s", "1h02m")
 
 
 def test_every_cli_option_has_help_text():
     parser = build_parser()
     verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    missing = [f"{name} {action.dest}" for name, sub in verbs.choices.items() for action in sub._actions
-               if not isinstance(action, argparse._HelpAction) and not action.help]
+    missing = [
+        f"{name} {action.dest}"
+        for name, sub in verbs.choices.items()
+        for action in sub._actions
+        if not isinstance(action, argparse._HelpAction) and not action.help
+    ]
     assert missing == []
 
 
 def test_budget_check_names_the_file_once(tmp_path, run_cli):
-    code, out, _ = run_cli("budget-check", "--budget.cap_usd=10", "--budget.usd_per_gpu_hour=2",
-                           f"--budget.file={tmp_path / 'budget.json'}", "--dry-run")
+    code, out, _ = run_cli(
+        "budget-check",
+        "--budget.cap_usd=10",
+        "--budget.usd_per_gpu_hour=2",
+        f"--budget.file={tmp_path / 'budget.json'}",
+        "--dry-run",
+    )
     assert code == 0 and f"note: {tmp_path / 'budget.json'} is missing; using the estimate" in out
 
 
@@ -146,20 +227,32 @@ def test_saved_configs_are_completed_by_overrides_then_checked(stopped_run, tmp_
 
     run = tmp_path / "priced"
     run.mkdir()
-    save_config(load_config(None, ["--budget.usd_per_gpu_hour=2", "--train.stop_at_step=5"]), run / "config.toml")
-    cfg = load_train_config(None, [f"--run.dir={run}", "--budget.cap_usd=50"])  # the defaults have no price: invalid alone
+    save_config(
+        load_config(None, ["--budget.usd_per_gpu_hour=2", "--train.stop_at_step=5"]), run / "config.toml"
+    )
+    cfg = load_train_config(
+        None, [f"--run.dir={run}", "--budget.cap_usd=50"]
+    )  # the defaults have no price: invalid alone
     assert (cfg.budget.cap_usd, cfg.budget.usd_per_gpu_hour, cfg.train.stop_at_step) == (50, 2, 0)
     checkpoint = sorted((stopped_run / "checkpoints").iterdir())[0]
     cfg = load_train_config(None, [f"--run.dir={tmp_path / 'branch'}", f"--train.resume={checkpoint}"])
-    assert cfg.model.d_model == 32 and cfg.run.dir == str(tmp_path / "branch") and cfg.train.resume == str(checkpoint)
+    assert (
+        cfg.model.d_model == 32
+        and cfg.run.dir == str(tmp_path / "branch")
+        and cfg.train.resume == str(checkpoint)
+    )
 
 
 def test_eval_runs_in_context_tasks_and_writes_the_results(stopped_run, tmp_path, run_cli):
-    """Issue 14: `eval RUN --tasks FILE` prints the table and the suite score; bpb and tasks go to eval-STEP.json."""
+    """Issue 14: `eval RUN --tasks FILE` prints the table and the suite score; bpb and tasks go to
+    eval-STEP.json."""
     import json
 
     tasks = tmp_path / "toy.jsonl"
-    items = [{"type": "mc", "context": f"def f{i}(x):\n    return", "choices": [" x", " None", " 1"], "gold": 0} for i in range(4)]
+    items = [
+        {"type": "mc", "context": f"def f{i}(x):\n    return", "choices": [" x", " None", " 1"], "gold": 0}
+        for i in range(4)
+    ]
     items += [{"type": "lm", "context": "import", "continuation": " os"}]
     tasks.write_text("".join(json.dumps(item) + "\n" for item in items))
     code, out, err = run_cli("eval", stopped_run, "--tasks", tasks, "--num-fewshot", "1", "--eval.batches=1")
@@ -170,8 +263,13 @@ def test_eval_runs_in_context_tasks_and_writes_the_results(stopped_run, tmp_path
     assert saved["tasks"][0]["items"] == 5 and saved["tasks"][0]["chance"] == pytest.approx(4 / 3 / 5)
     assert saved["tasks"][0]["num_fewshot"] == 1 and len(saved["probes"]) == 7
     assert {"val_loss", "val_bpb", "suite_score"} <= saved.keys()
-    code, out, _ = run_cli("eval", stopped_run, "--tasks", tasks, "--limit", "2", "--eval.batches=1", "--eval.probe_tokens=2")
-    assert code == 0 and json.loads(sorted(stopped_run.glob("eval-*.json"))[-1].read_text())["tasks"][0]["items"] == 2
+    code, out, _ = run_cli(
+        "eval", stopped_run, "--tasks", tasks, "--limit", "2", "--eval.batches=1", "--eval.probe_tokens=2"
+    )
+    assert (
+        code == 0
+        and json.loads(sorted(stopped_run.glob("eval-*.json"))[-1].read_text())["tasks"][0]["items"] == 2
+    )
     (tmp_path / "bad.jsonl").write_text('{"type": "mc", "context": "x", "choices": [" a"], "gold": 0}\n')
     code, _, err = run_cli("eval", stopped_run, "--tasks", tmp_path / "bad.jsonl")
     assert code == 2 and "bad.jsonl:1: needs a list of at least 2 non-empty choices" in err

@@ -22,14 +22,26 @@ STEPS = 60
 
 
 def nproc_args(data: Path, run: Path, **extra) -> list[str]:
-    settings = {"train.max_steps": STEPS, "train.micro_batch": 4, "eval.every": 0, "ckpt.every": 1000, "mlflow.enabled": False,
-                **extra}
+    settings = {
+        "train.max_steps": STEPS,
+        "train.micro_batch": 4,
+        "eval.every": 0,
+        "ckpt.every": 1000,
+        "mlflow.enabled": False,
+        **extra,
+    }
     return ["train", "--nproc", "2", *tiny_overrides(data, run, **settings)]
 
 
 def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pretrainer", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pretrainer", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: int = 240) -> tuple[int, str]:
@@ -81,8 +93,11 @@ def straight(stdlib_data, tmp_path_factory) -> Path:
     return run
 
 
-def test_sigterm_to_launcher_and_every_worker_checkpoints_once_and_resumes_bit_exactly(straight, stdlib_data, tmp_path):
-    repeats = 2  # the first round is what a single scancel does; the second checks a repeated signal changes nothing
+def test_sigterm_to_launcher_and_every_worker_checkpoints_once_and_resumes_bit_exactly(
+    straight, stdlib_data, tmp_path
+):
+    # the first round is what a single scancel does; the second checks a repeated signal changes nothing
+    repeats = 2
     run = tmp_path / "run"
     proc = start(*nproc_args(stdlib_data, run))
     wait_for_step(run, 10, proc)
@@ -109,22 +124,45 @@ def test_sigterm_to_launcher_and_every_worker_checkpoints_once_and_resumes_bit_e
 
 def budget_file(path: Path, spent: float, projected: float) -> Path:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    path.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.0, "hours_elapsed": 1.0,
-                                "projected_total_usd": projected, "last_update_utc": now}))
+    path.write_text(
+        json.dumps(
+            {
+                "spent_usd": spent,
+                "rate_usd_per_hr": 1.0,
+                "hours_elapsed": 1.0,
+                "projected_total_usd": projected,
+                "last_update_utc": now,
+            }
+        )
+    )
     return path
 
 
-@pytest.mark.parametrize("case, expected_code, expected_reason", [
-    ("budget_stop", 4, "budget_stop"),  # (budget_halt, exit 5, takes the same path to the launcher: test_budget.py)
-    ("hang", 3, "collective_timeout"),
-])
-def test_each_exit_reason_is_the_exit_code_of_nproc(case, expected_code, expected_reason, stdlib_data, tmp_path):
+@pytest.mark.parametrize(
+    "case, expected_code, expected_reason",
+    [
+        (
+            "budget_stop",
+            4,
+            "budget_stop",
+        ),  # (budget_halt, exit 5, takes the same path to the launcher: test_budget.py)
+        ("hang", 3, "collective_timeout"),
+    ],
+)
+def test_each_exit_reason_is_the_exit_code_of_nproc(
+    case, expected_code, expected_reason, stdlib_data, tmp_path
+):
     run = tmp_path / "run"
     budget = {"budget.cap_usd": 10, "budget.usd_per_gpu_hour": 1.0, "budget.check_every_s": 0.01}
     if case == "hang":
         extra = {"parallel.hang_drill_step": 3, "parallel.timeout_s": 3}
     else:
-        extra = {**budget, "budget.file": budget_file(tmp_path / "b.json", spent=1 if case == "budget_stop" else 11, projected=20)}
+        extra = {
+            **budget,
+            "budget.file": budget_file(
+                tmp_path / "b.json", spent=1 if case == "budget_stop" else 11, projected=20
+            ),
+        }
     code, out = finish(start(*nproc_args(stdlib_data, run, **extra)))
     assert code == expected_code, out[-3000:]
     record = exit_record(run)
@@ -134,6 +172,7 @@ def test_each_exit_reason_is_the_exit_code_of_nproc(case, expected_code, expecte
 
 
 # --- damaged checkpoints: fall back to the newest intact one, continue identically ---
+
 
 def damage(checkpoint: Path, kind: str) -> None:
     weights, optimizer = checkpoint / "model.safetensors", checkpoint / "optimizer.pt"
@@ -166,9 +205,13 @@ def straight_30(stdlib_data, tmp_path_factory) -> Path:
     return run
 
 
-@pytest.mark.parametrize("kind", ["truncated weights", "bit flip in weights", "truncated optimizer", "missing state",
-                                  "garbage marker"])
-def test_a_damaged_newest_checkpoint_falls_back_with_one_warning(kind, straight_30, stdlib_data, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "kind",
+    ["truncated weights", "bit flip in weights", "truncated optimizer", "missing state", "garbage marker"],
+)
+def test_a_damaged_newest_checkpoint_falls_back_with_one_warning(
+    kind, straight_30, stdlib_data, tmp_path, capsys
+):
     from pretrainer.train.loop import train
 
     run = tmp_path / "run"
@@ -192,20 +235,31 @@ def test_no_intact_checkpoint_is_one_line_and_exit_2(stdlib_data, tmp_path, run_
     train(short_run(stdlib_data, run, **{"train.stop_at_step": 20}))
     for checkpoint in list_checkpoints(run):
         damage(checkpoint, "truncated weights")
-    code, out, err = run_cli("train", *tiny_overrides(stdlib_data, run, **{"train.max_steps": 30, "ckpt.every": 10}))
+    code, out, err = run_cli(
+        "train", *tiny_overrides(stdlib_data, run, **{"train.max_steps": 30, "ckpt.every": 10})
+    )
     assert code == 2 and "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "none of the 2 checkpoints is intact" in errors[0]
     assert exit_record(run)["reason"] == "error" and exit_record(run)["exit_code"] == 2
 
 
-# --- kill -9 at random moments: at most ckpt.every steps lost, metrics.jsonl exact, continuation identical ---
+# --- kill -9 at random moments: at most ckpt.every steps lost, metrics.jsonl exact, continuation identical
+# ---
 
-@pytest.mark.slow  # `make test-all` (45 s); the SIGTERM tests check the checkpoint-and-resume path in `make test`
+
+# `make test-all` (45 s); the SIGTERM tests check the checkpoint-and-resume path in `make test`
+@pytest.mark.slow
 def test_kill_9_at_many_random_points_continues_identically(stdlib_data, tmp_path):
     import random
 
-    settings = {"train.max_steps": 60, "train.micro_batch": 16, "ckpt.every": 4, "eval.every": 20, "mlflow.enabled": False}
+    settings = {
+        "train.max_steps": 60,
+        "train.micro_batch": 16,
+        "ckpt.every": 4,
+        "eval.every": 20,
+        "mlflow.enabled": False,
+    }
     args = lambda run: ["train", *tiny_overrides(stdlib_data, run, **settings)]  # noqa: E731
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     code, out = finish(start(*args(straight)))

@@ -25,12 +25,17 @@ def test_toml_and_dotted_overrides(tmp_path: Path):
 def test_unknown_key_in_file_names_key_and_suggests(tmp_path: Path):
     path = tmp_path / "c.toml"
     path.write_text("[optim]\nlrr = 0.1\n")
-    with pytest.raises(UserError, match=r"c\.toml: unknown config key 'optim\.lrr'; did you mean 'optim\.lr' \(peak learning rate\)\?"):
+    with pytest.raises(
+        UserError,
+        match=r"c\.toml: unknown config key 'optim\.lrr'; did you mean 'optim\.lr' \(peak learning rate\)\?",
+    ):
         load_config(path)
 
 
 def test_unknown_override_suggests_closest():
-    with pytest.raises(UserError, match=r"unknown config key 'train\.max_step'; did you mean 'train\.max_steps'"):
+    with pytest.raises(
+        UserError, match=r"unknown config key 'train\.max_step'; did you mean 'train\.max_steps'"
+    ):
         load_config(None, ["--train.max_step=5"])
 
 
@@ -57,12 +62,14 @@ def test_resolved_config_round_trips_through_toml(tmp_path: Path):
 
 def test_hash_ignores_only_stop_resume_and_run_dir_keys():
     base = load_config(None, [])
-    assert config_hash(base) == config_hash(load_config(None, ["--train.stop_at_step=20", "--train.resume=never",
-                                                               "--run.dir=moved/elsewhere"]))
+    assert config_hash(base) == config_hash(
+        load_config(None, ["--train.stop_at_step=20", "--train.resume=never", "--run.dir=moved/elsewhere"])
+    )
     assert config_hash(base) != config_hash(load_config(None, ["--optim.lr=1e-2"]))
 
 
 # --- discoverable config: each key's help in its field's metadata ---
+
 
 def test_every_key_has_help():
     helps = key_help()
@@ -71,7 +78,9 @@ def test_every_key_has_help():
 
 
 def test_config_text_with_help_parses_back_to_the_same_config(tmp_path: Path):
-    cfg = load_config("configs/tiny-cpu.toml", ["--optim.lr=1e-3", "--init.from=hf:x", "--train.compile=true"])
+    cfg = load_config(
+        "configs/tiny-cpu.toml", ["--optim.lr=1e-3", "--init.from=hf:x", "--train.compile=true"]
+    )
     text = config_text_with_help(cfg)
     assert all(f"# {h}" in text for h in key_help().values())
     assert tomllib.loads(text)["optim"]["lr"] == 1e-3
@@ -87,7 +96,10 @@ def test_keys_reference_lists_every_key_with_type_default_and_help():
 
 def test_bare_boolean_flag_means_true():
     assert parse_overrides(["--train.compile"]) == [("train.compile", "true")]
-    assert parse_overrides(["--train.compile", "--log.sequences", "off"]) == [("train.compile", "true"), ("log.sequences", "off")]
+    assert parse_overrides(["--train.compile", "--log.sequences", "off"]) == [
+        ("train.compile", "true"),
+        ("log.sequences", "off"),
+    ]
     assert load_config(None, ["--train.compile", "--optim.lr=1"]).train.compile is True
     assert load_config(None, ["--train.compile", "false"]).train.compile is False
     with pytest.raises(UserError, match=r"'--train\.max_steps' needs a value"):
@@ -100,16 +112,19 @@ def test_hyphens_and_underscores_are_the_same_in_keys(tmp_path: Path):
     assert load_config(tmp_path / "c.toml").train.max_steps == 7
 
 
-@pytest.mark.parametrize("typed, meant", [
-    ("optim.learning_rate", ["optim.lr"]),
-    ("train.batch_size", ["train.micro_batch", "train.global_batch"]),
-    ("model.hidden_size", ["model.d_model"]),
-    ("model.num_layers", ["model.n_layer"]),
-    ("train.steps", ["train.max_steps"]),
-    ("train.lr", ["optim.lr"]),
-    ("optim.warmup", ["optim.warmup_steps"]),
-    ("optim.lrr", ["optim.lr"]),
-])
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        ("optim.learning_rate", ["optim.lr"]),
+        ("train.batch_size", ["train.micro_batch", "train.global_batch"]),
+        ("model.hidden_size", ["model.d_model"]),
+        ("model.num_layers", ["model.n_layer"]),
+        ("train.steps", ["train.max_steps"]),
+        ("train.lr", ["optim.lr"]),
+        ("optim.warmup", ["optim.warmup_steps"]),
+        ("optim.lrr", ["optim.lr"]),
+    ],
+)
 def test_unknown_keys_suggest_by_words_and_letters(typed: str, meant: list[str]):
     with pytest.raises(UserError) as e:
         load_config(None, [f"--{typed}=1"])
@@ -121,11 +136,14 @@ def test_unknown_keys_suggest_by_words_and_letters(typed: str, meant: list[str])
 def test_unknown_key_far_from_any_lists_sections_or_the_sections_keys():
     with pytest.raises(UserError, match=r"unknown config key 'foo\.bar'; valid sections: model, init, data"):
         load_config(None, ["--foo.bar=1"])
-    with pytest.raises(UserError, match=r"unknown config key 'model\.xyz'; keys of \[model\]: arch, vocab_size"):
+    with pytest.raises(
+        UserError, match=r"unknown config key 'model\.xyz'; keys of \[model\]: arch, vocab_size"
+    ):
         load_config(None, ["--model.xyz=1"])
 
 
 # --- `pretrainer config`, `train --help`, and the command line's bare flags ---
+
 
 def test_config_verb_prints_commented_toml_with_overrides(capsys):
     assert main(["config", "configs/tiny-cpu.toml", "--optim.lr", "2e-3", "--train.compile"]) == 0
@@ -139,7 +157,9 @@ def test_config_verb_takes_the_vocab_from_the_data(capsys, tmp_path: Path):
     from pretrainer.data.prepare import prepare
     from pretrainer.data.sources import Corpus
 
-    prepare(Corpus(["stdlib"]), "bpe:300", tmp_path / "data", val_fraction=0.1, seed=0, workers=1, max_docs=40)
+    prepare(
+        Corpus(["stdlib"]), "bpe:300", tmp_path / "data", val_fraction=0.1, seed=0, workers=1, max_docs=40
+    )
     capsys.readouterr()  # prepare's own report
     assert main(["config", f"--data.dir={tmp_path / 'data'}"]) == 0
     assert tomllib.loads(capsys.readouterr().out)["model"]["vocab_size"] == 300
@@ -154,7 +174,9 @@ def test_config_verb_without_data_dir_notes_it_and_keeps_vocab_0(capsys, tmp_pat
 def test_config_verb_survives_a_closed_pipe():
     """`pretrainer config | head -3`: here the reader is gone before anything is written, which is
     the case that raises (a reader that takes one line leaves the rest in the pipe's buffer)."""
-    proc = subprocess.Popen([sys.executable, "-m", "pretrainer", "config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pretrainer", "config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err
@@ -164,7 +186,11 @@ def test_train_help_lists_every_key_with_its_help(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = capsys.readouterr().out
-    assert "--optim.lr  (float, default 0.0003)" in out and "peak learning rate" in out and "pretrainer config" in out
+    assert (
+        "--optim.lr  (float, default 0.0003)" in out
+        and "peak learning rate" in out
+        and "pretrainer config" in out
+    )
     assert all(f"--{key} " in out for key in all_keys())
 
 
@@ -172,4 +198,8 @@ def test_bare_boolean_flag_on_the_command_line(capsys):
     """Before the positional config path it is a flag, not that path taken as its value."""
     assert main(["config", "--train.compile", "configs/tiny-cpu.toml", "--mlflow.enabled", "false"]) == 0
     raw = tomllib.loads(capsys.readouterr().out)
-    assert raw["train"]["compile"] is True and raw["mlflow"]["enabled"] is False and raw["train"]["max_steps"] == 360
+    assert (
+        raw["train"]["compile"] is True
+        and raw["mlflow"]["enabled"] is False
+        and raw["train"]["max_steps"] == 360
+    )

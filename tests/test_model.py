@@ -14,11 +14,29 @@ def meta_model(**kw) -> Transformer:
 
 
 def test_parameter_counts_match_published_shapes():
-    x1 = meta_model(arch="llama", vocab_size=50257, seq_len=1024, d_model=768, n_layer=8, n_head=12, n_kv_head=4, d_ff=2048)
+    x1 = meta_model(
+        arch="llama",
+        vocab_size=50257,
+        seq_len=1024,
+        d_model=768,
+        n_layer=8,
+        n_head=12,
+        n_kv_head=4,
+        d_ff=2048,
+    )
     assert count_parameters(x1) == {"total": 88_942_080, "non_embedding": 50_344_704}
     gpt2 = meta_model(arch="gpt2", vocab_size=50257, seq_len=1024, d_model=768, n_layer=12, n_head=12)
     assert count_parameters(gpt2)["total"] == 124_439_808
-    llama3 = meta_model(arch="llama", vocab_size=131072, seq_len=2048, d_model=2048, n_layer=16, n_head=32, n_kv_head=8, d_ff=8192)
+    llama3 = meta_model(
+        arch="llama",
+        vocab_size=131072,
+        seq_len=2048,
+        d_model=2048,
+        n_layer=16,
+        n_head=32,
+        n_kv_head=8,
+        d_ff=8192,
+    )
     assert count_parameters(llama3)["total"] == 1_241_581_568
 
 
@@ -43,7 +61,7 @@ def test_kv_cache_decoding_equals_full_forward(kw):
     full, _ = model(idx)
     cache = model.new_kv_cache(3)
     prefix, _ = model(idx[:, :8], kv_cache=cache)
-    steps = [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(8, 20)]
+    steps = [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(8, 20)]
     torch.testing.assert_close(torch.cat([prefix, *steps], dim=1), full, atol=1e-5, rtol=1e-5)
 
 
@@ -88,7 +106,10 @@ def test_sampling_is_deterministic_given_a_seed():
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**CONFIGS[2])).eval()
     prompt = torch.randint(0, 97, (2, 4))
-    runs = [generate(model, prompt, 20, temperature=0.9, top_k=10, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    runs = [
+        generate(model, prompt, 20, temperature=0.9, top_k=10, generator=torch.Generator().manual_seed(7))
+        for _ in range(2)
+    ]
     assert torch.equal(runs[0], runs[1])
     other = generate(model, prompt, 20, temperature=0.9, top_k=10, generator=torch.Generator().manual_seed(8))
     assert not torch.equal(runs[0], other)
@@ -102,15 +123,18 @@ def test_fused_chunked_loss_matches_cross_entropy_of_full_logits(dtype, monkeypa
 
     from pretrainer.model import loss as fused
 
-    monkeypatch.setattr(fused, "LOSS_CHUNK_ELEMENTS", 7 * 50)  # 7 tokens per chunk at vocab 50: 5 chunks of 32 tokens
+    monkeypatch.setattr(
+        fused, "LOSS_CHUNK_ELEMENTS", 7 * 50
+    )  # 7 tokens per chunk at vocab 50: 5 chunks of 32 tokens
     torch.manual_seed(0)
     hidden = torch.randn(2, 16, 24, requires_grad=True)
     weight = (0.3 * torch.randn(50, 24)).requires_grad_()
     targets = torch.randint(0, 50, (2, 16))
     targets[0, :5] = fused.IGNORE_INDEX
     with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-        expected = F.cross_entropy(F.linear(hidden, weight).float().flatten(0, 1), targets.flatten(),
-                                   ignore_index=fused.IGNORE_INDEX)
+        expected = F.cross_entropy(
+            F.linear(hidden, weight).float().flatten(0, 1), targets.flatten(), ignore_index=fused.IGNORE_INDEX
+        )
     expected_grads = torch.autograd.grad(expected, (hidden, weight))
     with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
         got = fused.linear_cross_entropy(hidden, weight, targets)
@@ -121,6 +145,8 @@ def test_fused_chunked_loss_matches_cross_entropy_of_full_logits(dtype, monkeypa
         assert g.dtype == e.dtype
         torch.testing.assert_close(g, 2.0 * e, **tolerance)
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-        evaluated = fused.linear_cross_entropy(hidden, weight, targets)  # evaluation: the same loss, no gradient work
+        evaluated = fused.linear_cross_entropy(
+            hidden, weight, targets
+        )  # evaluation: the same loss, no gradient work
     assert evaluated.grad_fn is None
     torch.testing.assert_close(evaluated, got.detach(), rtol=1e-6, atol=1e-6)

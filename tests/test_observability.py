@@ -29,10 +29,18 @@ def test_mlflow_store_in_the_run_dir_lists_the_run_and_its_metrics(stdlib_data, 
     from mlflow.tracking import MlflowClient
 
     run = tmp_path / "run"
-    train(tiny_config(stdlib_data, run, **{"train.max_steps": 4, "train.stop_at_step": 2, "mlflow.enabled": True}))
-    out, err = capfd.readouterr()  # issue 13: mlflow's INFO lines (creating its database) stay out of the run's output
+    train(
+        tiny_config(
+            stdlib_data, run, **{"train.max_steps": 4, "train.stop_at_step": 2, "mlflow.enabled": True}
+        )
+    )
+    out, err = (
+        capfd.readouterr()
+    )  # issue 13: mlflow's INFO lines (creating its database) stay out of the run's output
     assert "INFO" not in out + err and "step 2/2 | loss" in out
-    train(tiny_config(stdlib_data, run, **{"train.max_steps": 4, "mlflow.enabled": True}))  # resumes the same mlflow run
+    train(
+        tiny_config(stdlib_data, run, **{"train.max_steps": 4, "mlflow.enabled": True})
+    )  # resumes the same mlflow run
     client = MlflowClient(tracking_uri=f"sqlite:///{run.resolve() / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("pretrainer").experiment_id])
     assert len(runs) == 1 and runs[0].info.run_id == (run / "mlflow-run-id.txt").read_text().strip()
@@ -43,11 +51,17 @@ def test_mlflow_store_in_the_run_dir_lists_the_run_and_its_metrics(stdlib_data, 
 
 def _train_subprocess(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "pretrainer", "train", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pretrainer", "train", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
-@pytest.mark.slow  # `make test-all`; SIGTERM -> 128+15 and a resume equal to the straight run are in test_scaling's
+# `make test-all`; SIGTERM -> 128+15 and a resume equal to the straight run are in test_scaling's
+@pytest.mark.slow
 # interrupted sweep (one process) and test_cluster's launcher test (every worker)
 def test_sigterm_checkpoints_and_resume_is_bit_exact(stdlib_data, tmp_path):
     settings = {"train.max_steps": 60, "ckpt.every": 1000, "eval.every": 0}
@@ -69,7 +83,7 @@ def test_sigterm_checkpoints_and_resume_is_bit_exact(stdlib_data, tmp_path):
     # resume the stopped run and run the other straight through, at the same time
     procs = [_train_subprocess(tiny_overrides(stdlib_data, run, **settings)) for run in (stopped, straight)]
     assert [proc.wait(timeout=300) for proc in procs] == [0, 0]
-    losses = lambda run: {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}  # noqa: E731
+    losses = lambda run: {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
     assert losses(stopped) == losses(straight) and len(losses(straight)) == 60
 
 
@@ -77,4 +91,8 @@ def test_micro_batch_auto_is_a_clear_error_on_cpu(stdlib_data, tmp_path):
     with pytest.raises(UserError, match="needs train.global_batch"):
         tiny_config(stdlib_data, tmp_path / "run", **{"train.micro_batch": "auto"})
     with pytest.raises(UserError, match="auto searches GPU memory and needs CUDA"):
-        train(tiny_config(stdlib_data, tmp_path / "run", **{"train.micro_batch": "auto", "train.global_batch": 16}))
+        train(
+            tiny_config(
+                stdlib_data, tmp_path / "run", **{"train.micro_batch": "auto", "train.global_batch": 16}
+            )
+        )

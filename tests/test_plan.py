@@ -16,11 +16,14 @@ def test_plan_cli_prints_the_published_llama3_1b_count(run_cli):
     assert code == 0 and "1,241,581,568" in out
 
 
-@pytest.mark.parametrize("name, total, non_embedding", [
-    ("gpt2-124m.toml", 124_439_808, 124_439_808 - 50257 * 768 - 1024 * 768),
-    ("x1-50m.toml", 88_942_080, 50_344_704),
-    ("llama3-1b.toml", 1_241_581_568, 1_241_581_568 - 131072 * 2048),
-])
+@pytest.mark.parametrize(
+    "name, total, non_embedding",
+    [
+        ("gpt2-124m.toml", 124_439_808, 124_439_808 - 50257 * 768 - 1024 * 768),
+        ("x1-50m.toml", 88_942_080, 50_344_704),
+        ("llama3-1b.toml", 1_241_581_568, 1_241_581_568 - 131072 * 2048),
+    ],
+)
 def test_seed_configs_have_their_published_sizes(name, total, non_embedding):
     plan = make_plan(load_config(CONFIGS / name))
     assert plan["params_total"] == total and plan["params_non_embedding"] == non_embedding
@@ -53,22 +56,50 @@ def test_plan_needs_a_vocab_and_says_where_to_get_one():
 
 def test_plan_plans_what_the_config_will_do(run_cli):
     """Issue 13: the plan's steps are train.max_steps (overrides included), with Chinchilla for reference."""
-    code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", "--gpu", "h100-sxm", "--usd-per-gpu-hour", "2.5",
-                           "--json")
+    code, out, _ = run_cli(
+        "plan",
+        CONFIGS / "gpt2-124m.toml",
+        "--gpus",
+        "8",
+        "--gpu",
+        "h100-sxm",
+        "--usd-per-gpu-hour",
+        "2.5",
+        "--json",
+    )
     plan = json.loads(out)
     assert code == 0 and plan["steps"] == 19_073 and plan["token_budget_source"] == "train.max_steps"
     assert plan["chinchilla_steps"] == math.ceil(20 * 124_439_808 / 524_288) == 4_748
-    code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", "--train.max_steps=1000", "--json")
+    code, out, _ = run_cli(
+        "plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", "--train.max_steps=1000", "--json"
+    )
     assert json.loads(out)["steps"] == 1000
-    code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", "--train.max_steps=1000", "--tokens-per-param", "20")
+    code, out, _ = run_cli(
+        "plan",
+        CONFIGS / "gpt2-124m.toml",
+        "--gpus",
+        "8",
+        "--train.max_steps=1000",
+        "--tokens-per-param",
+        "20",
+    )
     assert "4,748 (20 tokens per parameter)" in out and "the config trains 1,000 steps" in out
 
 
 def test_plan_takes_price_mfu_and_cap_from_the_budget_section(run_cli):
-    budget = ["--budget.usd_per_gpu_hour=2", "--budget.mfu=0.5", "--budget.cap_usd=10", "--budget.peak_tflops=100"]
+    budget = [
+        "--budget.usd_per_gpu_hour=2",
+        "--budget.mfu=0.5",
+        "--budget.cap_usd=10",
+        "--budget.peak_tflops=100",
+    ]
     plan = make_plan(load_config(CONFIGS / "gpt2-124m.toml", budget), gpus=8)
     hours = plan["training_flops"] / (8 * 100e12 * 0.5) / 3600
-    assert plan["mfu"] == 0.5 and plan["wall_hours"] == pytest.approx(hours) and plan["cost_usd"] == pytest.approx(hours * 8 * 2)
+    assert (
+        plan["mfu"] == 0.5
+        and plan["wall_hours"] == pytest.approx(hours)
+        and plan["cost_usd"] == pytest.approx(hours * 8 * 2)
+    )
     assert any("exceeds budget.cap_usd = $10.00" in w for w in plan["warnings"])
     code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", *budget, "--mfu", "0.25")
     assert code == 0 and "at MFU 0.25" in out and "warning" in out and "exceeds budget.cap_usd" in out
@@ -103,7 +134,9 @@ def test_x1_lab_budget_by_hand(run_cli):
     """The X1 lab: 50M non-embedding params, ~43B tokens, 1 A100 at MFU 0.48, $1.10/h -> ~24 h, $26-29.
     The lab counts C = 6ND with N = non-embedding parameters (--flops 6n)."""
     cfg = load_config(CONFIGS / "x1-50m.toml")
-    plan = make_plan(cfg, tokens=43e9, gpu="a100-80gb", mfu=0.48, usd_per_gpu_hour=1.10, flops_convention="6n")
+    plan = make_plan(
+        cfg, tokens=43e9, gpu="a100-80gb", mfu=0.48, usd_per_gpu_hour=1.10, flops_convention="6n"
+    )
     steps = math.ceil(43e9 / 524_288)
     hours = 6 * 50_344_704 * steps * 524_288 / (312e12 * 0.48) / 3600
     assert plan["wall_hours"] == pytest.approx(hours) and 23.5 < hours < 24.5
@@ -112,15 +145,34 @@ def test_x1_lab_budget_by_hand(run_cli):
     # Full accounting (output projection + attention) doubles the work: the 24 h plan needs ~98% MFU.
     full = make_plan(cfg, tokens=43e9, gpu="a100-80gb", mfu=0.48, usd_per_gpu_hour=1.10)
     assert full["wall_hours"] == pytest.approx(609_149_952 * steps * 524_288 / (312e12 * 0.48) / 3600)
-    code, out, _ = run_cli("plan", CONFIGS / "x1-50m.toml", "--gpu", "a100-80gb", "--mfu", "0.48", "--usd-per-gpu-hour", "1.10",
-                           "--tokens", "43e9", "--flops", "6n")
+    code, out, _ = run_cli(
+        "plan",
+        CONFIGS / "x1-50m.toml",
+        "--gpu",
+        "a100-80gb",
+        "--mfu",
+        "0.48",
+        "--usd-per-gpu-hour",
+        "1.10",
+        "--tokens",
+        "43e9",
+        "--flops",
+        "6n",
+    )
     assert code == 0 and "$26.50" in out and "24.09 h" in out
 
 
 def test_unknown_gpu_needs_peak_tflops(run_cli):
     code, _, err = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--gpu", "mystery-9000")
     assert code == 2 and "unknown GPU 'mystery-9000'; pass --peak-tflops" in err
-    plan = make_plan(load_config(CONFIGS / "gpt2-124m.toml"), gpu="mystery-9000", peak_tflops=100, gpus=2, tokens=1e9, mfu=0.5)
+    plan = make_plan(
+        load_config(CONFIGS / "gpt2-124m.toml"),
+        gpu="mystery-9000",
+        peak_tflops=100,
+        gpus=2,
+        tokens=1e9,
+        mfu=0.5,
+    )
     assert plan["wall_hours"] == pytest.approx(plan["training_flops"] / (2 * 100e12 * 0.5) / 3600)
     assert "energy_kwh" not in plan and "max_micro_batch" not in plan["memory_per_gpu_bytes"]
 
@@ -130,16 +182,31 @@ def test_memory_estimate_by_hand():
     plan = make_plan(cfg, gpus=4, gpu="h100-sxm")
     m, params = plan["memory_per_gpu_bytes"], 88_942_080
     assert (m["weights"], m["gradients"]) == (4 * params // 4, 4 * params // 4)
-    assert m["optimizer"] == pytest.approx(8 * params / 4, rel=1e-3)  # + a 4-byte step count per tensor, shards rounded up
-    per_layer = 30 * 768 + 4 * 256 + 8 * 2048 + 4 * 12 + 8  # bytes per token per layer (bf16 activations, fp32 residual)
+    assert m["optimizer"] == pytest.approx(
+        8 * params / 4, rel=1e-3
+    )  # + a 4-byte step count per tensor, shards rounded up
+    per_layer = (
+        30 * 768 + 4 * 256 + 8 * 2048 + 4 * 12 + 8
+    )  # bytes per token per layer (bf16 activations, fp32 residual)
     per_token = 8 * per_layer + 10 * 768 + 12
     assert m["activations"] == 2 * 1024 * per_token
     assert m["loss_gradient"] == 4 * 50257 * 768 and m["ddp_buckets"] == 0
-    fixed = 8 * params // 4 + m["optimizer"] + int(1.5 * 2**30) + m["bf16_weights"] + m["loss_gradient"] + m["loss_chunk"]
+    fixed = (
+        8 * params // 4
+        + m["optimizer"]
+        + int(1.5 * 2**30)
+        + m["bf16_weights"]
+        + m["loss_gradient"]
+        + m["loss_chunk"]
+    )
     assert m["total"] == fixed + m["activations"] and m["fits"]
     assert m["max_micro_batch"] == int((80e9 - fixed) // (1024 * per_token))
-    low_bit = make_plan(load_config(CONFIGS / "x1-50m.toml", ["--train.micro_batch=2", "--optim.name=adamw8bit"]), gpus=4)
-    assert low_bit["memory_per_gpu_bytes"]["optimizer"] == pytest.approx(m["optimizer"] * 4 * 2.03 / 8, rel=0.01)  # DDP: unsharded, ~2.03 bytes
+    low_bit = make_plan(
+        load_config(CONFIGS / "x1-50m.toml", ["--train.micro_batch=2", "--optim.name=adamw8bit"]), gpus=4
+    )
+    assert low_bit["memory_per_gpu_bytes"]["optimizer"] == pytest.approx(
+        m["optimizer"] * 4 * 2.03 / 8, rel=0.01
+    )  # DDP: unsharded, ~2.03 bytes
     assert m["max_micro_batch_checkpointed"] > m["max_micro_batch"]
 
 

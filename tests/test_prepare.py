@@ -37,7 +37,10 @@ def test_manifest_counts_and_hashes_match_the_files(stdlib_data: Path):
         data = (stdlib_data / info["file"]).read_bytes()
         assert len(data) == info["tokens"] * 2
         assert hashlib.sha256(data).hexdigest() == info["sha256"]
-        assert np.count_nonzero(np.frombuffer(data, dtype=np.uint16) == manifest["tokenizer"]["eot_id"]) == info["documents"]
+        assert (
+            np.count_nonzero(np.frombuffer(data, dtype=np.uint16) == manifest["tokenizer"]["eot_id"])
+            == info["documents"]
+        )
     assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == 400
     assert load_tokenizer(stdlib_data).sha256 == manifest["tokenizer"]["sha256"]
 
@@ -52,7 +55,9 @@ def test_documents_are_whole_and_val_is_disjoint_from_train(jsonl_corpus: Path, 
     assert [d for d in DOCS if d in set(train)] == train  # corpus order is kept within a split
 
 
-def test_data_dirs_from_before_the_hugging_face_tokenizer_files_still_open(jsonl_corpus: Path, tmp_path: Path):
+def test_data_dirs_from_before_the_hugging_face_tokenizer_files_still_open(
+    jsonl_corpus: Path, tmp_path: Path
+):
     out = tmp_path / "data"
     prepare(Corpus([str(jsonl_corpus)]), "bpe:300", out, val_fraction=0.2, seed=3, workers=1)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -69,7 +74,9 @@ def test_data_dirs_from_before_the_hugging_face_tokenizer_files_still_open(jsonl
 def test_split_is_deterministic_and_independent_of_workers(jsonl_corpus: Path, tmp_path: Path):
     manifests = []
     for name, workers in (("a", 1), ("b", 2)):
-        prepare(Corpus([str(jsonl_corpus)]), "bpe:300", tmp_path / name, val_fraction=0.2, seed=3, workers=workers)
+        prepare(
+            Corpus([str(jsonl_corpus)]), "bpe:300", tmp_path / name, val_fraction=0.2, seed=3, workers=workers
+        )
         manifests.append(json.loads((tmp_path / name / "manifest.json").read_text()))
     assert manifests[0]["splits"] == manifests[1]["splits"]
     prepare(Corpus([str(jsonl_corpus)]), "bpe:300", tmp_path / "c", val_fraction=0.2, seed=4, workers=1)
@@ -82,10 +89,22 @@ def test_text_parquet_directory_and_glob_sources(tmp_path: Path):
     src.mkdir()
     (src / "one.txt").write_text("first document\nstill first\n")
     (src / "many.txt").write_text("doc a line 1\ndoc a line 2\n\n\ndoc b\n\ndoc c\n")
-    pq.write_table(pa.table({"text": ["parquet doc 1", "parquet doc 2", None], "id": [1, 2, 3]}), src / "shard.parquet")
+    pq.write_table(
+        pa.table({"text": ["parquet doc 1", "parquet doc 2", None], "id": [1, 2, 3]}), src / "shard.parquet"
+    )
     docs = list(Corpus([str(src)], txt_docs="blank-lines").documents())
-    assert docs == ["doc a line 1\ndoc a line 2", "doc b", "doc c", "first document\nstill first", "parquet doc 1", "parquet doc 2"]
-    assert list(Corpus([str(src / "*.txt")]).documents()) == [(src / "many.txt").read_text(), (src / "one.txt").read_text()]
+    assert docs == [
+        "doc a line 1\ndoc a line 2",
+        "doc b",
+        "doc c",
+        "first document\nstill first",
+        "parquet doc 1",
+        "parquet doc 2",
+    ]
+    assert list(Corpus([str(src / "*.txt")]).documents()) == [
+        (src / "many.txt").read_text(),
+        (src / "one.txt").read_text(),
+    ]
 
 
 def test_hf_source_reads_the_hub_cache_offline(tmp_path: Path):
@@ -98,22 +117,41 @@ def test_hf_source_reads_the_hub_cache_offline(tmp_path: Path):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     pq.write_table(pa.table({"text": DOCS[:100]}), shard_dir / "000_00000.parquet")
-    pq.write_table(pa.table({"text": ["not matched by the glob"]}), repo / "snapshots" / commit / "other.parquet")
+    pq.write_table(
+        pa.table({"text": ["not matched by the glob"]}), repo / "snapshots" / commit / "other.parquet"
+    )
     out = tmp_path / "data"
-    result = run_subprocess("prepare", "--corpus", "hf:someorg/somedata:sample/10BT/*.parquet", "--tokenizer", "bpe:300",
-                            "--val-fraction", "0.2", "--out", out, env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"})
+    result = run_subprocess(
+        "prepare",
+        "--corpus",
+        "hf:someorg/somedata:sample/10BT/*.parquet",
+        "--tokenizer",
+        "bpe:300",
+        "--val-fraction",
+        "0.2",
+        "--out",
+        out,
+        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == 100
     # provenance: the snapshot revision and the files read; offline, a warning that only the cache was seen
     hub = manifest["sources"][0]["hub"]
-    assert hub["revision"] == commit and hub["files"] == ["sample/10BT/000_00000.parquet"] and hub["offline"] is True
-    assert "offline (HF_HUB_OFFLINE): used the 1 cached files of someorg/somedata@0123456789ab" in result.stdout
+    assert (
+        hub["revision"] == commit
+        and hub["files"] == ["sample/10BT/000_00000.parquet"]
+        and hub["offline"] is True
+    )
+    assert (
+        "offline (HF_HUB_OFFLINE): used the 1 cached files of someorg/somedata@0123456789ab" in result.stdout
+    )
     assert manifest["sources"][0]["files"][0]["documents"] == 100
 
 
 def test_progress_bar_ends_at_the_corpus_size(jsonl_corpus: Path, tmp_path: Path, monkeypatch):
-    """Progress counts file bytes, like its total: JSON syntax, skipped lines and parquet compression included."""
+    """Progress counts file bytes, like its total: JSON syntax, skipped lines and parquet compression
+    included."""
     bars = []
 
     class RecordedBar(tqdm):
@@ -126,7 +164,10 @@ def test_progress_bar_ends_at_the_corpus_size(jsonl_corpus: Path, tmp_path: Path
         f.write('\n{"text": null}\n' + json.dumps({"text": DOCS[0]}) + "\n")
     pq.write_table(pa.table({"text": DOCS[:50]}), tmp_path / "shard.parquet")
     (tmp_path / "notes.txt").write_text("one\n\n\ntwo\n")
-    corpus = Corpus([str(jsonl_corpus), str(tmp_path / "shard.parquet"), str(tmp_path / "notes.txt")], txt_docs="blank-lines")
+    corpus = Corpus(
+        [str(jsonl_corpus), str(tmp_path / "shard.parquet"), str(tmp_path / "notes.txt")],
+        txt_docs="blank-lines",
+    )
     prepare(corpus, "bpe:300", tmp_path / "data", val_fraction=0.2, seed=3, workers=1)
     (bar,) = bars
     assert bar.total == corpus.total_bytes and bar.n == bar.total
@@ -138,7 +179,19 @@ def test_token_dtype_widens_past_65536():
 
 def test_out_dir_is_refused_if_present_and_replaced_with_force(jsonl_corpus: Path, tmp_path: Path, run_cli):
     out = tmp_path / "data"
-    args = ("prepare", "--corpus", jsonl_corpus, "--tokenizer", "bpe:300", "--val-fraction", "0.2", "--out", out, "--workers", "1")
+    args = (
+        "prepare",
+        "--corpus",
+        jsonl_corpus,
+        "--tokenizer",
+        "bpe:300",
+        "--val-fraction",
+        "0.2",
+        "--out",
+        out,
+        "--workers",
+        "1",
+    )
     assert run_cli(*args)[0] == 0
     code, _, err = run_cli(*args)
     assert code == 2 and "already exists" in err
@@ -146,6 +199,7 @@ def test_out_dir_is_refused_if_present_and_replaced_with_force(jsonl_corpus: Pat
 
 
 # --- bad input: one clear line naming the file, exit code 2, no output dir left behind ---
+
 
 def _bad_jsonl(tmp: Path) -> Path:
     (tmp / "bad.jsonl").write_text('{"text": "fine"}\n{"text": "fine too"}\nnot json at all\n')
@@ -172,19 +226,24 @@ def _latin1(tmp: Path) -> Path:
     return tmp / "latin1.txt"
 
 
-@pytest.mark.parametrize("make_corpus, extra, message", [
-    (_empty, [], r"empty corpus"),
-    (_bad_jsonl, [], r"bad\.jsonl:3: not valid JSON"),
-    (_no_text_jsonl, [], r"notext\.jsonl:2: no 'text' field"),
-    (_no_text_parquet, [], r"notext\.parquet: parquet file has no 'text' column \(columns: content\)"),
-    (_latin1, ["--utf8-errors", "strict"], r"latin1\.txt: invalid UTF-8 at byte 3"),
-])
+@pytest.mark.parametrize(
+    "make_corpus, extra, message",
+    [
+        (_empty, [], r"empty corpus"),
+        (_bad_jsonl, [], r"bad\.jsonl:3: not valid JSON"),
+        (_no_text_jsonl, [], r"notext\.jsonl:2: no 'text' field"),
+        (_no_text_parquet, [], r"notext\.parquet: parquet file has no 'text' column \(columns: content\)"),
+        (_latin1, ["--utf8-errors", "strict"], r"latin1\.txt: invalid UTF-8 at byte 3"),
+    ],
+)
 def test_bad_corpus_gives_one_line_and_no_output(tmp_path: Path, run_cli, make_corpus, extra, message):
     import re
 
     corpus = make_corpus(tmp_path)
     out = tmp_path / "out"
-    code, _, err = run_cli("prepare", "--corpus", corpus, "--tokenizer", "bpe:300", "--out", out, "--workers", "1", *extra)
+    code, _, err = run_cli(
+        "prepare", "--corpus", corpus, "--tokenizer", "bpe:300", "--out", out, "--workers", "1", *extra
+    )
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0]), err
@@ -196,8 +255,13 @@ def test_invalid_utf8_is_replaced_and_counted_by_default(tmp_path: Path):
     _latin1(tmp_path / "docs")
     (tmp_path / "docs" / "ok.txt").write_text("plain ascii document\n")
     out = tmp_path / "out"
-    prepare(Corpus([str(tmp_path / "docs")]), "bpe:260", out, val_fraction=0.5, seed=19, workers=1)  # seed 19 splits the two
+    prepare(
+        Corpus([str(tmp_path / "docs")]), "bpe:260", out, val_fraction=0.5, seed=19, workers=1
+    )  # seed 19 splits the two
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["utf8"] == {"errors": "replace", "replaced_documents": 1}  # (by content: see is_val_document)
+    assert manifest["utf8"] == {
+        "errors": "replace",
+        "replaced_documents": 1,
+    }  # (by content: see is_val_document)
     texts = split_documents(out, "train") + split_documents(out, "val")
     assert "caf\ufffd cr\ufffdme\n" in texts

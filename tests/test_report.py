@@ -19,14 +19,33 @@ def finished_run(stdlib_data, tmp_path_factory):
     """20 steps with validation every 10 and in-loop tasks and probes every 10 (issue 14)."""
     root = tmp_path_factory.mktemp("report")
     tasks = root / "toy.jsonl"
-    tasks.write_text("".join(json.dumps({"type": "mc", "context": f"x = {i} +", "choices": [" 1", " 2", " 3"], "gold": i % 3}) + "\n"
-                             for i in range(12)))
+    tasks.write_text(
+        "".join(
+            json.dumps({"type": "mc", "context": f"x = {i} +", "choices": [" 1", " 2", " 3"], "gold": i % 3})
+            + "\n"
+            for i in range(12)
+        )
+    )
     probes = root / "probes.txt"
     probes.write_text("def main(\nimport os\\nimport\n")
     run = root / "run"
-    train(tiny_config(stdlib_data, run, **{"train.max_steps": 20, "eval.every": 10, "mlflow.enabled": True,
-                                           "budget.usd_per_gpu_hour": 2.0, "eval.tasks_every": 10, "eval.tasks": str(tasks),
-                                           "eval.tasks_items": 8, "eval.probes": str(probes), "eval.probe_tokens": 6}))
+    train(
+        tiny_config(
+            stdlib_data,
+            run,
+            **{
+                "train.max_steps": 20,
+                "eval.every": 10,
+                "mlflow.enabled": True,
+                "budget.usd_per_gpu_hour": 2.0,
+                "eval.tasks_every": 10,
+                "eval.tasks": str(tasks),
+                "eval.tasks_items": 8,
+                "eval.probes": str(probes),
+                "eval.probe_tokens": 6,
+            },
+        )
+    )
     return run
 
 
@@ -36,17 +55,29 @@ def test_in_loop_tasks_and_probes_are_logged_and_reported(finished_run, tmp_path
     against tokens and tables the probes."""
     records = read_metrics(finished_run / "metrics.jsonl")
     task_records = [r for r in records if "suite_score" in r]
-    assert [r["step"] for r in task_records] == [0, 10, 20] and [r["tokens"] for r in task_records] == [0, 10 * 512, 20 * 512]
-    assert all(set(r) >= {"acc_norm/toy", "tasks_eval_s", "elapsed_s"} and -0.5 <= r["suite_score"] <= 1 for r in task_records)
+    assert [r["step"] for r in task_records] == [0, 10, 20] and [r["tokens"] for r in task_records] == [
+        0,
+        10 * 512,
+        20 * 512,
+    ]
+    assert all(
+        set(r) >= {"acc_norm/toy", "tasks_eval_s", "elapsed_s"} and -0.5 <= r["suite_score"] <= 1
+        for r in task_records
+    )
     probes = read_metrics(finished_run / "probes.jsonl")
-    assert [(r["step"], r["prompt"]) for r in probes] == [(s, p) for s in (0, 10, 20) for p in ("def main(", "import os\nimport")]
+    assert [(r["step"], r["prompt"]) for r in probes] == [
+        (s, p) for s in (0, 10, 20) for p in ("def main(", "import os\nimport")
+    ]
     assert all(isinstance(r["completion"], str) for r in probes)
     code, _, err = run_cli("export", finished_run, "--out", tmp_path / "report")
     assert code == 0, err
     table = (tmp_path / "report" / "probes.md").read_text()
     assert table.count("| 10 | 5,120 |") == 2 and "## `import os\\nimport`" in table
     manifest = json.loads((tmp_path / "report" / "manifest.json").read_text())
-    assert manifest["final_suite_score"] == task_records[-1]["suite_score"] and manifest["probes_table"] == "probes.md"
+    assert (
+        manifest["final_suite_score"] == task_records[-1]["suite_score"]
+        and manifest["probes_table"] == "probes.md"
+    )
     rows = list(csv.DictReader(open(tmp_path / "report" / "metrics.csv")))
     assert {r["kind"] for r in rows if r["name"] == "suite_score"} == {"tasks"}
 
@@ -55,11 +86,26 @@ def test_export_writes_the_x1_report(finished_run, tmp_path, run_cli):
     out = tmp_path / "report"
     code, stdout, err = run_cli("export", finished_run, "--out", out)
     assert code == 0, err
-    assert {p.name for p in out.iterdir()} == {"manifest.json", "metrics.csv", "loss-curve.png", "gradnorm-curve.png",
-                                               "lr.png", "evals.png", "throughput.png", "final.safetensors",
-                                               "mlflow-run-uri.txt", "probes.md"}
+    assert {p.name for p in out.iterdir()} == {
+        "manifest.json",
+        "metrics.csv",
+        "loss-curve.png",
+        "gradnorm-curve.png",
+        "lr.png",
+        "evals.png",
+        "throughput.png",
+        "final.safetensors",
+        "mlflow-run-uri.txt",
+        "probes.md",
+    }
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["plots"] == ["loss-curve.png", "gradnorm-curve.png", "lr.png", "evals.png", "throughput.png"]
+    assert manifest["plots"] == [
+        "loss-curve.png",
+        "gradnorm-curve.png",
+        "lr.png",
+        "evals.png",
+        "throughput.png",
+    ]
     assert manifest["seed"] == 1337 and manifest["steps"] == 20 and manifest["tokens"] == 20 * 8 * 64
     assert set(manifest["versions"]) >= {"python", "torch", "numpy", "tiktoken", "safetensors", "mlflow"}
     assert manifest["hardware"]["device_type"] == "cpu" and manifest["hardware"]["cpu_model"]
@@ -90,8 +136,17 @@ def test_plots_are_real_pngs_with_data(finished_run, tmp_path, run_cli):
     import numpy as np
 
     run_cli("export", finished_run, "--out", tmp_path / "report")
-    first_line, second_line = np.array([0x1F, 0x77, 0xB4]) / 255, np.array([0xFF, 0x7F, 0x0E]) / 255  # matplotlib C0, C1
-    for name, lines in (("loss-curve.png", 2), ("gradnorm-curve.png", 2), ("lr.png", 1), ("evals.png", 1), ("throughput.png", 1)):
+    first_line, second_line = (
+        np.array([0x1F, 0x77, 0xB4]) / 255,
+        np.array([0xFF, 0x7F, 0x0E]) / 255,
+    )  # matplotlib C0, C1
+    for name, lines in (
+        ("loss-curve.png", 2),
+        ("gradnorm-curve.png", 2),
+        ("lr.png", 1),
+        ("evals.png", 1),
+        ("throughput.png", 1),
+    ):
         image = mpimg.imread(tmp_path / "report" / name)[..., :3]
         assert image.shape[0] > 300 and image.shape[1] > 500
         for colour in (first_line, second_line)[:lines]:  # the data lines are drawn, not just axes
@@ -105,8 +160,18 @@ def test_time_axis_unit_fits_the_run(duration_s, unit):
 
 
 def test_plots_include_the_learning_rate_and_a_fitting_time_axis(tmp_path):
-    records = [{"step": s, "loss": 5.0 - s / 10, "lr": 1e-3 * min(1, s / 5), "grad_norm": 1.0, "param_norm": 10.0,
-                "tokens_per_s": 1000.0, "elapsed_s": 1.5 * s} for s in range(1, 21)]
+    records = [
+        {
+            "step": s,
+            "loss": 5.0 - s / 10,
+            "lr": 1e-3 * min(1, s / 5),
+            "grad_norm": 1.0,
+            "param_norm": 10.0,
+            "tokens_per_s": 1000.0,
+            "elapsed_s": 1.5 * s,
+        }
+        for s in range(1, 21)
+    ]
     written = write_plots(records, tmp_path, title="synthetic")
     assert "lr.png" in written and all((tmp_path / name).is_file() for name in written)
     (times, _), label = throughput_series(records)

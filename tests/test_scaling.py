@@ -24,7 +24,13 @@ from pretrainer.analysis.scaling.sweep import TIMING_COLUMNS
 from pretrainer.core.errors import UserError
 
 HOFFMANN = {"E": 1.69, "A": 406.4, "alpha": 0.34, "B": 410.7, "beta": 0.28}
-EPOCH = {"E": 1.8172, "A": 482.01, "alpha": 0.3478, "B": 2085.43, "beta": 0.3658}  # Besiroglu et al. 2024's refit
+EPOCH = {
+    "E": 1.8172,
+    "A": 482.01,
+    "alpha": 0.3478,
+    "B": 2085.43,
+    "beta": 0.3658,
+}  # Besiroglu et al. 2024's refit
 
 
 def law(constants: dict) -> dict:
@@ -65,7 +71,9 @@ def test_fit_recovers_published_laws_within_bootstrap_intervals(true):
     assert low <= F.optimal_tokens_for_params(fitted, 1e9) <= high
     # and the optimum at a budget agrees with the one for a size: N_opt(6 N D_opt(N)) = N
     n_opt, d_opt = F.optimal_for_compute(fitted, 6 * 1e9 * F.optimal_tokens_for_params(fitted, 1e9))
-    assert n_opt == pytest.approx(1e9, rel=1e-9) and d_opt == pytest.approx(F.optimal_tokens_for_params(fitted, 1e9), rel=1e-9)
+    assert n_opt == pytest.approx(1e9, rel=1e-9) and d_opt == pytest.approx(
+        F.optimal_tokens_for_params(fitted, 1e9), rel=1e-9
+    )
 
 
 def test_batched_lbfgs_finds_what_scipy_finds():
@@ -77,32 +85,53 @@ def test_batched_lbfgs_finds_what_scipy_finds():
     starts = np.tile([0.5, 6.0, 0.3, 6.0, 0.3], (8, 1))
     thetas, values = F._minimise("nd", starts, log_n[index], log_d[index], log_l[index])
     for row, theta, value in zip(index, thetas, values):
-        one = lambda t: [a[0] if a.ndim else a for a in F._objective(t[None], "nd", log_n[row][None], log_d[row][None], log_l[row][None])]  # noqa: E731
-        reference = scipy_optimize.minimize(one, starts[0], jac=True, method="L-BFGS-B",
-                                            options={"maxiter": 5000, "gtol": 1e-10, "ftol": 1e-15})
+        one = lambda t: [
+            a[0] if a.ndim else a
+            for a in F._objective(t[None], "nd", log_n[row][None], log_d[row][None], log_l[row][None])
+        ]  # noqa: E731
+        reference = scipy_optimize.minimize(
+            one,
+            starts[0],
+            jac=True,
+            method="L-BFGS-B",
+            options={"maxiter": 5000, "gtol": 1e-10, "ftol": 1e-15},
+        )
         assert value == pytest.approx(reference.fun, rel=1e-7)
         np.testing.assert_allclose(theta, reference.x, rtol=1e-3, atol=1e-3)
     # a quadratic with a known minimum, many problems of different scales
     centres = np.linspace(-3, 3, 50)[:, None] * np.ones((1, 3))
-    x, f = batched_lbfgs(lambda x, rows: (((x - centres[rows]) ** 2 * [1, 10, 100]).sum(1),
-                                          2 * (x - centres[rows]) * [1, 10, 100]), np.zeros((50, 3)))
+    x, f = batched_lbfgs(
+        lambda x, rows: (
+            ((x - centres[rows]) ** 2 * [1, 10, 100]).sum(1),
+            2 * (x - centres[rows]) * [1, 10, 100],
+        ),
+        np.zeros((50, 3)),
+    )
     np.testing.assert_allclose(x, centres, atol=1e-6)
 
 
 def test_underdetermined_fits_are_refused_or_fall_back_with_the_reason():
     params = np.array([1e6, 3e6, 1e7, 3e7])
-    one_budget = F.Points(params, np.full(4, 1e8), 2 + 50 / params ** 0.3, ["a", "b", "c", "d"])
+    one_budget = F.Points(params, np.full(4, 1e8), 2 + 50 / params**0.3, ["a", "b", "c", "d"])
     form, why = F.choose_form(one_budget)
     assert form == "n" and "same number of tokens" in why and "B and beta" in why
     with pytest.raises(UserError, match="underdetermined.*same number of tokens"):
         F.choose_form(one_budget, "nd")
     three = one_budget.take(np.arange(3))  # the lab's three sizes: no irreducible term either
-    assert F.choose_form(three) == ("n_power", F.choose_form(three)[1]) and "cannot determine an irreducible" in F.choose_form(three)[1]
+    assert (
+        F.choose_form(three) == ("n_power", F.choose_form(three)[1])
+        and "cannot determine an irreducible" in F.choose_form(three)[1]
+    )
     theta, _ = F.fit_law(three, "n_power")
     assert F.constants(theta, "n_power")["E"] == 0
     with pytest.raises(UserError, match="at least 3 distinct sizes and 4 runs"):
         F.choose_form(one_budget.take(np.arange(2)))
-    grid = F.Points(np.array([1e6, 1e6, 1e7, 1e7, 1e8]), np.array([1e8, 1e9, 1e8, 1e9, 1e8]), np.full(5, 3.0), list("abcde"))
+    grid = F.Points(
+        np.array([1e6, 1e6, 1e7, 1e7, 1e8]),
+        np.array([1e8, 1e9, 1e8, 1e9, 1e8]),
+        np.full(5, 3.0),
+        list("abcde"),
+    )
     with pytest.raises(UserError, match="5 runs for 5 constants"):
         F.choose_form(grid, "nd")
     # the fallback still predicts the loss of a size at the fixed D, with an interval; no compute optimum
@@ -114,14 +143,25 @@ def test_underdetermined_fits_are_refused_or_fall_back_with_the_reason():
 def test_isoflop_profiles_find_the_compute_optimal_size():
     truth = law(HOFFMANN)
     budgets = [1e18, 1e19, 1e20, 1e21]
-    rows = [(c, n) for c in budgets for n in np.geomspace(*F.optimal_for_compute(truth, c)[:1] * np.array([0.25, 4]), 7)]
+    rows = [
+        (c, n)
+        for c in budgets
+        for n in np.geomspace(*F.optimal_for_compute(truth, c)[:1] * np.array([0.25, 4]), 7)
+    ]
     params = np.array([n for _, n in rows])
     tokens = np.array([c / (6 * n) for c, n in rows])
-    points = F.Points(params, tokens, F.predict_loss(truth, params, tokens), [str(i) for i in range(len(rows))],
-                      np.array([c for c, _ in rows]))
+    points = F.Points(
+        params,
+        tokens,
+        F.predict_loss(truth, params, tokens),
+        [str(i) for i in range(len(rows))],
+        np.array([c for c, _ in rows]),
+    )
     minima = F.isoflop_minima(points)
     for m in minima:  # a parabola in log N around the true optimum: within 10%
-        assert m["bracketed"] and m["params_opt"] == pytest.approx(F.optimal_for_compute(truth, m["budget_flops"])[0], rel=0.1)
+        assert m["bracketed"] and m["params_opt"] == pytest.approx(
+            F.optimal_for_compute(truth, m["budget_flops"])[0], rel=0.1
+        )
     power = F.isoflop_power_laws(minima)
     assert power["a"] == pytest.approx(HOFFMANN["beta"] / (HOFFMANN["alpha"] + HOFFMANN["beta"]), abs=0.02)
     assert power["a"] + power["b"] == pytest.approx(1, abs=1e-6)  # D = C / 6N along each profile
@@ -129,11 +169,19 @@ def test_isoflop_profiles_find_the_compute_optimal_size():
     assert len(samples) + skipped == 200 and len(samples) > 0
 
 
-SWEEP_SETTINGS = {"eval.tasks_every": 0, "log.every": 10, "ckpt.every": 20, "eval.every": 40, "optim.warmup_steps": 4}
+SWEEP_SETTINGS = {
+    "eval.tasks_every": 0,
+    "log.every": 10,
+    "ckpt.every": 20,
+    "eval.every": 40,
+    "optim.warmup_steps": 4,
+}
 
 
 def sweep_args(data: Path, out: Path, sizes: str, tokens: str, *extra: str) -> list[str]:
-    base = [o for o in tiny_overrides(data, out / "unused", **SWEEP_SETTINGS) if not o.startswith("--run.dir")]
+    base = [
+        o for o in tiny_overrides(data, out / "unused", **SWEEP_SETTINGS) if not o.startswith("--run.dir")
+    ]
     return ["sweep", "--sizes", sizes, "--tokens", tokens, "--out", str(out), *base, *extra]
 
 
@@ -142,9 +190,14 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def test_cpu_sweep_then_fit_writes_csv_plots_and_a_prediction_with_an_interval(stdlib_data, tmp_path, run_cli):
+def test_cpu_sweep_then_fit_writes_csv_plots_and_a_prediction_with_an_interval(
+    stdlib_data, tmp_path, run_cli
+):
     sweep = tmp_path / "sweep"
-    quick = ("--eval.every=0", "--ckpt.every=0")  # validation at the start and the end, one checkpoint per run
+    quick = (
+        "--eval.every=0",
+        "--ckpt.every=0",
+    )  # validation at the start and the end, one checkpoint per run
     code, out, err = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k,300k", "5120,10240,20480"), *quick)
     assert code == 0, err
     assert "l1-d32-t5.12e03" in out and "15,456" in out  # the plan names the shapes and their exact counts
@@ -169,8 +222,13 @@ def test_cpu_sweep_then_fit_writes_csv_plots_and_a_prediction_with_an_interval(s
     assert "compute-optimal at" in out and "90% interval" in out
 
     # plan --fit: the loss the planned run should reach, under the same law
-    code, out, err = run_cli("plan", *[o for o in tiny_overrides(stdlib_data, tmp_path / "r") if "run.dir" not in o],
-                             "--fit", sweep / "fit.json", "--json")
+    code, out, err = run_cli(
+        "plan",
+        *[o for o in tiny_overrides(stdlib_data, tmp_path / "r") if "run.dir" not in o],
+        "--fit",
+        sweep / "fit.json",
+        "--json",
+    )
     assert code == 0, err
     plan = json.loads(out)
     predicted = plan["predicted_loss"]
@@ -184,7 +242,9 @@ def test_sweep_refuses_a_plan_over_the_cap_and_a_changed_plan(stdlib_data, tmp_p
     priced = ["--gpu", "h100-sxm", "--budget.usd_per_gpu_hour=1e9", "--budget.cap_usd=1"]
     code, _, err = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k", "10240"), *priced)
     assert code == 2 and "exceeds budget.cap_usd = $1.00" in err and not (sweep / "runs").exists()
-    code, out, _ = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k", "10240"), "--gpu", "h100-sxm", "--dry-run")
+    code, out, _ = run_cli(
+        *sweep_args(stdlib_data, sweep, "15k,100k", "10240"), "--gpu", "h100-sxm", "--dry-run"
+    )
     assert code == 0 and "l2-d64" in out and "0.00h" in out.splitlines()[2] and not sweep.exists()
     (sweep / "configs").mkdir(parents=True)
     (sweep / "configs" / "l1-d32.toml").write_text("[optim]\nlr = 1.0\n")
@@ -194,7 +254,9 @@ def test_sweep_refuses_a_plan_over_the_cap_and_a_changed_plan(stdlib_data, tmp_p
     assert code == 2 and "same shape" in err
 
 
-def test_interrupted_sweep_resumes_without_redoing_runs_and_equals_an_uninterrupted_one(stdlib_data, tmp_path, run_cli):
+def test_interrupted_sweep_resumes_without_redoing_runs_and_equals_an_uninterrupted_one(
+    stdlib_data, tmp_path, run_cli
+):
     """SIGTERM mid-run, the same command again: the same CSV as a sweep run straight through (here
     with --parallel-runs 2, separate `pretrainer train` processes: the same numbers as in-process)."""
     args = lambda out: sweep_args(stdlib_data, out, "1x32,2x64,3x96", "20480", "--log.every=1")  # noqa: E731 (shapes: no search)
@@ -203,12 +265,19 @@ def test_interrupted_sweep_resumes_without_redoing_runs_and_equals_an_uninterrup
     assert code == 0, err
 
     stopped = tmp_path / "stopped"
-    proc = subprocess.Popen([sys.executable, "-m", "pretrainer", *args(stopped)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pretrainer", *args(stopped)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     second = stopped / "runs" / "l2-d64" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
-        if second.exists() and any('"loss"' in line and json.loads(line)["step"] >= 10 for line in second.read_text().splitlines()):
+        if second.exists() and any(
+            '"loss"' in line and json.loads(line)["step"] >= 10 for line in second.read_text().splitlines()
+        ):
             break
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGTERM)

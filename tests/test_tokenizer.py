@@ -9,7 +9,13 @@ from pretrainer.data.tokenizers.base import EOT, METADATA_FILE
 from pretrainer.data.tokenizers.bpe import GPT2_VOCAB_SIZE, load_gpt2, train_bpe
 from pretrainer.data.tokenizers.load import load_tokenizer
 
-SAMPLES = ["Hello world", "def main(argv):\n\treturn 0\n", "naïve café — 日本語 🙂", "   leading spaces\n\n\n", "<|endoftext|> is text here"]
+SAMPLES = [
+    "Hello world",
+    "def main(argv):\n\treturn 0\n",
+    "naïve café — 日本語 🙂",
+    "   leading spaces\n\n\n",
+    "<|endoftext|> is text here",
+]
 
 
 def test_gpt2_matches_published_ids():
@@ -45,7 +51,9 @@ def test_trained_bpe_round_trips_and_compresses(trained):
 def test_trained_bpe_saves_and_reloads_identically(trained, tmp_path):
     trained.save(tmp_path)
     again = load_tokenizer(tmp_path)
-    assert again.sha256 == trained.sha256 and again.ranks == trained.ranks and again.pattern == trained.pattern
+    assert (
+        again.sha256 == trained.sha256 and again.ranks == trained.ranks and again.pattern == trained.pattern
+    )
     for text in SAMPLES:
         assert again.encode(text) == trained.encode(text)
 
@@ -72,7 +80,9 @@ def test_saved_directory_loads_in_transformers_and_encodes_like_ours(trained, tm
     # A literal "<|endoftext|>" is the special token to Hugging Face (its convention), plain text to
     # us (encode_ordinary); split_special_tokens=True gives ours.
     text = "a" + EOT + "b"
-    assert theirs.encode(text, add_special_tokens=False) == trained.encode("a") + [trained.eot_id] + trained.encode("b")
+    assert theirs.encode(text, add_special_tokens=False) == trained.encode("a") + [
+        trained.eot_id
+    ] + trained.encode("b")
     as_text = AutoTokenizer.from_pretrained(tmp_path, split_special_tokens=True)
     assert as_text.encode(text, add_special_tokens=False) == trained.encode(text)
 
@@ -83,7 +93,13 @@ def test_directories_written_before_the_hugging_face_files_still_load(trained, t
     (tmp_path / "tokenizer_config.json").unlink()
     os.replace(tmp_path / METADATA_FILE, tmp_path / "tokenizer.json")
     assert sorted(os.listdir(tmp_path)) == ["tokenizer.json", "tokenizer.tiktoken"]
-    assert set(json.loads((tmp_path / "tokenizer.json").read_text())) == {"name", "pattern", "special_tokens", "vocab_size", "sha256"}
+    assert set(json.loads((tmp_path / "tokenizer.json").read_text())) == {
+        "name",
+        "pattern",
+        "special_tokens",
+        "vocab_size",
+        "sha256",
+    }
     again = load_tokenizer(tmp_path)
     assert again.sha256 == trained.sha256 and again.encode(SAMPLES[1]) == trained.encode(SAMPLES[1])
 

@@ -69,10 +69,19 @@ def test_checkpoint_weights_reload_and_resave_byte_identically(stdlib_data, tmp_
     save_file(model_weights(fresh), tmp_path / "again.safetensors", metadata=metadata)
     assert (tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
     # and from another process (hash-map ordering differs between processes)
-    script = ("import sys; from safetensors.torch import load_file, save_file; "
-              "save_file(load_file(sys.argv[1]), sys.argv[2], metadata={'format': 'pt'})")
-    procs = [subprocess.Popen([sys.executable, "-c", script, path, tmp_path / f"other{i}.safetensors"]) for i in range(3)]
-    assert [proc.wait(timeout=120) for proc in procs] == [0, 0, 0]  # three processes at once: torch's import dominates
+    script = (
+        "import sys; from safetensors.torch import load_file, save_file; "
+        "save_file(load_file(sys.argv[1]), sys.argv[2], metadata={'format': 'pt'})"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, path, tmp_path / f"other{i}.safetensors"])
+        for i in range(3)
+    ]
+    assert [proc.wait(timeout=120) for proc in procs] == [
+        0,
+        0,
+        0,
+    ]  # three processes at once: torch's import dominates
     for i in range(3):
         assert (tmp_path / f"other{i}.safetensors").read_bytes() == path.read_bytes()
 
@@ -82,7 +91,12 @@ def test_checkpoints_are_complete_kept_to_n_and_torn_ones_ignored(stdlib_data, t
     train(tiny_config(stdlib_data, run, **{"train.max_steps": 30, "ckpt.keep": 2}))
     assert [p.name for p in list_checkpoints(run)] == ["step-0000020", "step-0000030"]
     for ckpt in list_checkpoints(run):
-        assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "optimizer.pt", "state.json", "COMPLETE"}
+        assert {p.name for p in ckpt.iterdir()} == {
+            "model.safetensors",
+            "optimizer.pt",
+            "state.json",
+            "COMPLETE",
+        }
     torn = run / "checkpoints" / "step-0000040"
     shutil.copytree(latest_checkpoint(run), torn)
     (torn / "COMPLETE").unlink()
@@ -104,7 +118,13 @@ def test_metrics_have_the_contract_keys_and_exact_tokens(stdlib_data, tmp_path):
 
 def test_grad_accumulation_matches_a_larger_micro_batch(stdlib_data, tmp_path):
     train(tiny_config(stdlib_data, tmp_path / "a", **{"train.max_steps": 6, "train.micro_batch": 8}))
-    train(tiny_config(stdlib_data, tmp_path / "b", **{"train.max_steps": 6, "train.micro_batch": 4, "train.grad_accum": 2}))
+    train(
+        tiny_config(
+            stdlib_data,
+            tmp_path / "b",
+            **{"train.max_steps": 6, "train.micro_batch": 4, "train.grad_accum": 2},
+        )
+    )
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
     assert a.keys() == b.keys()
     for step in a:
@@ -116,23 +136,47 @@ def test_lr_schedules():
     assert lr_at(0, cos, 100) == pytest.approx(0.1) and lr_at(9, cos, 100) == pytest.approx(1.0)
     assert lr_at(55, cos, 100) == pytest.approx(0.55) and lr_at(100, cos, 100) == pytest.approx(0.1)
     wsd = OptimConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.0, schedule="wsd", decay_fraction=0.2)
-    assert lr_at(79, wsd, 100) == 1.0 and lr_at(90, wsd, 100) == pytest.approx(0.5) and lr_at(100, wsd, 100) == 0.0
+    assert (
+        lr_at(79, wsd, 100) == 1.0
+        and lr_at(90, wsd, 100) == pytest.approx(0.5)
+        and lr_at(100, wsd, 100) == 0.0
+    )
 
 
 def test_no_weight_decay_on_norms_biases_and_embeddings():
-    model = Transformer(tiny_config(Path("unused"), Path("unused"), **{"model.arch": "gpt2", "model.n_kv_head": 0,
-                                                                     "model.vocab_size": 100}).model)
+    model = Transformer(
+        tiny_config(
+            Path("unused"),
+            Path("unused"),
+            **{"model.arch": "gpt2", "model.n_kv_head": 0, "model.vocab_size": 100},
+        ).model
+    )
     decay, no_decay = param_groups(model, 0.1)
     decayed = {id(p) for p in decay["params"]}
     names = {name for name, p in model.named_parameters() if id(p) in decayed}
     assert names and all(n.endswith("proj.weight") for n in names)
-    assert no_decay["weight_decay"] == 0.0 and id(model.wte.weight) not in decayed and id(model.wpe.weight) not in decayed
+    assert (
+        no_decay["weight_decay"] == 0.0
+        and id(model.wte.weight) not in decayed
+        and id(model.wpe.weight) not in decayed
+    )
 
 
 def test_sample_cli_is_deterministic_and_greedy_matches_the_model(stdlib_data, tmp_path, run_cli):
     run = tmp_path / "run"
     train(tiny_config(stdlib_data, run, **{"train.max_steps": 10}))
-    args = ("sample", run, "--prompt", "def main(", "--max-new-tokens", "30", "--seed", "3", "--device", "cpu")
+    args = (
+        "sample",
+        run,
+        "--prompt",
+        "def main(",
+        "--max-new-tokens",
+        "30",
+        "--seed",
+        "3",
+        "--device",
+        "cpu",
+    )
     first, second = run_cli(*args), run_cli(*args)
     assert first[0] == 0 and first[1] == second[1] and "def main(" in first[1]
     code, out, _ = run_cli(*args, "--temperature", "0")
@@ -146,17 +190,24 @@ def test_sample_cli_is_deterministic_and_greedy_matches_the_model(stdlib_data, t
 
 # --- bad input to train: one line, exit code 2 ---
 
+
 def test_missing_data_dir_and_unknown_key_are_one_line_errors(tmp_path, run_cli):
-    result = run_subprocess("train", *tiny_overrides(tmp_path / "nope", tmp_path / "run"))  # the whole process's stderr
+    result = run_subprocess(
+        "train", *tiny_overrides(tmp_path / "nope", tmp_path / "run")
+    )  # the whole process's stderr
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "nope: data dir not found; run `pretrainer prepare" in result.stderr
     code, _, err = run_cli("train", "--optim.lrr=1")
-    assert code == 2 and "unknown config key 'optim.lrr'; did you mean 'optim.lr' (peak learning rate)?" in err
+    assert (
+        code == 2 and "unknown config key 'optim.lrr'; did you mean 'optim.lr' (peak learning rate)?" in err
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_vocab_mismatches_are_caught(stdlib_data, tmp_path, run_cli):
-    code, _, err = run_cli("train", *tiny_overrides(stdlib_data, tmp_path / "run", **{"model.vocab_size": 512}))
+    code, _, err = run_cli(
+        "train", *tiny_overrides(stdlib_data, tmp_path / "run", **{"model.vocab_size": 512})
+    )
     assert code == 2 and "tokenizer/shard vocab mismatch" in err and "model.vocab_size = 512" in err
     swapped = tmp_path / "swapped"
     shutil.copytree(stdlib_data, swapped)
@@ -186,7 +237,11 @@ def test_activation_checkpointing_gives_the_same_gradients():
 
 def test_activation_checkpointing_run_matches_a_plain_run(stdlib_data, tmp_path):
     train(tiny_config(stdlib_data, tmp_path / "plain", **{"train.max_steps": 5}))
-    train(tiny_config(stdlib_data, tmp_path / "ckpt", **{"train.max_steps": 5, "train.activation_checkpointing": True}))
+    train(
+        tiny_config(
+            stdlib_data, tmp_path / "ckpt", **{"train.max_steps": 5, "train.activation_checkpointing": True}
+        )
+    )
     plain, checkpointed = losses(tmp_path / "plain"), losses(tmp_path / "ckpt")
     assert plain.keys() == checkpointed.keys()
     for step in plain:

@@ -54,25 +54,42 @@ def activation_bytes_per_token(cfg: Config) -> dict:
         per_layer, after_layers = 30 * d + 4 * kv + 8 * f + 4 * h + 8, 10 * d + 12
     else:
         per_layer, after_layers = 24 * d + 4 * f + 4 * h + 16, 6 * d + 16
-    return {"full": m.n_layer * per_layer + after_layers,
-            "checkpointed": m.n_layer * 4 * d + per_layer + after_layers}
+    return {
+        "full": m.n_layer * per_layer + after_layers,
+        "checkpointed": m.n_layer * 4 * d + per_layer + after_layers,
+    }
 
 
-def memory_per_gpu(cfg: Config, params: int, matmul_params: int, param_shapes: list[tuple[int, ...]], gpus: int, strategy: str,
-                   gpu_memory_gb: float | None) -> dict:
+def memory_per_gpu(
+    cfg: Config,
+    params: int,
+    matmul_params: int,
+    param_shapes: list[tuple[int, ...]],
+    gpus: int,
+    strategy: str,
+    gpu_memory_gb: float | None,
+) -> dict:
     """Bytes per GPU at the step's peak, item by item (see the module docstring), for the configured
     micro-batch, with and without activation checkpointing."""
     m = cfg.model
     shards = gpus if strategy == "fsdp" and gpus > 1 else 1
-    block_params = (matmul_params - m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)) / max(m.n_layer, 1)
-    out = {"weights": 4 * params // shards, "gradients": 4 * params // shards,
-           "optimizer": planned_state_bytes(cfg.optim.name, param_shapes, shards),
-           "ddp_buckets": 0,  # gradient_as_bucket_view: the gradients are the buckets
-           "bf16_weights": int(2 * 2 * block_params) if shards > 1 else 2 * matmul_params,  # FSDP: 2 gathered blocks
-           "loss_gradient": 4 * m.vocab_size * m.d_model,
-           # one chunk of logits (bf16 + fp32), the bf16 weight, the chunk's bf16 weight-gradient product
-           "loss_chunk": 6 * min(LOSS_CHUNK_ELEMENTS, m.vocab_size * cfg.train.micro_batch * m.seq_len) + 4 * m.vocab_size * m.d_model,
-           "cuda_overhead": CUDA_OVERHEAD_BYTES}
+    block_params = (matmul_params - m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)) / max(
+        m.n_layer, 1
+    )
+    out = {
+        "weights": 4 * params // shards,
+        "gradients": 4 * params // shards,
+        "optimizer": planned_state_bytes(cfg.optim.name, param_shapes, shards),
+        "ddp_buckets": 0,  # gradient_as_bucket_view: the gradients are the buckets
+        "bf16_weights": int(2 * 2 * block_params)
+        if shards > 1
+        else 2 * matmul_params,  # FSDP: 2 gathered blocks
+        "loss_gradient": 4 * m.vocab_size * m.d_model,
+        # one chunk of logits (bf16 + fp32), the bf16 weight, the chunk's bf16 weight-gradient product
+        "loss_chunk": 6 * min(LOSS_CHUNK_ELEMENTS, m.vocab_size * cfg.train.micro_batch * m.seq_len)
+        + 4 * m.vocab_size * m.d_model,
+        "cuda_overhead": CUDA_OVERHEAD_BYTES,
+    }
     states = out["weights"] + out["gradients"] + out["optimizer"] + out["cuda_overhead"]
     largest = m.vocab_size * m.d_model  # the token embedding
     logging_peak = states + 8 * largest // shards
@@ -83,7 +100,9 @@ def memory_per_gpu(cfg: Config, params: int, matmul_params: int, param_shapes: l
         out[f"activations{name}"] = per_token[key] * tokens
         out[f"total{name}"] = max(fixed + out[f"activations{name}"], logging_peak)
         if gpu_memory_gb:
-            out[f"max_micro_batch{name}"] = max(0, int((gpu_memory_gb * 1e9 - fixed) // (per_token[key] * m.seq_len)))
+            out[f"max_micro_batch{name}"] = max(
+                0, int((gpu_memory_gb * 1e9 - fixed) // (per_token[key] * m.seq_len))
+            )
     if gpu_memory_gb:
         out["fits"] = out["total"] <= gpu_memory_gb * 1e9
         out["fits_checkpointed"] = out["total_checkpointed"] <= gpu_memory_gb * 1e9
@@ -96,10 +115,20 @@ def matmul_parameter_count(model: Transformer) -> int:
     return sum(module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear))
 
 
-def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float | None = None, gpus: int = 1,
-              gpu: str | None = None, peak_tflops: float | None = None, gpu_memory_gb: float | None = None,
-              gpu_watts: float | None = None, mfu: float | None = None, usd_per_gpu_hour: float | None = None,
-              flops_convention: str = "full", data: DataInfo | None = None) -> dict:
+def make_plan(
+    cfg: Config,
+    tokens: float | None = None,
+    tokens_per_param: float | None = None,
+    gpus: int = 1,
+    gpu: str | None = None,
+    peak_tflops: float | None = None,
+    gpu_memory_gb: float | None = None,
+    gpu_watts: float | None = None,
+    mfu: float | None = None,
+    usd_per_gpu_hour: float | None = None,
+    flops_convention: str = "full",
+    data: DataInfo | None = None,
+) -> dict:
     """The plan of what cfg will do: train.max_steps steps, unless a token budget is given (`tokens`,
     or `tokens_per_param` x parameters). Price, MFU and peak default to cfg.budget's; `data` (a
     prepared data dir) supplies the vocabulary when model.vocab_size is 0."""
@@ -115,8 +144,10 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
         raise UserError(f"plan: --flops must be full or 6n, got {flops_convention}")
     known: GPU | None = lookup_gpu(gpu) if gpu else None
     if gpu and known is None and peak_tflops is None:
-        raise UserError(f"plan: unknown GPU '{gpu}'; pass --peak-tflops (and --gpu-memory-gb, --gpu-watts) or one of: "
-                        f"{', '.join(GPUS)}")
+        raise UserError(
+            f"plan: unknown GPU '{gpu}'; pass --peak-tflops (and --gpu-memory-gb, --gpu-watts) or one of: "
+            f"{', '.join(GPUS)}"
+        )
     peak = peak_tflops or (known.peak_bf16_tflops if known else None)
     memory_gb = gpu_memory_gb or (known.memory_gb if known else None)
     watts = gpu_watts or (known.board_power_w if known else None)
@@ -125,7 +156,9 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
     with torch.device("meta"):
         model = Transformer(cfg.model)
         counts, matmul_params = count_parameters(model), matmul_parameter_count(model)
-        param_shapes = [tuple(p.shape) for p in model.parameters()]  # tied weights once, as the optimizer holds them
+        param_shapes = [
+            tuple(p.shape) for p in model.parameters()
+        ]  # tied weights once, as the optimizer holds them
     flops = flops_per_token(cfg.model, counts["non_embedding"])
     per_token = flops["total"] if flops_convention == "full" else flops_per_token_6n(counts["non_embedding"])
     step_tokens = tokens_per_step(cfg, gpus)
@@ -149,8 +182,12 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
         "flops_per_token_6n": flops_per_token_6n(counts["non_embedding"]),
         "flops_per_token_terms": flops,
         "tokens_per_step": step_tokens,
-        "tokens_per_step_terms": {"micro_batch": cfg.train.micro_batch, "seq_len": cfg.model.seq_len,
-                                  "grad_accum": cfg.train.grad_accum, "world_size": gpus},
+        "tokens_per_step_terms": {
+            "micro_batch": cfg.train.micro_batch,
+            "seq_len": cfg.model.seq_len,
+            "grad_accum": cfg.train.grad_accum,
+            "world_size": gpus,
+        },
         "token_budget": budget,
         "token_budget_source": source,
         "steps": steps,
@@ -160,21 +197,33 @@ def make_plan(cfg: Config, tokens: float | None = None, tokens_per_param: float 
         "configured_tokens": cfg.train.max_steps * step_tokens,
         "chinchilla_tokens": chinchilla_tokens,
         "chinchilla_steps": math.ceil(chinchilla_tokens / step_tokens),
-        "gpu": {"key": gpu, "name": known.name if known else gpu, "count": gpus, "peak_bf16_tflops": peak,
-                "memory_gb": memory_gb, "board_power_w": watts},
+        "gpu": {
+            "key": gpu,
+            "name": known.name if known else gpu,
+            "count": gpus,
+            "peak_bf16_tflops": peak,
+            "memory_gb": memory_gb,
+            "board_power_w": watts,
+        },
         "strategy": cfg.parallel.strategy,
         "optimizer": cfg.optim.name,
-        "memory_per_gpu_bytes": memory_per_gpu(cfg, counts["total"], matmul_params, param_shapes, gpus, cfg.parallel.strategy, memory_gb),
+        "memory_per_gpu_bytes": memory_per_gpu(
+            cfg, counts["total"], matmul_params, param_shapes, gpus, cfg.parallel.strategy, memory_gb
+        ),
         "warnings": config_warnings(cfg),
     }
     if peak:
         seconds = training_seconds(training_flops, gpus, peak, mfu)
         plan.update({"mfu": mfu, "tokens_per_s": steps * step_tokens / seconds, "wall_hours": seconds / 3600})
         if usd_per_gpu_hour is not None:
-            plan.update({"usd_per_gpu_hour": usd_per_gpu_hour, "cost_usd": seconds / 3600 * gpus * usd_per_gpu_hour})
+            plan.update(
+                {"usd_per_gpu_hour": usd_per_gpu_hour, "cost_usd": seconds / 3600 * gpus * usd_per_gpu_hour}
+            )
             if b.cap_usd and plan["cost_usd"] > b.cap_usd:
-                plan["warnings"].append(f"the planned cost ${plan['cost_usd']:,.2f} exceeds budget.cap_usd = ${b.cap_usd:,.2f}: "
-                                        f"the trainer refuses to launch it unless budget.allow_over_cap")
+                plan["warnings"].append(
+                    f"the planned cost ${plan['cost_usd']:,.2f} exceeds budget.cap_usd = ${b.cap_usd:,.2f}: "
+                    f"the trainer refuses to launch it unless budget.allow_over_cap"
+                )
         if watts:
             plan["energy_kwh"] = seconds / 3600 * gpus * watts / 1000
     return plan
@@ -184,53 +233,106 @@ def format_plan(plan: dict) -> str:
     f, t, g = plan["flops_per_token_terms"], plan["tokens_per_step_terms"], plan["gpu"]
     gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
     if plan["flops_convention"] == "full":
-        flops_row = (f"{plan['flops_per_token']:,} = 6 x {f['n_matmul_params']:,} + {f['attention']:,} attention "
-                     f"(N = non-embedding parameters + output projection, a matmul even when tied)")
+        flops_row = (
+            f"{plan['flops_per_token']:,} = 6 x {f['n_matmul_params']:,} + {f['attention']:,} attention "
+            f"(N = non-embedding parameters + output projection, a matmul even when tied)"
+        )
     else:
-        flops_row = (f"{plan['flops_per_token']:,} = 6 x {plan['params_non_embedding']:,} non-embedding parameters (6N "
-                     f"convention; the full count incl. output projection and attention is {plan['flops_per_token_full']:,})")
+        flops_row = (
+            f"{plan['flops_per_token']:,} = 6 x {plan['params_non_embedding']:,} non-embedding parameters "
+            f"(6N "
+            f"convention; the full count incl. output projection and attention is "
+            f"{plan['flops_per_token_full']:,})"
+        )
     rows = [
         ("parameters (total)", f"{plan['params_total']:,}"),
         ("parameters (non-embedding)", f"{plan['params_non_embedding']:,}"),
         ("FLOPs per token", flops_row),
-        ("tokens per optimizer step", f"{plan['tokens_per_step']:,} = {t['micro_batch']} micro-batch x {t['seq_len']} seq_len x "
-                                      f"{t['grad_accum']} grad_accum x {t['world_size']} GPUs"),
-        ("steps", f"{plan['steps']:,} ({plan['token_budget_source']}) = {plan['tokens_trained']:,} training tokens"),
-        ("", f"the config trains {plan['configured_max_steps']:,} steps = {plan['configured_tokens']:,} tokens"
-             if plan["token_budget_source"] != "train.max_steps" else ""),
-        ("Chinchilla-optimal", f"{plan['chinchilla_tokens']:,} tokens ({CHINCHILLA_TOKENS_PER_PARAM} per parameter) = "
-                               f"{plan['chinchilla_steps']:,} steps; this plan trains "
-                               f"{plan['tokens_trained'] / plan['chinchilla_tokens']:.2f}x that"),
+        (
+            "tokens per optimizer step",
+            f"{plan['tokens_per_step']:,} = {t['micro_batch']} micro-batch x {t['seq_len']} seq_len x "
+            f"{t['grad_accum']} grad_accum x {t['world_size']} GPUs",
+        ),
+        (
+            "steps",
+            f"{plan['steps']:,} ({plan['token_budget_source']}) = {plan['tokens_trained']:,} training tokens",
+        ),
+        (
+            "",
+            f"the config trains {plan['configured_max_steps']:,} steps = {plan['configured_tokens']:,} tokens"
+            if plan["token_budget_source"] != "train.max_steps"
+            else "",
+        ),
+        (
+            "Chinchilla-optimal",
+            f"{plan['chinchilla_tokens']:,} tokens ({CHINCHILLA_TOKENS_PER_PARAM} per parameter) = "
+            f"{plan['chinchilla_steps']:,} steps; this plan trains "
+            f"{plan['tokens_trained'] / plan['chinchilla_tokens']:.2f}x that",
+        ),
         ("training FLOPs", f"{plan['training_flops']:.3e}"),
     ]
     if "wall_hours" in plan:
-        rows += [("GPU", f"{g['count']} x {g['name']} ({g['peak_bf16_tflops']:g} TFLOP/s bf16 peak)"),
-                 ("wall time", f"{plan['wall_hours']:,.2f} h at MFU {plan['mfu']:g} ({plan['tokens_per_s']:,.0f} tokens/s)")]
+        rows += [
+            ("GPU", f"{g['count']} x {g['name']} ({g['peak_bf16_tflops']:g} TFLOP/s bf16 peak)"),
+            (
+                "wall time",
+                f"{plan['wall_hours']:,.2f} h at MFU {plan['mfu']:g} ({plan['tokens_per_s']:,.0f} tokens/s)",
+            ),
+        ]
         if "cost_usd" in plan:
             rows.append(("cost", f"${plan['cost_usd']:,.2f} at ${plan['usd_per_gpu_hour']:g}/GPU-hour"))
         if "energy_kwh" in plan:
-            rows.append(("energy", f"{plan['energy_kwh']:,.1f} kWh at {g['board_power_w']:g} W board power per GPU"))
+            rows.append(
+                ("energy", f"{plan['energy_kwh']:,.1f} kWh at {g['board_power_w']:g} W board power per GPU")
+            )
     else:
         rows.append(("wall time, cost", "give --gpu NAME (or --peak-tflops) to estimate"))
     m = plan["memory_per_gpu_bytes"]
     rows += [
-        ("memory per GPU", f"weights {gib(m['weights'])}, gradients {gib(m['gradients'])} (DDP buckets: views, +0), {plan['optimizer']} "
-                           f"state {gib(m['optimizer'])} ({plan['strategy']}), CUDA context {gib(m['cuda_overhead'])}"),
-        ("  bf16 weights, loss", f"{gib(m['bf16_weights'])} bf16 weight copies; fused loss {gib(m['loss_gradient'])} "
-                                 f"(output gradient) + {gib(m['loss_chunk'])} (one chunk of logits)"),
-        ("  activations", f"{gib(m['activations'])} at micro-batch {t['micro_batch']} -> total {gib(m['total'])}"
-                          + (f" ({'fits' if m['fits'] else 'does NOT fit'} in {g['memory_gb']:g} GB)" if "fits" in m else "")),
-        ("  with act. checkpointing", f"{gib(m['activations_checkpointed'])} -> total {gib(m['total_checkpointed'])}"
-                                      + (f" ({'fits' if m['fits_checkpointed'] else 'does NOT fit'})" if "fits" in m else "")),
+        (
+            "memory per GPU",
+            f"weights {gib(m['weights'])}, gradients {gib(m['gradients'])} (DDP buckets: views, +0), "
+            f"{plan['optimizer']} "
+            f"state {gib(m['optimizer'])} ({plan['strategy']}), CUDA context {gib(m['cuda_overhead'])}",
+        ),
+        (
+            "  bf16 weights, loss",
+            f"{gib(m['bf16_weights'])} bf16 weight copies; fused loss {gib(m['loss_gradient'])} "
+            f"(output gradient) + {gib(m['loss_chunk'])} (one chunk of logits)",
+        ),
+        (
+            "  activations",
+            f"{gib(m['activations'])} at micro-batch {t['micro_batch']} -> total {gib(m['total'])}"
+            + (
+                f" ({'fits' if m['fits'] else 'does NOT fit'} in {g['memory_gb']:g} GB)"
+                if "fits" in m
+                else ""
+            ),
+        ),
+        (
+            "  with act. checkpointing",
+            f"{gib(m['activations_checkpointed'])} -> total {gib(m['total_checkpointed'])}"
+            + (f" ({'fits' if m['fits_checkpointed'] else 'does NOT fit'})" if "fits" in m else ""),
+        ),
     ]
     if "max_micro_batch" in m:
-        rows.append(("  largest micro-batch", f"{m['max_micro_batch']} ({m['max_micro_batch_checkpointed']} with activation "
-                                              f"checkpointing) in {g['memory_gb']:g} GB"))
+        rows.append(
+            (
+                "  largest micro-batch",
+                f"{m['max_micro_batch']} ({m['max_micro_batch_checkpointed']} with activation "
+                f"checkpointing) in {g['memory_gb']:g} GB",
+            )
+        )
     if "predicted_loss" in plan:
         p = plan["predicted_loss"]
         loss = p["loss"]
-        rows.append(("predicted final loss", f"{loss['value']:.3f} ({loss['low']:.3f} to {loss['high']:.3f}, {p['level']:.0%} "
-                                             f"interval) for N = {p['params']:,.0f}, D = {p['tokens']:,.0f}, from {p['source']}"))
+        rows.append(
+            (
+                "predicted final loss",
+                f"{loss['value']:.3f} ({loss['low']:.3f} to {loss['high']:.3f}, {p['level']:.0%} "
+                f"interval) for N = {p['params']:,.0f}, D = {p['tokens']:,.0f}, from {p['source']}",
+            )
+        )
         rows += [("  note", note) for note in p["notes"]]
     rows += [("warning", warning) for warning in plan["warnings"]]
     width = max(len(name) for name, _ in rows)

@@ -52,7 +52,9 @@ from pretrainer.core.device import import_torchao, tensor_bytes
 from pretrainer.core.errors import UserError
 
 VARIANTS = ("fp32", "bf16", "int8", "int4")
-DEFAULT_USD_PER_HOUR = 1.0  # when neither --usd-per-hour nor the run's budget.usd_per_gpu_hour says (stated as assumed)
+DEFAULT_USD_PER_HOUR = (
+    1.0  # when neither --usd-per-hour nor the run's budget.usd_per_gpu_hour says (stated as assumed)
+)
 
 
 @dataclass
@@ -101,22 +103,36 @@ def quant_config(variant: str, device: torch.device, group_size: int):
     if device.type == "cpu":
         from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
 
-        return (PrototypeInt4WeightOnlyConfig(group_size=group_size, set_inductor_config=False),
-                f"int4, groups of {group_size}, packed for the tinygemm CPU kernel (torchao Int4OpaqueTensor)")
+        return (
+            PrototypeInt4WeightOnlyConfig(group_size=group_size, set_inductor_config=False),
+            f"int4, groups of {group_size}, packed for the tinygemm CPU kernel (torchao Int4OpaqueTensor)",
+        )
     from torchao.utils import is_mslk_version_at_least
 
     if is_mslk_version_at_least("1.0.0"):  # the plain format's kernels
-        return (Int4WeightOnlyConfig(group_size=group_size, set_inductor_config=False),
-                f"int4, groups of {group_size}, plain packing (torchao Int4Tensor)")
-    return (Int4WeightOnlyConfig(group_size=group_size, int4_packing_format="tile_packed_to_4d", set_inductor_config=False),
-            f"int4, groups of {group_size}, tinygemm tile packing, in_features padded to 1024 (torchao Int4TilePackedTo4dTensor)")
+        return (
+            Int4WeightOnlyConfig(group_size=group_size, set_inductor_config=False),
+            f"int4, groups of {group_size}, plain packing (torchao Int4Tensor)",
+        )
+    return (
+        Int4WeightOnlyConfig(
+            group_size=group_size, int4_packing_format="tile_packed_to_4d", set_inductor_config=False
+        ),
+        f"int4, groups of {group_size}, tinygemm tile packing, in_features padded to 1024 (torchao "
+        f"Int4TilePackedTo4dTensor)",
+    )
 
 
-def why_not_quantised(name: str, module: torch.nn.Module, variant: str, device: torch.device, group_size: int,
-                      tied: bool) -> str:
+def why_not_quantised(
+    name: str, module: torch.nn.Module, variant: str, device: torch.device, group_size: int, tied: bool
+) -> str:
     """'' when the Linear `module` is quantised in `variant`, else why not."""
     if name == "lm_head":
-        return "output projection, tied to the token embedding" if tied else "output projection (read directly by the fused loss)"
+        return (
+            "output projection, tied to the token embedding"
+            if tied
+            else "output projection (read directly by the fused loss)"
+        )
     if variant == "int4":
         if module.in_features % group_size:
             return f"in_features {module.in_features} is not a multiple of --group-size {group_size}"
@@ -126,6 +142,7 @@ def why_not_quantised(name: str, module: torch.nn.Module, variant: str, device: 
 
 
 # --- measuring ---
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -150,7 +167,10 @@ def weight_memory(model: torch.nn.Module, skipped: dict[str, str], quantised: se
             q["format"] = type(param).__name__
             continue
         if name == "wte.weight":
-            kind, why = "token embedding" + (" (= lm_head, tied)" if tied else ""), "an embedding lookup, not a matmul"
+            kind, why = (
+                "token embedding" + (" (= lm_head, tied)" if tied else ""),
+                "an embedding lookup, not a matmul",
+            )
         elif name == "lm_head.weight":
             kind, why = "lm_head", skipped.get("lm_head", "")
         elif name == "wpe.weight":
@@ -163,19 +183,40 @@ def weight_memory(model: torch.nn.Module, skipped: dict[str, str], quantised: se
             kind, why = f"{module_name}.weight", skipped[module_name]
         else:
             kind, why = "other", "not a Linear layer's weight"
-        group = groups.setdefault(kind, {"what": kind, "tensors": 0, "params": 0, "bytes": 0, "dtype": dtype_name(param.dtype),
-                                         "why": why})
+        group = groups.setdefault(
+            kind,
+            {
+                "what": kind,
+                "tensors": 0,
+                "params": 0,
+                "bytes": 0,
+                "dtype": dtype_name(param.dtype),
+                "why": why,
+            },
+        )
         group["tensors"] += 1
         group["params"] += numel
         group["bytes"] += nbytes
     q["ratio_to_fp32"] = q["bytes"] / q["fp32_bytes"] if q["fp32_bytes"] else None
-    return {"total_bytes": total, "total_fp32_bytes": total_fp32, "ratio_to_fp32": total / total_fp32,
-            "quantised": q, "unquantised": list(groups.values())}
+    return {
+        "total_bytes": total,
+        "total_fp32_bytes": total_fp32,
+        "ratio_to_fp32": total / total_fp32,
+        "quantised": q,
+        "unquantised": list(groups.values()),
+    }
 
 
 @torch.inference_mode()
-def measure_speed(model: torch.nn.Module, batch: int, prompt_tokens: int, new_tokens: int, repeats: int, warmup: int,
-                  device: torch.device) -> dict:
+def measure_speed(
+    model: torch.nn.Module,
+    batch: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+) -> dict:
     """Prefill and greedy decode with the KV cache (as model/generate.py runs them), median tokens/s."""
     generator = torch.Generator().manual_seed(batch)
     prompt = torch.randint(model.cfg.vocab_size, (batch, prompt_tokens), generator=generator).to(device)
@@ -200,11 +241,17 @@ def measure_speed(model: torch.nn.Module, batch: int, prompt_tokens: int, new_to
             prefill_s.append(prefilled - started)
             decode_s.append(time.perf_counter() - prefilled)
     prefill, decode = statistics.median(prefill_s), statistics.median(decode_s)
-    return {"batch": batch, "prefill_tokens_per_s": batch * prompt_tokens / prefill,
-            "decode_tokens_per_s": batch * new_tokens / decode, "prefill_s": prefill, "decode_s": decode,
-            "prefill_s_each": prefill_s, "decode_s_each": decode_s,  # every timed round: the spread behind the median
-            "kv_cache_bytes": kv_bytes,
-            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
+    return {
+        "batch": batch,
+        "prefill_tokens_per_s": batch * prompt_tokens / prefill,
+        "decode_tokens_per_s": batch * new_tokens / decode,
+        "prefill_s": prefill,
+        "decode_s": decode,
+        "prefill_s_each": prefill_s,
+        "decode_s_each": decode_s,  # every timed round: the spread behind the median
+        "kv_cache_bytes": kv_bytes,
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+    }
 
 
 @torch.inference_mode()
@@ -216,7 +263,10 @@ def top1_predictions(model: torch.nn.Module, batch: torch.Tensor, device: torch.
 
 # --- the verb ---
 
-def load_variant(run, cfg, variant: str, device: torch.device, group_size: int, entry: dict | None = None) -> torch.nn.Module:
+
+def load_variant(
+    run, cfg, variant: str, device: torch.device, group_size: int, entry: dict | None = None
+) -> torch.nn.Module:
     """The run's checkpoint as `variant` on `device`, in eval mode; `entry` receives load_s, quantize_s,
     format, quantised_layers and weights (weight_memory). Raises what torchao raises when this device
     cannot quantise or run the variant."""
@@ -226,7 +276,11 @@ def load_variant(run, cfg, variant: str, device: torch.device, group_size: int, 
 
     entry = {} if entry is None else entry
     started = time.perf_counter()
-    model = build_model(cfg, run.load_weights, str(run.checkpoint)).to(device=device, dtype=serving_dtype(variant, device)).eval()
+    model = (
+        build_model(cfg, run.load_weights, str(run.checkpoint))
+        .to(device=device, dtype=serving_dtype(variant, device))
+        .eval()
+    )
     sync(device)
     entry["load_s"] = time.perf_counter() - started
     skipped, quantised = {}, set()
@@ -274,14 +328,19 @@ def serve_cost(settings: ServeSettings) -> dict:
     variants = settings.variants or default_variants(device)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants or len(set(variants)) != len(variants):
-        raise UserError(f"serve-cost: --variants takes distinct names from {', '.join(VARIANTS)}, got {','.join(variants)}")
+        raise UserError(
+            f"serve-cost: --variants takes distinct names from {', '.join(VARIANTS)}, got "
+            f"{','.join(variants)}"
+        )
     if not settings.batch_sizes or min(settings.batch_sizes) < 1:
         raise UserError(f"serve-cost: --batch-sizes must be positive, got {settings.batch_sizes}")
     if settings.repeats < 1 or settings.warmup < 0 or settings.val_batches < 1:
         raise UserError("serve-cost: --repeats and --val-batches must be >= 1, --warmup >= 0")
     if settings.group_size not in (32, 64, 128, 256):
         raise UserError(f"serve-cost: --group-size must be 32, 64, 128 or 256, got {settings.group_size}")
-    overrides = [f"--eval.batches={settings.val_batches}"] + ([f"--data.dir={settings.data_dir}"] if settings.data_dir else [])
+    overrides = [f"--eval.batches={settings.val_batches}"] + (
+        [f"--data.dir={settings.data_dir}"] if settings.data_dir else []
+    )
     if settings.data_dir:
         run.cfg.data.mixture = []  # another data dir replaces the run's mixture
     cfg = with_overrides(run.cfg, overrides)
@@ -289,13 +348,18 @@ def serve_cost(settings: ServeSettings) -> dict:
     prompt_tokens = settings.prompt_tokens or seq_len // 2
     new_tokens = settings.new_tokens or min(64, seq_len - prompt_tokens)
     if prompt_tokens < 1 or new_tokens < 1 or prompt_tokens + new_tokens > seq_len:
-        raise UserError(f"serve-cost: --prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} must fit model.seq_len "
-                        f"{seq_len} (each at least 1)")
+        raise UserError(
+            f"serve-cost: --prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} must fit model.seq_len "
+            f"{seq_len} (each at least 1)"
+        )
     usd_per_hour, price_source = settings.usd_per_hour, "--usd-per-hour"
     if usd_per_hour is None and run.cfg.budget.usd_per_gpu_hour > 0:
         usd_per_hour, price_source = run.cfg.budget.usd_per_gpu_hour, "the run's budget.usd_per_gpu_hour"
     elif usd_per_hour is None:
-        usd_per_hour, price_source = DEFAULT_USD_PER_HOUR, "assumed: no --usd-per-hour, no budget.usd_per_gpu_hour in the run"
+        usd_per_hour, price_source = (
+            DEFAULT_USD_PER_HOUR,
+            "assumed: no --usd-per-hour, no budget.usd_per_gpu_hour in the run",
+        )
     if usd_per_hour <= 0:
         raise UserError(f"serve-cost: --usd-per-hour must be > 0, got {usd_per_hour}")
 
@@ -308,26 +372,43 @@ def serve_cost(settings: ServeSettings) -> dict:
     if settings.tasks and settings.tasks != "none":
         from pretrainer.eval.task_files import load_tasks
 
-        tasks = load_tasks([s for s in settings.tasks.split(",") if s.strip()], cfg.eval.num_fewshot, settings.task_limit)
+        tasks = load_tasks(
+            [s for s in settings.tasks.split(",") if s.strip()], cfg.eval.num_fewshot, settings.task_limit
+        )
 
-    print(f"serve-cost: {run.checkpoint} (step {run.step}) on {device_name(device)}; variants {', '.join(variants)}; "
-          f"batch sizes {', '.join(map(str, settings.batch_sizes))}; prompt {prompt_tokens} + {new_tokens} new tokens; "
-          f"${usd_per_hour:g}/hour ({price_source})", flush=True)
-    build_model(cfg, run.load_weights, str(run.checkpoint))  # untimed: every variant's load_s is then a warm-cache load
+    print(
+        f"serve-cost: {run.checkpoint} (step {run.step}) on {device_name(device)}; variants "
+        f"{', '.join(variants)}; "
+        f"batch sizes {', '.join(map(str, settings.batch_sizes))}; prompt {prompt_tokens} + {new_tokens} new "
+        f"tokens; "
+        f"${usd_per_hour:g}/hour ({price_source})",
+        flush=True,
+    )
+    build_model(
+        cfg, run.load_weights, str(run.checkpoint)
+    )  # untimed: every variant's load_s is then a warm-cache load
     results, baseline, baseline_top1 = [], None, None
     for variant in variants:
-        entry = {"variant": variant, "status": "ok", "reason": "", "dtype": dtype_name(serving_dtype(variant, device))}
+        entry = {
+            "variant": variant,
+            "status": "ok",
+            "reason": "",
+            "dtype": dtype_name(serving_dtype(variant, device)),
+        }
         results.append(entry)
         try:
             model = load_variant(run, cfg, variant, device, settings.group_size, entry)
-        except Exception as e:  # noqa: BLE001 (torchao raises what its kernels raise: a variant this device cannot run)
+        # torchao raises what its kernels raise: a variant this device cannot run
+        except Exception as e:
             message = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             entry.update(status="skipped", reason=f"{type(e).__name__}: {message}")
             print(f"  {variant}: skipped ({entry['reason']})", flush=True)
             continue
         entry["speed"] = []
         for batch in settings.batch_sizes:
-            speed = measure_speed(model, batch, prompt_tokens, new_tokens, settings.repeats, settings.warmup, device)
+            speed = measure_speed(
+                model, batch, prompt_tokens, new_tokens, settings.repeats, settings.warmup, device
+            )
             speed["usd_per_million_generated"] = usd_per_hour / 3600 / speed["decode_tokens_per_s"] * 1e6
             speed["usd_per_million_prompt"] = usd_per_hour / 3600 / speed["prefill_tokens_per_s"] * 1e6
             entry["speed"].append(speed)
@@ -348,24 +429,46 @@ def serve_cost(settings: ServeSettings) -> dict:
             if key in quality:
                 quality[f"delta_{key}"] = quality[key] - base_quality[key]
         entry["quality"] = quality
-        print(f"  {variant}: {entry['weights']['total_bytes'] / 2**20:.2f} MiB of weights, decode "
-              f"{entry['speed'][-1]['decode_tokens_per_s']:,.0f} tokens/s at batch {settings.batch_sizes[-1]}, "
-              f"val loss {quality['val_loss']:.4f}", flush=True)
+        print(
+            f"  {variant}: {entry['weights']['total_bytes'] / 2**20:.2f} MiB of weights, decode "
+            f"{entry['speed'][-1]['decode_tokens_per_s']:,.0f} tokens/s at batch {settings.batch_sizes[-1]}, "
+            f"val loss {quality['val_loss']:.4f}",
+            flush=True,
+        )
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
     result = {
-        "run": str(run.run_dir), "checkpoint": str(run.checkpoint), "step": run.step,
-        "device": {"type": device.type, "name": device_name(device), "torch_threads": torch.get_num_threads()},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "torchao": torchao.__version__,
-                     "pretrainer": __version__},
-        "settings": {**asdict(settings), "variants": variants, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-                     "val_tokens": sum(int((y != IGNORE_INDEX).sum()) for _, y in batches),
-                     "top1_positions": batches[0][0].numel(), "data_dir": str(data.path)},
-        "usd_per_hour": usd_per_hour, "usd_per_hour_source": price_source,
-        "cost_assumption": ("$ per million generated tokens = usd_per_hour / 3600 / decode tokens per s x 1e6: the device "
-                            "rented whole and kept busy decoding at that batch size; prefill and idle time not counted"),
+        "run": str(run.run_dir),
+        "checkpoint": str(run.checkpoint),
+        "step": run.step,
+        "device": {
+            "type": device.type,
+            "name": device_name(device),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchao": torchao.__version__,
+            "pretrainer": __version__,
+        },
+        "settings": {
+            **asdict(settings),
+            "variants": variants,
+            "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens,
+            "val_tokens": sum(int((y != IGNORE_INDEX).sum()) for _, y in batches),
+            "top1_positions": batches[0][0].numel(),
+            "data_dir": str(data.path),
+        },
+        "usd_per_hour": usd_per_hour,
+        "usd_per_hour_source": price_source,
+        "cost_assumption": (
+            "$ per million generated tokens = usd_per_hour / 3600 / decode tokens per s x 1e6: the device "
+            "rented whole and kept busy decoding at that batch size; prefill and idle time not counted"
+        ),
         "baseline": baseline["variant"] if baseline else None,
         "variants": results,
     }

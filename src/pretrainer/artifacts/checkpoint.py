@@ -1,4 +1,5 @@
-"""Atomic checkpoints: RUN_DIR/checkpoints/step-NNNNNNN/{model.safetensors, optimizer.pt, state.json, COMPLETE}.
+"""Atomic checkpoints: RUN_DIR/checkpoints/step-NNNNNNN/{model.safetensors, optimizer.pt, state.json,
+COMPLETE}.
 
 Written into a temp directory, every file fsynced, the COMPLETE marker written last, then renamed
 into place: a directory without COMPLETE (a crash mid-write) is never resumed from. The newest
@@ -53,7 +54,11 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = checkpoints_root(run_dir)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_NAME.match(p.name)) and (p / MARKER).is_file()]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := CHECKPOINT_NAME.match(p.name)) and (p / MARKER).is_file()
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -62,7 +67,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def model_weights(
+    model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """The model's state dict (or a full one gathered across ranks) on CPU, without tied aliases:
     safetensors stores each tensor once."""
     aliases = set(model.tied_aliases())
@@ -71,12 +78,20 @@ def model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor] | None 
 
 
 def weights_problem(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> str:
-    """"" when the weights fit the model name by name and shape by shape; else a one-line error."""
+    """ "" when the weights fit the model name by name and shape by shape; else a one-line error."""
     expected = {k: v.shape for k, v in model.state_dict().items() if k not in set(model.tied_aliases())}
     problems = [f"missing {k}" for k in expected if k not in weights]
     problems += [f"unexpected {k}" for k in weights if k not in expected]
-    problems += [f"{k} {tuple(weights[k].shape)} != {tuple(s)}" for k, s in expected.items() if k in weights and weights[k].shape != s]
-    return f"{where}: weights do not fit this model ({'; '.join(problems[:5])}); check the model.* config" if problems else ""
+    problems += [
+        f"{k} {tuple(weights[k].shape)} != {tuple(s)}"
+        for k, s in expected.items()
+        if k in weights and weights[k].shape != s
+    ]
+    return (
+        f"{where}: weights do not fit this model ({'; '.join(problems[:5])}); check the model.* config"
+        if problems
+        else ""
+    )
 
 
 def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
@@ -91,19 +106,31 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], optimizer_state: dict,
-                    trainer_state: dict, keep: int) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    weights: dict[str, torch.Tensor],
+    optimizer_state: dict,
+    trainer_state: dict,
+    keep: int,
+) -> Path:
     root = checkpoints_root(run_dir)
     final = root / f"step-{step:07d}"
-    with atomic_directory(final) as tmp:  # replaces the same step saved again (a resumed run stopping where it began)
+    with atomic_directory(
+        final
+    ) as tmp:  # replaces the same step saved again (a resumed run stopping where it began)
         # One metadata key only: safetensors writes __metadata__ in hash-map order, so two or more keys
         # can come out in a different order in another process and break byte-identical re-saves.
         save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-        torch.save(state_for_file(optimizer_state), tmp / "optimizer.pt")  # quantised moments as plain tensors
+        torch.save(
+            state_for_file(optimizer_state), tmp / "optimizer.pt"
+        )  # quantised moments as plain tensors
         atomic_write_json(tmp / "state.json", trainer_state)
         for name in ("model.safetensors", "optimizer.pt"):
             _fsync_file(tmp / name)
-        files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in FILES}
+        files = {
+            name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in FILES
+        }
         atomic_write_json(tmp / MARKER, {"step": step, "files": files})
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old)
@@ -115,7 +142,9 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
 def read_trainer_state(path: Path) -> dict:
     path = Path(path)
     if not (path / MARKER).is_file():
-        raise UserError(f"{path}: not a complete checkpoint (no {MARKER} marker); pick another or resume=auto")
+        raise UserError(
+            f"{path}: not a complete checkpoint (no {MARKER} marker); pick another or resume=auto"
+        )
     try:
         return json.loads((path / "state.json").read_text())
     except (OSError, ValueError) as e:
@@ -123,7 +152,7 @@ def read_trainer_state(path: Path) -> dict:
 
 
 def verify_checkpoint(path: Path, files: tuple[str, ...] = FILES) -> str:
-    """"" when every file is there with the size and sha256 that COMPLETE recorded; else what is
+    """ "" when every file is there with the size and sha256 that COMPLETE recorded; else what is
     wrong, in a few words. (Checkpoints written before checksums were recorded: presence only.)"""
     path = Path(path)
     try:
@@ -149,11 +178,15 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
     state = read_trainer_state(path)
     try:
         weights = load_file(Path(path) / "model.safetensors")
-        optimizer_state = state_from_file(torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=True))
+        optimizer_state = state_from_file(
+            torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=True)
+        )
     except UserError:  # e.g. 8-bit moments without torchao installed: say so, the checkpoint is fine
         raise
     except Exception as e:  # safetensors, pickle and zip errors have no common base class
-        raise DamagedCheckpoint(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+        raise DamagedCheckpoint(
+            f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+        ) from None
     return weights, optimizer_state, state
 
 
@@ -184,7 +217,9 @@ def read_resume_checkpoint(run_dir: Path, resume: str, say) -> tuple[Path, dict,
     "never": refuse a run dir that has checkpoints. A path: that checkpoint, which must be intact."""
     if resume == "never":
         if list_checkpoints(run_dir):
-            raise UserError(f"{run_dir}: has checkpoints but train.resume = 'never'; use a new run.dir or resume=auto")
+            raise UserError(
+                f"{run_dir}: has checkpoints but train.resume = 'never'; use a new run.dir or resume=auto"
+            )
         return None
     if resume != "auto":
         return (Path(resume), *read_intact(Path(resume)))
@@ -198,8 +233,11 @@ def read_resume_checkpoint(run_dir: Path, resume: str, say) -> tuple[Path, dict,
         retire_after(run_dir, checkpoint_step(path), "damaged")
         return found
     if candidates:
-        raise UserError(f"{checkpoints_root(run_dir)}: none of the {len(candidates)} checkpoints is intact (see the warnings); "
-                        f"restore one from a backup or start again with a new run.dir")
+        raise UserError(
+            f"{checkpoints_root(run_dir)}: none of the {len(candidates)} checkpoints is intact (see the "
+            f"warnings); "
+            f"restore one from a backup or start again with a new run.dir"
+        )
     return None
 
 

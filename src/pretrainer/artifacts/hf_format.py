@@ -41,7 +41,11 @@ _LLAMA = [  # (ours, theirs) for per-layer tensors; {i} is the layer index
     ("layers.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight"),
     ("layers.{i}.mlp_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
 ]
-_LLAMA_GLOBAL = [("wte.weight", "model.embed_tokens.weight"), ("norm.weight", "model.norm.weight"), ("lm_head.weight", "lm_head.weight")]
+_LLAMA_GLOBAL = [
+    ("wte.weight", "model.embed_tokens.weight"),
+    ("norm.weight", "model.norm.weight"),
+    ("lm_head.weight", "lm_head.weight"),
+]
 
 _GPT2 = [  # (ours, theirs, transposed)
     ("layers.{i}.attn_norm.weight", "transformer.h.{i}.ln_1.weight", False),
@@ -55,8 +59,12 @@ _GPT2 = [  # (ours, theirs, transposed)
     ("layers.{i}.mlp.down_proj.weight", "transformer.h.{i}.mlp.c_proj.weight", True),
     ("layers.{i}.mlp.down_proj.bias", "transformer.h.{i}.mlp.c_proj.bias", False),
 ]
-_GPT2_GLOBAL = [("wte.weight", "transformer.wte.weight"), ("wpe.weight", "transformer.wpe.weight"),
-                ("norm.weight", "transformer.ln_f.weight"), ("norm.bias", "transformer.ln_f.bias")]
+_GPT2_GLOBAL = [
+    ("wte.weight", "transformer.wte.weight"),
+    ("wpe.weight", "transformer.wpe.weight"),
+    ("norm.weight", "transformer.ln_f.weight"),
+    ("norm.bias", "transformer.ln_f.bias"),
+]
 
 
 def to_hf_weights(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -71,7 +79,10 @@ def to_hf_weights(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, 
                 out[theirs.format(i=i)] = ours[mine.format(i=i)]
         return out
     if not cfg.tie_embeddings:
-        raise UserError("Hugging Face GPT-2 ties its embeddings; export a gpt2 model trained with model.tie_embeddings = true")
+        raise UserError(
+            "Hugging Face GPT-2 ties its embeddings; export a gpt2 model trained with model.tie_embeddings = "
+            "true"
+        )
     for mine, theirs in _GPT2_GLOBAL:
         out[theirs] = ours[mine]
     for i in range(cfg.n_layer):
@@ -80,7 +91,9 @@ def to_hf_weights(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, 
             out[theirs.format(i=i)] = tensor.t().contiguous() if transposed else tensor
         qkv = [ours[f"layers.{i}.attn.{p}_proj.weight"] for p in "qkv"]
         out[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat(qkv, dim=0).t().contiguous()
-        out[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat([ours[f"layers.{i}.attn.{p}_proj.bias"] for p in "qkv"])
+        out[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat(
+            [ours[f"layers.{i}.attn.{p}_proj.bias"] for p in "qkv"]
+        )
     return out
 
 
@@ -95,7 +108,9 @@ def from_hf_weights(cfg: ModelConfig, theirs: dict[str, torch.Tensor], where: st
 
     def take(key: str) -> torch.Tensor:
         if key not in normalised:
-            raise UserError(f"{where}: no tensor '{key}' in the Hugging Face weights; is this a {cfg.arch} checkpoint?")
+            raise UserError(
+                f"{where}: no tensor '{key}' in the Hugging Face weights; is this a {cfg.arch} checkpoint?"
+            )
         return normalised.pop(key)
 
     ours = {}
@@ -116,32 +131,70 @@ def from_hf_weights(cfg: ModelConfig, theirs: dict[str, torch.Tensor], where: st
             for mine, hf_key, transposed in _GPT2:
                 tensor = take(hf_key.format(i=i))
                 ours[mine.format(i=i)] = tensor.t().contiguous() if transposed else tensor
-            weight, bias = take(f"transformer.h.{i}.attn.c_attn.weight").t(), take(f"transformer.h.{i}.attn.c_attn.bias")
+            weight, bias = (
+                take(f"transformer.h.{i}.attn.c_attn.weight").t(),
+                take(f"transformer.h.{i}.attn.c_attn.bias"),
+            )
             for part, w, b in zip("qkv", weight.chunk(3, dim=0), bias.chunk(3)):
                 ours[f"layers.{i}.attn.{part}_proj.weight"] = w.contiguous()
                 ours[f"layers.{i}.attn.{part}_proj.bias"] = b.contiguous()
     if normalised:
-        raise UserError(f"{where}: Hugging Face weights have tensors this model does not: {', '.join(sorted(normalised)[:5])}")
+        raise UserError(
+            f"{where}: Hugging Face weights have tensors this model does not: "
+            f"{', '.join(sorted(normalised)[:5])}"
+        )
     return ours
 
 
 # --- configs ---
 
+
 def hf_config(cfg: ModelConfig, eot_id: int, dtype: str = "float32", bos_id: int | None = None) -> dict:
-    """bos_id: the tokenizer's BOS when documents start with one (hf: tokenizers such as Llama-3's), else end-of-text."""
-    common = {"vocab_size": cfg.vocab_size, "bos_token_id": eot_id if bos_id is None else bos_id, "eos_token_id": eot_id,
-              "torch_dtype": dtype, "tie_word_embeddings": cfg.tie_embeddings}
+    """bos_id: the tokenizer's BOS when documents start with one (hf: tokenizers such as Llama-3's), else
+    end-of-text."""
+    common = {
+        "vocab_size": cfg.vocab_size,
+        "bos_token_id": eot_id if bos_id is None else bos_id,
+        "eos_token_id": eot_id,
+        "torch_dtype": dtype,
+        "tie_word_embeddings": cfg.tie_embeddings,
+    }
     if cfg.arch == "llama":
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
-                "hidden_size": cfg.d_model, "intermediate_size": resolve_d_ff(cfg), "num_hidden_layers": cfg.n_layer,
-                "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head or cfg.n_head,
-                "head_dim": cfg.d_model // cfg.n_head, "max_position_embeddings": cfg.seq_len, "rms_norm_eps": cfg.norm_eps,
-                "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-                "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0}
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **common,
-            "n_embd": cfg.d_model, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_positions": cfg.seq_len, "n_ctx": cfg.seq_len,
-            "n_inner": resolve_d_ff(cfg), "layer_norm_epsilon": cfg.norm_eps, "activation_function": "gelu_new",
-            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            **common,
+            "hidden_size": cfg.d_model,
+            "intermediate_size": resolve_d_ff(cfg),
+            "num_hidden_layers": cfg.n_layer,
+            "num_attention_heads": cfg.n_head,
+            "num_key_value_heads": cfg.n_kv_head or cfg.n_head,
+            "head_dim": cfg.d_model // cfg.n_head,
+            "max_position_embeddings": cfg.seq_len,
+            "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "attention_dropout": 0.0,
+        }
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        **common,
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_positions": cfg.seq_len,
+        "n_ctx": cfg.seq_len,
+        "n_inner": resolve_d_ff(cfg),
+        "layer_norm_epsilon": cfg.norm_eps,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    }
 
 
 def unsupported(hf: dict) -> list[str]:
@@ -154,15 +207,23 @@ def unsupported(hf: dict) -> list[str]:
             if rope_type != "default":
                 problems.append(f"RoPE scaling '{rope_type}' ({key}) is not supported")
         if hf.get("hidden_act", "silu") not in ("silu", "swish"):  # transformers maps both to SiLU
-            problems.append(f"hidden_act '{hf['hidden_act']}' is not supported (the llama MLP is SwiGLU with silu)")
+            problems.append(
+                f"hidden_act '{hf['hidden_act']}' is not supported (the llama MLP is SwiGLU with silu)"
+            )
         hidden, heads = hf.get("hidden_size"), hf.get("num_attention_heads")
-        if hidden and heads and (hf.get("head_dim") or hidden // heads) != hidden // heads:  # null: the default
-            problems.append(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported")
+        if (
+            hidden and heads and (hf.get("head_dim") or hidden // heads) != hidden // heads
+        ):  # null: the default
+            problems.append(
+                f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported"
+            )
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             problems.append("biases (attention_bias / mlp_bias) are not supported")
     elif kind == "gpt2":
         if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-            problems.append(f"activation_function '{hf['activation_function']}' is not supported (gelu_new only)")
+            problems.append(
+                f"activation_function '{hf['activation_function']}' is not supported (gelu_new only)"
+            )
         if hf.get("tie_word_embeddings", True) is False:
             problems.append("an untied lm_head (tie_word_embeddings = false) is not supported for gpt2")
         if hf.get("scale_attn_by_inverse_layer_idx", False):
@@ -185,15 +246,31 @@ def model_config_from_hf(hf: dict, where: str) -> ModelConfig:
         if kind == "llama":
             rope = hf.get("rope_parameters") or {}
             hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
-            return ModelConfig(arch="llama", vocab_size=hf["vocab_size"], seq_len=hf.get("max_position_embeddings", 2048),
-                               d_model=hidden, n_layer=hf["num_hidden_layers"], n_head=heads,
-                               n_kv_head=hf.get("num_key_value_heads") or heads, d_ff=hf["intermediate_size"],
-                               tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                               rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-                               norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
-        return ModelConfig(arch="gpt2", vocab_size=hf["vocab_size"], seq_len=hf["n_positions"], d_model=hf["n_embd"],
-                           n_layer=hf["n_layer"], n_head=hf["n_head"], n_kv_head=0, d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
-                           tie_embeddings=True, norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
+            return ModelConfig(
+                arch="llama",
+                vocab_size=hf["vocab_size"],
+                seq_len=hf.get("max_position_embeddings", 2048),
+                d_model=hidden,
+                n_layer=hf["num_hidden_layers"],
+                n_head=heads,
+                n_kv_head=hf.get("num_key_value_heads") or heads,
+                d_ff=hf["intermediate_size"],
+                tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+                norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            )
+        return ModelConfig(
+            arch="gpt2",
+            vocab_size=hf["vocab_size"],
+            seq_len=hf["n_positions"],
+            d_model=hf["n_embd"],
+            n_layer=hf["n_layer"],
+            n_head=hf["n_head"],
+            n_kv_head=0,
+            d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
+            tie_embeddings=True,
+            norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        )
     except KeyError as e:
         raise UserError(f"{where}: missing {e} in the Hugging Face config") from None
 
@@ -201,7 +278,9 @@ def model_config_from_hf(hf: dict, where: str) -> ModelConfig:
 def read_hf_config(directory: Path) -> ModelConfig:
     config_path = Path(directory) / "config.json"
     if not config_path.is_file():
-        raise UserError(f"{config_path}: not found; --init.from=hf:DIR needs a local Hugging Face model directory")
+        raise UserError(
+            f"{config_path}: not found; --init.from=hf:DIR needs a local Hugging Face model directory"
+        )
     return model_config_from_hf(json.loads(config_path.read_text()), str(config_path))
 
 
@@ -227,7 +306,9 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
-def export_hf(cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out: Path, dtype: str = "fp32") -> None:
+def export_hf(
+    cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out: Path, dtype: str = "fp32"
+) -> None:
     torch_dtype = DTYPES[dtype]
     with atomic_directory(Path(out)) as tmp:
         hf_weights = {k: v.to(torch_dtype).contiguous() for k, v in to_hf_weights(cfg, weights).items()}
@@ -237,6 +318,7 @@ def export_hf(cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out
         stops = tokenizer.eot_id
         if "<|assistant_end|>" in tokenizer.special_tokens:  # a chat model ends its turn there (data/chat.py)
             stops = [tokenizer.special_tokens["<|assistant_end|>"], tokenizer.eot_id]
-        (tmp / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": config["bos_token_id"], "eos_token_id": stops}, indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": config["bos_token_id"], "eos_token_id": stops}, indent=2) + "\n"
+        )
         hf_tokenizer_files(tokenizer, tmp, model_max_length=cfg.seq_len)

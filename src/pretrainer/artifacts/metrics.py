@@ -28,7 +28,9 @@ def read_metrics(path: Path, note=None) -> list[dict]:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             if position < len(lines) - 1:
-                raise UserError(f"{path}:{number}: not valid JSON in the middle of the file; the metrics are damaged") from None
+                raise UserError(
+                    f"{path}:{number}: not valid JSON in the middle of the file; the metrics are damaged"
+                ) from None
             if note is not None:
                 note(f"note: {path}:{number}: ignoring a torn last line (the process was killed mid-write)")
     return records

@@ -32,8 +32,10 @@ def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
     cfg.run.dir = str(run_dir)  # where it is now, if the run dir was moved
     cfg = apply_overrides(cfg, overrides)
     if not Path(cfg.data.dir).is_absolute() and not Path(cfg.data.dir).is_dir():
-        raise UserError(f"{source}: data.dir = {cfg.data.dir} is relative (saved by an older version) and not found "
-                        f"from here; pass --data.dir=DIR")
+        raise UserError(
+            f"{source}: data.dir = {cfg.data.dir} is relative (saved by an older version) and not found "
+            f"from here; pass --data.dir=DIR"
+        )
     return cfg
 
 

@@ -61,15 +61,21 @@ class OpenRun:
 
     def lineage(self) -> dict:
         """This run as a parent: which checkpoint (and the sha256 of its weights), the tokens it saw and
-        trained on, and its own parent, so a pretrain -> mid-train -> SFT chain reads back from the last run."""
+        trained on, and its own parent, so a pretrain -> mid-train -> SFT chain reads back from the last
+        run."""
         recorded = json.loads((self.checkpoint / MARKER).read_text()).get("files", {})
         state = self.state
-        return {"init_from": str(self.run_dir), "checkpoint": str(self.checkpoint), "step": self.step,
-                "model_sha256": recorded.get("model.safetensors", {}).get("sha256"),
-                "config_sha256": state.get("config_sha256"), "tokens": state.get("tokens"),
-                "trained_tokens": state.get("trained_tokens", state.get("tokens")),
-                "data": state.get("dataset", {}).get("dir") or state.get("dataset", {}).get("mixture"),
-                "parent": state.get("parent")}
+        return {
+            "init_from": str(self.run_dir),
+            "checkpoint": str(self.checkpoint),
+            "step": self.step,
+            "model_sha256": recorded.get("model.safetensors", {}).get("sha256"),
+            "config_sha256": state.get("config_sha256"),
+            "tokens": state.get("tokens"),
+            "trained_tokens": state.get("trained_tokens", state.get("tokens")),
+            "data": state.get("dataset", {}).get("dir") or state.get("dataset", {}).get("mixture"),
+            "parent": state.get("parent"),
+        }
 
 
 def open_run(path: str | Path) -> OpenRun:
@@ -85,7 +91,9 @@ def open_run(path: str | Path) -> OpenRun:
             return OpenRun(checkpoint, state, from_dict(state["config"], f"{checkpoint}/state.json"))
         if len(candidates) == 1:
             raise UserError(f"{checkpoint}: {problem}")
-        print(f"warning: damaged checkpoint {checkpoint}: {problem}; using the one before it", file=sys.stderr)
+        print(
+            f"warning: damaged checkpoint {checkpoint}: {problem}; using the one before it", file=sys.stderr
+        )
     raise UserError(f"{path}: none of its {len(candidates)} checkpoints is intact")
 
 
@@ -109,10 +117,14 @@ def open_init_source(spec: str) -> InitSource:
     if spec.startswith("hf:"):
         from pretrainer.artifacts import hf_format as hf
 
-        directory = Path(spec[len("hf:"):])
+        directory = Path(spec[len("hf:") :])
         source_cfg = hf.read_hf_config(directory)
-        return InitSource(source_cfg, lambda: hf.from_hf_weights(source_cfg, hf.read_hf_weights(directory), spec), None,
-                          {"init_from": spec})
+        return InitSource(
+            source_cfg,
+            lambda: hf.from_hf_weights(source_cfg, hf.read_hf_weights(directory), spec),
+            None,
+            {"init_from": spec},
+        )
     run = open_run(spec)
     return InitSource(run.cfg.model, run.load_weights, run.tokenizer(), run.lineage())
 

@@ -35,17 +35,36 @@ HELP = "commands: /reset (new conversation), /temp T (sampling temperature; 0 = 
 
 
 class ChatSession:
-    def __init__(self, model, tokenizer: Tokenizer, temperature: float, top_k: int, max_new_tokens: int, seed: int,
-                 system: str = ""):
+    def __init__(
+        self,
+        model,
+        tokenizer: Tokenizer,
+        temperature: float,
+        top_k: int,
+        max_new_tokens: int,
+        seed: int,
+        system: str = "",
+    ):
         if not is_chat_tokenizer(tokenizer):
-            raise UserError(f"tokenizer {tokenizer.name} has no chat tokens: this is a base model. Fine-tune it on "
-                            f"conversations first (prepare --format chat --tokenizer-from RUN, then train --init.from=RUN)")
+            raise UserError(
+                f"tokenizer {tokenizer.name} has no chat tokens: this is a base model. Fine-tune it on "
+                f"conversations first (prepare --format chat --tokenizer-from RUN, then train "
+                f"--init.from=RUN)"
+            )
         self.model, self.tokenizer, self.special = model, tokenizer, tokenizer.special_tokens
-        self.temperature, self.top_k, self.max_new_tokens, self.system = temperature, top_k, max_new_tokens, system
+        self.temperature, self.top_k, self.max_new_tokens, self.system = (
+            temperature,
+            top_k,
+            max_new_tokens,
+            system,
+        )
         self.generator = torch.Generator(device=model.wte.weight.device).manual_seed(seed)
         self.context = model.cfg.seq_len
         if max_new_tokens > self.context // 2:  # leave the question room
-            print(f"note: replies cut at {self.context // 2} tokens, half the model's context ({self.context})", file=sys.stderr)
+            print(
+                f"note: replies cut at {self.context // 2} tokens, half the model's context ({self.context})",
+                file=sys.stderr,
+            )
             self.max_new_tokens = self.context // 2
         # a turn ends at <|assistant_end|>; a weakly tuned model may instead start another turn or document
         self.stops = (*[self.special[name] for name in (ASSISTANT_END, USER_START, BOS)], tokenizer.eot_id)
@@ -73,22 +92,30 @@ class ChatSession:
         ids = self._ids()
         cut = len(ids) + self.max_new_tokens > self.context
         if cut:  # one turn alone is too long: the model sees its end
-            ids = ids[-(self.context - self.max_new_tokens):]
+            ids = ids[-(self.context - self.max_new_tokens) :]
             self.cache = None
         if self.cache is None:
             self.cache, self.fed = self.model.new_kv_cache(1), 0
         answer: list[int] = []
         printed = ""
-        for token in stream(self.model, ids[self.fed:], self.cache, self.max_new_tokens, self.temperature, self.top_k,
-                            self.generator, stop_ids=self.stops):
+        for token in stream(
+            self.model,
+            ids[self.fed :],
+            self.cache,
+            self.max_new_tokens,
+            self.temperature,
+            self.top_k,
+            self.generator,
+            stop_ids=self.stops,
+        ):
             if token in self.stops:
                 break
             answer.append(token)
             text_so_far = self.tokenizer.decode(answer)
             if not text_so_far.endswith("\ufffd"):  # hold back a character whose bytes are not all out yet
-                yield text_so_far[len(printed):]
+                yield text_so_far[len(printed) :]
                 printed = text_so_far
-        rest = self.tokenizer.decode(answer)[len(printed):]
+        rest = self.tokenizer.decode(answer)[len(printed) :]
         if rest:
             yield rest
         # the reply ends with <|assistant_end|> (also when cut at max_new_tokens); the cache holds the

@@ -7,8 +7,10 @@ calls one function; user errors print one line (`error: ...`) and exit with code
     pretrainer sample runs/tiny --prompt "def main(" --max-new-tokens 200 --temperature 0.8 --top-k 50
     pretrainer chat runs/sft                                 # talk to a model fine-tuned on conversations
     pretrainer eval runs/tiny                                # or a checkpoint, or hf:DIR --data.dir=DIR
-    pretrainer export runs/tiny --format hf                  # -> runs/tiny/hf (default: the report, runs/tiny/report)
-    pretrainer serve-cost runs/tiny --usd-per-hour 0.10      # fp32 vs int8/int4: memory, tokens/s, $/1M tokens, quality
+    pretrainer export runs/tiny --format hf                  # -> runs/tiny/hf (default: the report,
+    runs/tiny/report)
+    pretrainer serve-cost runs/tiny --usd-per-hour 0.10      # fp32 vs int8/int4: memory, tokens/s, $/1M
+    tokens, quality
     pretrainer plan configs/llama3-1b.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw
     pretrainer sweep configs/sweep-tiny.toml --data.dir=data/stdlib-bpe4k   # a ladder of sizes
     pretrainer fit sweeps/tiny                               # scaling law, intervals, predictions
@@ -39,11 +41,27 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
     from pretrainer.data.prepare import prepare
     from pretrainer.data.sources import Corpus
 
-    corpus = Corpus(args.corpus, txt_docs=args.txt_docs, utf8_errors=args.utf8_errors,
-                    column="messages" if args.format == "chat" else "text", on_bad=args.on_bad)
-    prepare(corpus, args.tokenizer, Path(args.out), val_fraction=args.val_fraction, seed=args.seed, workers=args.workers,
-            max_docs=args.max_docs, force=args.force, command="pretrainer " + shlex.join(argv), fmt=args.format,
-            tokenizer_from=args.tokenizer_from or "", eot_token=args.eot_token)
+    corpus = Corpus(
+        args.corpus,
+        txt_docs=args.txt_docs,
+        utf8_errors=args.utf8_errors,
+        column="messages" if args.format == "chat" else "text",
+        on_bad=args.on_bad,
+    )
+    prepare(
+        corpus,
+        args.tokenizer,
+        Path(args.out),
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        workers=args.workers,
+        max_docs=args.max_docs,
+        force=args.force,
+        command="pretrainer " + shlex.join(argv),
+        fmt=args.format,
+        tokenizer_from=args.tokenizer_from or "",
+        eot_token=args.eot_token,
+    )
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -54,7 +72,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         from pretrainer.train.launch import launch
 
         sys.stdout.flush()
-        return launch(args.nproc, cfg.parallel.shutdown_timeout_s, [*([args.config] if args.config else []), *overrides])
+        return launch(
+            args.nproc, cfg.parallel.shutdown_timeout_s, [*([args.config] if args.config else []), *overrides]
+        )
     from pretrainer.train.loop import train
 
     train(cfg)
@@ -66,7 +86,8 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
 
     # the flags are shorthands for config keys (one source of truth), given before any explicit override
     shorthands = ([f"--eval.tasks={args.tasks}"] if args.tasks is not None else []) + (
-        [f"--eval.num_fewshot={args.num_fewshot}"] if args.num_fewshot is not None else [])
+        [f"--eval.num_fewshot={args.num_fewshot}"] if args.num_fewshot is not None else []
+    )
     evaluate_target(args.target, shorthands + overrides, args.out, args.limit)
 
 
@@ -77,14 +98,29 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.config.load import load_config
 
     cfg = load_config(args.config, overrides)
-    plan = make_plan(cfg, tokens=args.tokens, tokens_per_param=args.tokens_per_param, gpus=args.gpus, gpu=args.gpu,
-                     peak_tflops=args.peak_tflops, gpu_memory_gb=args.gpu_memory_gb, gpu_watts=args.gpu_watts, mfu=args.mfu,
-                     usd_per_gpu_hour=args.usd_per_gpu_hour, flops_convention=args.flops, data=data_for_vocab(cfg))
+    plan = make_plan(
+        cfg,
+        tokens=args.tokens,
+        tokens_per_param=args.tokens_per_param,
+        gpus=args.gpus,
+        gpu=args.gpu,
+        peak_tflops=args.peak_tflops,
+        gpu_memory_gb=args.gpu_memory_gb,
+        gpu_watts=args.gpu_watts,
+        mfu=args.mfu,
+        usd_per_gpu_hour=args.usd_per_gpu_hour,
+        flops_convention=args.flops,
+        data=data_for_vocab(cfg),
+    )
     if args.fit:
         from pretrainer.analysis.scaling.report import predict_for_plan, read_fit
 
-        plan["predicted_loss"] = predict_for_plan(read_fit(Path(args.fit)), plan["params_total"],
-                                                  plan["params_non_embedding"], plan["tokens_trained"])
+        plan["predicted_loss"] = predict_for_plan(
+            read_fit(Path(args.fit)),
+            plan["params_total"],
+            plan["params_non_embedding"],
+            plan["tokens_trained"],
+        )
     print_to_stdout(json.dumps(plan, indent=2) if args.json else format_plan(plan))
 
 
@@ -93,8 +129,16 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     from pretrainer.analysis.scaling.sweep import run_sweep
 
     # the flags are shorthands for sweep keys (one source of truth), given before any explicit override
-    flags = {"sizes": args.sizes, "mode": args.mode, "tokens": args.tokens, "tokens_per_param": args.tokens_per_param,
-             "budgets": args.budgets, "dir": args.out, "parallel_runs": args.parallel_runs, "gpu": args.gpu}
+    flags = {
+        "sizes": args.sizes,
+        "mode": args.mode,
+        "tokens": args.tokens,
+        "tokens_per_param": args.tokens_per_param,
+        "budgets": args.budgets,
+        "dir": args.out,
+        "parallel_runs": args.parallel_runs,
+        "gpu": args.gpu,
+    }
     shorthands = [f"--sweep.{key}={value}" for key, value in flags.items() if value is not None]
     sweep, base = load_sweep(args.config, shorthands + overrides)
     if args.dry_run:
@@ -110,12 +154,20 @@ def cmd_fit(args: argparse.Namespace) -> None:
     from pretrainer.analysis.scaling.ladder import listed, number
     from pretrainer.analysis.scaling.report import fit_sweep
 
-    fit = fit_sweep(Path(args.sweep), Path(args.out) if args.out else None, params=args.params, form=args.form,
-                    resamples=args.resamples, seed=args.seed,
-                    predict_params=[number(n, "--predict-params") for n in listed(args.predict_params)],
-                    predict_compute=[number(c, "--predict-compute") for c in listed(args.predict_compute or "")])
+    fit = fit_sweep(
+        Path(args.sweep),
+        Path(args.out) if args.out else None,
+        params=args.params,
+        form=args.form,
+        resamples=args.resamples,
+        seed=args.seed,
+        predict_params=[number(n, "--predict-params") for n in listed(args.predict_params)],
+        predict_compute=[number(c, "--predict-compute") for c in listed(args.predict_compute or "")],
+    )
     out = Path(args.out) if args.out else Path(fit["source"]).parent
-    print_to_stdout((out / "fit.md").read_text() + f"\nwrote {out}/fit.json, fit.md, {', '.join(fit['plots'])}")
+    print_to_stdout(
+        (out / "fit.md").read_text() + f"\nwrote {out}/fit.json, fit.md, {', '.join(fit['plots'])}"
+    )
 
 
 def data_for_vocab(cfg):
@@ -130,8 +182,12 @@ def data_for_vocab(cfg):
     except UserError:
         if not cfg.model.vocab_size:
             raise
-        print(f"note: data.dir = {cfg.data.dir} is not a prepared data dir yet; planning with model.vocab_size = "
-              f"{cfg.model.vocab_size}", file=sys.stderr)
+        print(
+            f"note: data.dir = {cfg.data.dir} is not a prepared data dir yet; planning with model.vocab_size "
+            f"= "
+            f"{cfg.model.vocab_size}",
+            file=sys.stderr,
+        )
         return None
 
 
@@ -140,16 +196,29 @@ def cmd_export(args: argparse.Namespace) -> None:
     from pretrainer.artifacts.runs import open_run
 
     run = open_run(args.run)
-    default_out = {"report": run.run_dir / "report", "hf": run.run_dir / "hf", "safetensors": run.run_dir / "model.safetensors"}
+    default_out = {
+        "report": run.run_dir / "report",
+        "hf": run.run_dir / "hf",
+        "safetensors": run.run_dir / "model.safetensors",
+    }
     out = Path(args.out) if args.out else default_out[args.format]
     if out.exists() and not args.force:
-        raise UserError(f"{out}: already exists; pass --force to replace it (only once the new export is complete), "
-                        f"or --out elsewhere")
+        raise UserError(
+            f"{out}: already exists; pass --force to replace it (only once the new export is complete), "
+            f"or --out elsewhere"
+        )
     if args.format == "report":
         manifest = export_report(run, out)
-        check = "reloads byte-identically" if manifest["final_weights"]["reload_resave_byte_identical"] else "CHANGED on reload"
+        check = (
+            "reloads byte-identically"
+            if manifest["final_weights"]["reload_resave_byte_identical"]
+            else "CHANGED on reload"
+        )
         tables = [manifest["probes_table"]] if manifest["probes_table"] else []
-        print(f"report: {out}/ (manifest.json, metrics.csv, {', '.join(manifest['plots'] + tables)}, final.safetensors: {check})")
+        print(
+            f"report: {out}/ (manifest.json, metrics.csv, {', '.join(manifest['plots'] + tables)}, "
+            f"final.safetensors: {check})"
+        )
         return
     if args.format == "hf":
         from pretrainer.artifacts import hf_format as hf
@@ -168,20 +237,25 @@ def cmd_sample(args: argparse.Namespace) -> None:
     run, model, device = model_for_generation(args)
     tokenizer = run.tokenizer()
 
-    # documents start after an end-of-text, or with the tokenizer's BOS where the data has one (hf: tokenizers)
+    # documents start after an end-of-text, or with the tokenizer's BOS where the data has one (hf:
+    # tokenizers)
     prefix = [tokenizer.bos_id] if tokenizer.bos_id is not None else [] if args.prompt else [tokenizer.eot_id]
     prompt_ids = prefix + tokenizer.encode(args.prompt)
     prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator)
-    print(f"# {run.checkpoint} (step {run.step}), temperature {args.temperature}, top-k {args.top_k}, seed {args.seed}")
+    print(
+        f"# {run.checkpoint} (step {run.step}), temperature {args.temperature}, top-k {args.top_k}, seed "
+        f"{args.seed}"
+    )
     for i, row in enumerate(out.tolist()):
-        text = tokenizer.decode(row[len(prefix):]).replace(tokenizer.eot_name, f"\n{tokenizer.eot_name}\n")
+        text = tokenizer.decode(row[len(prefix) :]).replace(tokenizer.eot_name, f"\n{tokenizer.eot_name}\n")
         print(f"--- sample {i + 1} ---\n{text}")
 
 
 def model_for_generation(args: argparse.Namespace):
-    """sample and chat: -> (the run, its newest intact checkpoint's model in eval mode on --device, the device)."""
+    """sample and chat: -> (the run, its newest intact checkpoint's model in eval mode on --device, the
+    device)."""
     from pretrainer.artifacts.runs import build_model, open_run
     from pretrainer.core.device import resolve_device
 
@@ -194,7 +268,9 @@ def cmd_chat(args: argparse.Namespace) -> None:
     from pretrainer.cli.chat import ChatSession, run_chat
 
     run, model, _ = model_for_generation(args)
-    session = ChatSession(model, run.tokenizer(), args.temperature, args.top_k, args.max_new_tokens, args.seed, args.system)
+    session = ChatSession(
+        model, run.tokenizer(), args.temperature, args.top_k, args.max_new_tokens, args.seed, args.system
+    )
     run_chat(session)
 
 
@@ -208,16 +284,32 @@ def cmd_serve_cost(args: argparse.Namespace) -> None:
         batch_sizes = [int(b) for b in listed(args.batch_sizes)]
     except ValueError:
         raise UserError(f"--batch-sizes: comma-separated integers, got '{args.batch_sizes}'") from None
-    result = serve_cost(ServeSettings(
-        args.run, variants=listed(args.variants or ""), batch_sizes=batch_sizes, prompt_tokens=args.prompt_tokens,
-        new_tokens=args.new_tokens, repeats=args.repeats, warmup=args.warmup, val_batches=args.val_batches,
-        group_size=args.group_size, usd_per_hour=args.usd_per_hour, tasks=args.tasks, task_limit=args.limit,
-        device=args.device, threads=args.threads, data_dir=args.data_dir, out=args.out or ""))
+    result = serve_cost(
+        ServeSettings(
+            args.run,
+            variants=listed(args.variants or ""),
+            batch_sizes=batch_sizes,
+            prompt_tokens=args.prompt_tokens,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            val_batches=args.val_batches,
+            group_size=args.group_size,
+            usd_per_hour=args.usd_per_hour,
+            tasks=args.tasks,
+            task_limit=args.limit,
+            device=args.device,
+            threads=args.threads,
+            data_dir=args.data_dir,
+            out=args.out or "",
+        )
+    )
     print_to_stdout(Path(result["written"][1]).read_text() + f"\nwrote {', '.join(result['written'])}")
 
 
 def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:
-    """Run the budget contract once against budget.json (or the estimate) and say what the trainer would do."""
+    """Run the budget contract once against budget.json (or the estimate) and say what the trainer would
+    do."""
     from pretrainer.config.load import load_config
     from pretrainer.train.budget import BudgetGuard
 
@@ -229,11 +321,18 @@ def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:
     reading = decision.reading
     if reading.problem:
         print(f"note: {reading.problem}")
-    print(f"source: {'budget.json' if reading.source == 'file' else 'estimate'}; spent ${reading.spent_usd:.2f}, "
-          f"projected ${reading.projected_total_usd:.2f}, rate ${reading.rate_usd_per_hr:.2f}/h; "
-          f"warn at ${guard.warn_usd:.2f}, cap ${cfg.budget.cap_usd:.2f}")
-    effect = {"ok": "continue", "warn": "continue with a warning", "stop": "write a checkpoint, then exit",
-              "halt": "exit at once, no checkpoint"}[decision.action]
+    print(
+        f"source: {'budget.json' if reading.source == 'file' else 'estimate'}; spent "
+        f"${reading.spent_usd:.2f}, "
+        f"projected ${reading.projected_total_usd:.2f}, rate ${reading.rate_usd_per_hr:.2f}/h; "
+        f"warn at ${guard.warn_usd:.2f}, cap ${cfg.budget.cap_usd:.2f}"
+    )
+    effect = {
+        "ok": "continue",
+        "warn": "continue with a warning",
+        "stop": "write a checkpoint, then exit",
+        "halt": "exit at once, no checkpoint",
+    }[decision.action]
     print(f"decision: {decision.action} -> the trainer would {effect} (exit code {decision.exit_code})")
     return 0 if args.dry_run else decision.exit_code
 
@@ -274,7 +373,8 @@ def print_to_stdout(text: str) -> None:
     try:
         print(text, flush=True)
     except BrokenPipeError:
-        # Python's docs (signal, "Note on SIGPIPE"): point stdout at devnull so the flush at exit does not fail again
+        # Python's docs (signal, "Note on SIGPIPE"): point stdout at devnull so the flush at exit does not
+        # fail again
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
 
@@ -330,9 +430,14 @@ def main(argv: list[str] | None = None) -> int:
 
         if not is_collective_timeout(e):
             raise
-        print(f"error: a collective operation timed out (parallel.timeout_s): a rank is stuck, dead or unreachable. "
-              f"Check every rank's log; on cloud GPUs without NVLink/InfiniBand try NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1, "
-              f"and NCCL_DEBUG=INFO to see the transport. ({type(e).__name__}: {str(e).splitlines()[0][:200]})", file=sys.stderr)
+        print(
+            f"error: a collective operation timed out (parallel.timeout_s): a rank is stuck, dead or "
+            f"unreachable. "
+            f"Check every rank's log; on cloud GPUs without NVLink/InfiniBand try NCCL_P2P_DISABLE=1 "
+            f"NCCL_IB_DISABLE=1, "
+            f"and NCCL_DEBUG=INFO to see the transport. ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+            file=sys.stderr,
+        )
         return EXIT_COLLECTIVE_TIMEOUT
     return 0
 

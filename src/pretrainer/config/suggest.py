@@ -16,28 +16,81 @@ import re
 # Names from other trainers (Hugging Face, nanoGPT, Megatron) and common abbreviations -> our words.
 # A phrase is matched on the key's words joined by "_", so "num_layers" also matches "model.num-layers".
 SYNONYMS = {
-    "learning_rate": "lr", "learning": "lr", "learningrate": "lr",
-    "batch_size": "micro_batch global_batch", "batch": "micro_batch global_batch", "bs": "micro_batch global_batch",
-    "hidden_size": "d_model", "hidden": "d_model", "dim": "d_model", "embd": "d_model", "n_embd": "d_model",
-    "embed_dim": "d_model", "width": "d_model",
-    "num_layers": "n_layer", "n_layers": "n_layer", "layers": "n_layer", "num_hidden_layers": "n_layer", "depth": "n_layer",
-    "num_heads": "n_head", "n_heads": "n_head", "heads": "n_head", "num_attention_heads": "n_head",
-    "kv_heads": "n_kv_head", "num_key_value_heads": "n_kv_head", "n_kv_heads": "n_kv_head",
-    "intermediate_size": "d_ff", "ffn": "d_ff", "ff": "d_ff", "mlp": "d_ff",
-    "block_size": "seq_len", "context": "seq_len", "context_length": "seq_len", "seq_length": "seq_len",
-    "sequence_length": "seq_len", "n_ctx": "seq_len", "max_position_embeddings": "seq_len",
-    "vocab": "vocab_size", "tie_word_embeddings": "tie_embeddings",
-    "steps": "max_steps", "iters": "max_steps", "max_iters": "max_steps", "iterations": "max_steps",
-    "total_steps": "max_steps", "epochs": "max_steps", "warmup": "warmup_steps", "warmup_iters": "warmup_steps", "min_lr": "min_lr_ratio",
-    "scheduler": "schedule", "wd": "weight_decay", "epsilon": "eps",
-    "clip": "grad_clip", "clipping": "grad_clip", "max_grad_norm": "grad_clip",
-    "gradient": "grad", "accumulation": "grad_accum", "gradient_accumulation_steps": "grad_accum",
-    "precision": "dtype", "mixed_precision": "dtype", "gradient_checkpointing": "activation_checkpointing",
-    "interval": "every", "freq": "every", "frequency": "every",
-    "optimizer": "optim", "optimiser": "optim", "checkpoint": "ckpt", "training": "train", "evaluation": "eval",
-    "logging": "log", "output_dir": "run dir", "out_dir": "run dir", "pretrained": "init from",
+    "learning_rate": "lr",
+    "learning": "lr",
+    "learningrate": "lr",
+    "batch_size": "micro_batch global_batch",
+    "batch": "micro_batch global_batch",
+    "bs": "micro_batch global_batch",
+    "hidden_size": "d_model",
+    "hidden": "d_model",
+    "dim": "d_model",
+    "embd": "d_model",
+    "n_embd": "d_model",
+    "embed_dim": "d_model",
+    "width": "d_model",
+    "num_layers": "n_layer",
+    "n_layers": "n_layer",
+    "layers": "n_layer",
+    "num_hidden_layers": "n_layer",
+    "depth": "n_layer",
+    "num_heads": "n_head",
+    "n_heads": "n_head",
+    "heads": "n_head",
+    "num_attention_heads": "n_head",
+    "kv_heads": "n_kv_head",
+    "num_key_value_heads": "n_kv_head",
+    "n_kv_heads": "n_kv_head",
+    "intermediate_size": "d_ff",
+    "ffn": "d_ff",
+    "ff": "d_ff",
+    "mlp": "d_ff",
+    "block_size": "seq_len",
+    "context": "seq_len",
+    "context_length": "seq_len",
+    "seq_length": "seq_len",
+    "sequence_length": "seq_len",
+    "n_ctx": "seq_len",
+    "max_position_embeddings": "seq_len",
+    "vocab": "vocab_size",
+    "tie_word_embeddings": "tie_embeddings",
+    "steps": "max_steps",
+    "iters": "max_steps",
+    "max_iters": "max_steps",
+    "iterations": "max_steps",
+    "total_steps": "max_steps",
+    "epochs": "max_steps",
+    "warmup": "warmup_steps",
+    "warmup_iters": "warmup_steps",
+    "min_lr": "min_lr_ratio",
+    "scheduler": "schedule",
+    "wd": "weight_decay",
+    "epsilon": "eps",
+    "clip": "grad_clip",
+    "clipping": "grad_clip",
+    "max_grad_norm": "grad_clip",
+    "gradient": "grad",
+    "accumulation": "grad_accum",
+    "gradient_accumulation_steps": "grad_accum",
+    "precision": "dtype",
+    "mixed_precision": "dtype",
+    "gradient_checkpointing": "activation_checkpointing",
+    "interval": "every",
+    "freq": "every",
+    "frequency": "every",
+    "optimizer": "optim",
+    "optimiser": "optim",
+    "checkpoint": "ckpt",
+    "training": "train",
+    "evaluation": "eval",
+    "logging": "log",
+    "output_dir": "run dir",
+    "out_dir": "run dir",
+    "pretrained": "init from",
 }
-STOP_WORDS = set("a an and as at be by e for from g if in is it its of on or than the then this to when with".split())
+STOP_WORDS = set(
+    "a an and as at be by e for from g if in is it its of on or than the then this to when with".split()
+)
 
 
 def _singular(word: str) -> str:
@@ -59,7 +112,7 @@ def expand(text: str) -> set[str]:
     out = {_singular(w) for w in raw}
     for n in range(1, len(raw) + 1):
         for i in range(len(raw) - n + 1):
-            phrase = raw[i:i + n]
+            phrase = raw[i : i + n]
             for candidate in ("_".join(phrase), "_".join(map(_singular, phrase))):
                 out.update(_singular(w) for w in words(SYNONYMS.get(candidate, "")))
     return out
@@ -70,7 +123,9 @@ def _score(key: str, candidate: str, help: str) -> tuple[float, bool]:
     section, _, name = key.partition(".") if "." in key else ("", "", key)
     c_section, _, c_name = candidate.partition(".")
     typed = expand(name)
-    c_words = {_singular(w) for w in words(c_name) if len(w) > 1} or {c_name}  # 'n' of n_head is not a word to match
+    c_words = {_singular(w) for w in words(c_name) if len(w) > 1} or {
+        c_name
+    }  # 'n' of n_head is not a word to match
     name_hits = len(typed & c_words) / len(c_words)  # how much of the candidate's name the typed key explains
     help_hits = min(1.0, len(typed & (_help_words(help) - c_words)) / 2)
     same_section = float(c_section in expand(section)) if section else 0.0

@@ -1,7 +1,7 @@
 """Which device and precision a process computes in, and its peak FLOP/s for MFU.
 
-    device = resolve_device("auto")                  # cuda (this rank's local GPU) if available, else cpu
-    amp_dtype = autocast_dtype("auto", device)       # bf16 autocast on CUDA, None (float32) on CPU
+device = resolve_device("auto")                  # cuda (this rank's local GPU) if available, else cpu
+amp_dtype = autocast_dtype("auto", device)       # bf16 autocast on CUDA, None (float32) on CPU
 """
 
 from __future__ import annotations
@@ -77,13 +77,19 @@ def tensor_bytes(t: torch.Tensor) -> int:
     moments, an FSDP shard's DTensor) is the sum of its inner tensors (codes, scales, the local shard)."""
     if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
         names, _ = t.__tensor_flatten__()
-        return sum(tensor_bytes(inner) for inner in (getattr(t, n) for n in names) if isinstance(inner, torch.Tensor))
+        return sum(
+            tensor_bytes(inner) for inner in (getattr(t, n) for n in names) if isinstance(inner, torch.Tensor)
+        )
     return t.numel() * t.element_size()
 
 
 def hardware_info(device: torch.device, world_size: int) -> dict:
-    info = {"device_type": device.type, "world_size": world_size, "cpu_count": os.cpu_count(),
-            "cpu_model": platform.processor() or platform.machine()}
+    info = {
+        "device_type": device.type,
+        "world_size": world_size,
+        "cpu_count": os.cpu_count(),
+        "cpu_model": platform.processor() or platform.machine(),
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -15,7 +15,9 @@ EXIT_USER_ERROR = 2  # bad input: the message says what to fix
 EXIT_COLLECTIVE_TIMEOUT = 3  # a distributed collective timed out (a rank is stuck, dead or unreachable)
 EXIT_BUDGET_PROJECTED = 4  # budget: projected total over the cap; a checkpoint was written
 EXIT_BUDGET_SPENT = 5  # budget: spent over the cap; stopped at once, no checkpoint
-EXIT_SLOW = 6  # the throughput watchdog (train.min_mfu / min_tokens_per_s, watchdog_action = "stop"); a checkpoint was written
+# the throughput watchdog (train.min_mfu / min_tokens_per_s, watchdog_action = "stop"); a checkpoint was
+# written
+EXIT_SLOW = 6
 EXIT_CRASH = 1  # anything unexpected (a bug, out of memory): see the traceback
 
 

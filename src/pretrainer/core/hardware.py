@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 # --- GPUs: dense bf16 peak (no sparsity), memory, board power ---
 
+
 @dataclass(frozen=True)
 class GPU:
     name: str
@@ -27,7 +28,13 @@ GPUS = {
     "rtx-4090": GPU("NVIDIA GeForce RTX 4090", 165, 24, 450),
     "a10": GPU("NVIDIA A10", 125, 24, 150),
 }
-ALIASES = {"a100-40": "a100-40gb", "a100-80": "a100-80gb", "h100": "h100-sxm", "rtx3090": "rtx-3090", "rtx4090": "rtx-4090"}
+ALIASES = {
+    "a100-40": "a100-40gb",
+    "a100-80": "a100-80gb",
+    "h100": "h100-sxm",
+    "rtx3090": "rtx-3090",
+    "rtx4090": "rtx-4090",
+}
 
 
 def lookup_gpu(name: str) -> GPU | None:
@@ -38,10 +45,23 @@ def lookup_gpu(name: str) -> GPU | None:
 def gpu_from_device_name(device_name: str) -> str | None:
     """torch.cuda.get_device_name() -> a GPUS key, or None for a device we do not know (no MFU then)."""
     n = device_name.upper()
-    rules = [("B200", "b200"), ("H200", "h200"), ("H100 NVL", None), ("H100", "h100-pcie" if "PCIE" in n else "h100-sxm"),
-             ("A100", "a100-40gb" if "40GB" in n else "a100-80gb"), ("L40S", "l40s"), ("L40", None), ("4090", "rtx-4090"),
-             ("3090", "rtx-3090"), ("L4", "l4"), ("A10", "a10")]
-    for needle, key in rules:  # order matters: "A100" contains "A10", "L40S" and "L40" contain "L4"; None: not in
+    rules = [
+        ("B200", "b200"),
+        ("H200", "h200"),
+        ("H100 NVL", None),
+        ("H100", "h100-pcie" if "PCIE" in n else "h100-sxm"),
+        ("A100", "a100-40gb" if "40GB" in n else "a100-80gb"),
+        ("L40S", "l40s"),
+        ("L40", None),
+        ("4090", "rtx-4090"),
+        ("3090", "rtx-3090"),
+        ("L4", "l4"),
+        ("A10", "a10"),
+    ]
+    for (
+        needle,
+        key,
+    ) in rules:  # order matters: "A100" contains "A10", "L40S" and "L40" contain "L4"; None: not in
         # the table (H100 NVL and L40 have their own peaks), so no MFU rather than a wrong one
         if needle in n:
             return key

@@ -2,7 +2,8 @@
 (eval.every), and the task subset and prompt probes (eval.tasks_every).
 
     evals = LoopEvals(cfg, data, device, amp_dtype)   # at launch: val batches; tasks read and tokenized once
-    evals.attach(run_dir, keep_through_step, env.is_main, run_log.write, say, run_clock.elapsed)  # once the run dir exists
+    evals.attach(run_dir, keep_through_step, env.is_main, run_log.write, say, run_clock.elapsed)  # once the
+    run dir exists
     val_loss = evals.validate(wrapped, step, tokens)
     evals.in_context(wrapped, model, step, tokens)   # {"suite_score", "acc_norm/TASK"}; probes.jsonl
 
@@ -30,9 +31,16 @@ def data_validation_batches(data, cfg: Config) -> list:
     """eval.batches micro-batches of the val split, packed as in training; a mixture's from each source
     by weight (at least one each), so val_loss is over the same blend the run trains on."""
     sources, weights = data.sources("val", cfg.model.seq_len, cfg.data.packing)
-    shares = [max(1, round(cfg.eval.batches * w / sum(weights))) for w in weights] if len(sources) > 1 else [cfg.eval.batches]
-    return [batch for source, n in zip(sources, shares)
-            for batch in validation_batches(source, cfg.model.seq_len, cfg.train.micro_batch, n)]
+    shares = (
+        [max(1, round(cfg.eval.batches * w / sum(weights))) for w in weights]
+        if len(sources) > 1
+        else [cfg.eval.batches]
+    )
+    return [
+        batch
+        for source, n in zip(sources, shares)
+        for batch in validation_batches(source, cfg.model.seq_len, cfg.train.micro_batch, n)
+    ]
 
 
 class LoopEvals:
@@ -43,8 +51,12 @@ class LoopEvals:
         self.separator = data.eot_id if cfg.data.packing == "document" else None
         self.token_bytes = token_bytes_tensor(data.tokenizer, cfg.model.vocab_size)  # for bits per byte
         self.batch_tokens = micro_batch * seq_len  # what fits a training micro-batch fits a scoring batch
-        on = cfg.eval.tasks_every > 0  # a bad task or probes file fails the launch, before the run dir is touched
-        self.tasks = load_tasks(cfg.eval.tasks.split(","), cfg.eval.num_fewshot, cfg.eval.tasks_items) if on else []
+        on = (
+            cfg.eval.tasks_every > 0
+        )  # a bad task or probes file fails the launch, before the run dir is touched
+        self.tasks = (
+            load_tasks(cfg.eval.tasks.split(","), cfg.eval.num_fewshot, cfg.eval.tasks_items) if on else []
+        )
         self.encoded = [encode_task(task, data.tokenizer) for task in self.tasks]
         self.prompts = read_probes(cfg.eval.probes) if on else []
         self.write = self.say = self.elapsed = self.probes_log = None
@@ -59,22 +71,37 @@ class LoopEvals:
             self.probes_log = MetricsLog(path, keep_through_step)
 
     def validate(self, model: torch.nn.Module, step: int, tokens: int) -> float:
-        scores = evaluate(model, self.val_batches, self.device, self.amp_dtype, self.token_bytes, self.separator)
+        scores = evaluate(
+            model, self.val_batches, self.device, self.amp_dtype, self.token_bytes, self.separator
+        )
         self.write({"step": step, **scores, "tokens": tokens, "elapsed_s": self.elapsed()})
         self.say(f"step {step}: val loss {scores['val_loss']:.4f}, {scores['val_bpb']:.4f} bits/byte")
         return scores["val_loss"]
 
-    def in_context(self, model: torch.nn.Module, plain_model: torch.nn.Module, step: int, tokens: int) -> None:
+    def in_context(
+        self, model: torch.nn.Module, plain_model: torch.nn.Module, step: int, tokens: int
+    ) -> None:
         """The task subset (`model`: DDP/FSDP2-wrapped, scores) and the probes (`plain_model` generates)."""
         started = time.perf_counter()
         if self.tasks:
-            scorer = continuation_scorer(model, self.cfg.model.seq_len, self.device, self.amp_dtype, self.batch_tokens)
+            scorer = continuation_scorer(
+                model, self.cfg.model.seq_len, self.device, self.amp_dtype, self.batch_tokens
+            )
             results = [task_result(task, scorer(groups)) for task, groups in zip(self.tasks, self.encoded)]
-            self.write({"step": step, "suite_score": suite_score(results),
-                        **{f"acc_norm/{r['task']}": r["accuracy_norm"] for r in results},
-                        "tasks_eval_s": time.perf_counter() - started, "tokens": tokens, "elapsed_s": self.elapsed()})
+            self.write(
+                {
+                    "step": step,
+                    "suite_score": suite_score(results),
+                    **{f"acc_norm/{r['task']}": r["accuracy_norm"] for r in results},
+                    "tasks_eval_s": time.perf_counter() - started,
+                    "tokens": tokens,
+                    "elapsed_s": self.elapsed(),
+                }
+            )
             self.say(f"step {step}: suite score {suite_score(results):.4f} over {len(self.tasks)} tasks")
-        probes = run_probes(plain_model, self.tokenizer, self.prompts, self.cfg.eval.probe_tokens, self.device, self.amp_dtype)
+        probes = run_probes(
+            plain_model, self.tokenizer, self.prompts, self.cfg.eval.probe_tokens, self.device, self.amp_dtype
+        )
         for row in probes if self.probes_log else ():  # rank 0
             self.probes_log.write({"step": step, "tokens": tokens, **row})
         self.say("\n".join([f"step {step}: probes"] + format_probes(probes)))

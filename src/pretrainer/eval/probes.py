@@ -33,7 +33,9 @@ def read_probes(path: str) -> list[str]:
         lines = DEFAULT_PROBES
     else:
         if not Path(path).is_file():
-            raise UserError(f"eval.probes: {path}: file not found (one prompt per line; \"\" = the built-in prompts)")
+            raise UserError(
+                f'eval.probes: {path}: file not found (one prompt per line; "" = the built-in prompts)'
+            )
         lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
         if not lines:
             raise UserError(f"eval.probes: {path}: no prompts")
@@ -41,8 +43,14 @@ def read_probes(path: str) -> list[str]:
 
 
 @torch.no_grad()
-def run_probes(model: torch.nn.Module, tokenizer, prompts: list[str], max_new_tokens: int, device: torch.device,
-               amp_dtype: torch.dtype | None) -> list[dict]:
+def run_probes(
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+) -> list[dict]:
     """Each prompt's greedy completion (max_new_tokens, cut at end-of-text), with a KV cache. Under
     FSDP2 every rank must call this alike (each forward gathers the weights), so generation never
     stops early on what it produced: every rank runs the same number of forwards."""
@@ -52,12 +60,14 @@ def run_probes(model: torch.nn.Module, tokenizer, prompts: list[str], max_new_to
     rows = []
     with evaluation_mode(model):
         for prompt in prompts:
-            prompt_ids = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode(prompt)  # as documents start
+            prompt_ids = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode(
+                prompt
+            )  # as documents start
             ids = torch.tensor([prompt_ids or [tokenizer.eot_id]], dtype=torch.long, device=device)
             with autocast(device, amp_dtype):
-                completion = generate(model, ids, max_new_tokens, temperature=0.0)[0, ids.size(1):].tolist()
+                completion = generate(model, ids, max_new_tokens, temperature=0.0)[0, ids.size(1) :].tolist()
             if tokenizer.eot_id in completion:
-                completion = completion[:completion.index(tokenizer.eot_id)]
+                completion = completion[: completion.index(tokenizer.eot_id)]
             rows.append({"prompt": prompt, "completion": tokenizer.decode(completion)})
     return rows
 

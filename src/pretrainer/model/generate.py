@@ -8,7 +8,9 @@ from pretrainer.model.transformer import Transformer
 
 
 @torch.no_grad()
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None
+) -> torch.Tensor:
     """logits (B, vocab) -> next ids (B, 1). temperature 0 is greedy (argmax)."""
     if temperature <= 0:
         return logits.argmax(dim=-1, keepdim=True)
@@ -21,8 +23,15 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int, generator:
 
 
 @torch.no_grad()
-def generate(model: Transformer, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int = 0, generator: torch.Generator | None = None, stop_id: int | None = None) -> torch.Tensor:
+def generate(
+    model: Transformer,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+    stop_id: int | None = None,
+) -> torch.Tensor:
     """prompt (B, T) -> (B, T + n) with n <= max_new_tokens; stops early once every row has emitted stop_id.
 
     The context is the model's seq_len: when the cache is full, the last seq_len // 2 tokens are
@@ -45,21 +54,31 @@ def generate(model: Transformer, prompt: torch.Tensor, max_new_tokens: int, temp
                 break
         if cache.pos >= seq_len:
             cache = model.new_kv_cache(prompt.size(0))
-            logits, _ = model(out[:, -(seq_len // 2):], kv_cache=cache)
+            logits, _ = model(out[:, -(seq_len // 2) :], kv_cache=cache)
         else:
             logits, _ = model(next_id, kv_cache=cache)
     return out
 
 
 @torch.no_grad()
-def stream(model: Transformer, new_ids: list[int], cache, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-           generator: torch.Generator | None = None, stop_ids: tuple[int, ...] = ()):
+def stream(
+    model: Transformer,
+    new_ids: list[int],
+    cache,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+    stop_ids: tuple[int, ...] = (),
+):
     """One row, token by token: feed `new_ids` into `cache` (a prefill of only what the cache does not
     hold yet), then yield sampled ids until one in stop_ids (yielded too), max_new_tokens, or a full
     context. The ids yielded are in the cache except the last one: the caller feeds it with the next turn."""
     model.eval()
     device = model.wte.weight.device
-    logits, _ = model(torch.tensor([new_ids], dtype=torch.long, device=device), kv_cache=cache, last_only=True)
+    logits, _ = model(
+        torch.tensor([new_ids], dtype=torch.long, device=device), kv_cache=cache, last_only=True
+    )
     for produced in range(max_new_tokens):
         next_id = sample_next(logits[:, -1], temperature, top_k, generator)
         yield int(next_id)

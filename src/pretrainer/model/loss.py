@@ -26,32 +26,46 @@ def loss_chunk_tokens(vocab_size: int) -> int:
     return max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
 
 
-def _chunked(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, compute_dtype: torch.dtype, grads: bool,
-             per_token: torch.Tensor | None = None):
-    """-> (mean loss, gradient of the summed loss wrt hidden and wrt weight (None, None without grads), count).
-    `per_token` (tokens,), if given, receives each target's loss (0 where ignored): evaluation's bits per byte."""
+def _chunked(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    compute_dtype: torch.dtype,
+    grads: bool,
+    per_token: torch.Tensor | None = None,
+):
+    """-> (mean loss, gradient of the summed loss wrt hidden and wrt weight (None, None without grads),
+    count).
+    `per_token` (tokens,), if given, receives each target's loss (0 where ignored): evaluation's bits per
+    byte."""
     chunk = loss_chunk_tokens(weight.size(0))
-    with torch.autocast(hidden.device.type, enabled=False):  # the casts are explicit: autocast's dtype, made once
+    with torch.autocast(
+        hidden.device.type, enabled=False
+    ):  # the casts are explicit: autocast's dtype, made once
         h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
         grad_hidden = torch.empty_like(h) if grads else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads else None
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
         counted = targets != IGNORE_INDEX
         for start in range(0, h.size(0), chunk):
-            h_chunk, t_chunk, keep = h[start:start + chunk], targets[start:start + chunk], counted[start:start + chunk]
+            h_chunk, t_chunk, keep = (
+                h[start : start + chunk],
+                targets[start : start + chunk],
+                counted[start : start + chunk],
+            )
             logits = (h_chunk @ w.t()).float()
             log_z = torch.logsumexp(logits, dim=-1)
             rows, safe_targets = torch.arange(len(t_chunk), device=h.device), t_chunk.clamp(min=0)
             token_losses = (log_z - logits[rows, safe_targets]) * keep
             loss_sum += token_losses.sum()
             if per_token is not None:
-                per_token[start:start + chunk] = token_losses
+                per_token[start : start + chunk] = token_losses
             if grads:  # d(summed loss)/d(logits) = softmax - one-hot, made in place of the logits
                 grad_logits = logits.sub_(log_z[:, None]).exp_()
                 grad_logits[rows, safe_targets] -= 1.0
                 grad_logits *= keep[:, None]
                 grad_logits = grad_logits.to(compute_dtype)
-                grad_hidden[start:start + chunk] = grad_logits @ w
+                grad_hidden[start : start + chunk] = grad_logits @ w
                 grad_weight += grad_logits.t() @ h_chunk  # (bf16 product added in fp32: no fp32 copy of it)
         count = counted.sum().clamp(min=1).float()
     return loss_sum / count, grad_hidden, grad_weight, count
@@ -59,7 +73,9 @@ def _chunked(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, compute_dtype: torch.dtype):
+    def forward(
+        ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, compute_dtype: torch.dtype
+    ):
         loss, grad_hidden, grad_weight, count = _chunked(hidden, weight, targets, compute_dtype, grads=True)
         ctx.save_for_backward(grad_hidden, grad_weight, count)
         ctx.dtypes = (hidden.dtype, weight.dtype)
@@ -69,22 +85,33 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: torch.Tensor):
         grad_hidden, grad_weight, count = ctx.saved_tensors
         scale = grad_loss / count  # in place: the saved gradients are used once (the graph is not retained)
-        return grad_hidden.mul_(scale).to(ctx.dtypes[0]), grad_weight.mul_(scale).to(ctx.dtypes[1]), None, None
+        return (
+            grad_hidden.mul_(scale).to(ctx.dtypes[0]),
+            grad_weight.mul_(scale).to(ctx.dtypes[1]),
+            None,
+            None,
+        )
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, per_token: bool = False):
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, per_token: bool = False
+):
     """mean cross-entropy of softmax(hidden @ weight.T) against targets (IGNORE_INDEX left out), without
     materialising the logits. hidden (..., d), weight (vocab, d), targets (...). Under autocast the
     matmuls run in its dtype, the softmax in fp32, as `F.cross_entropy(linear(hidden).float())` does.
     per_token (evaluation only, no gradients): -> (the mean loss, each target's loss in targets' shape)."""
     device_type = hidden.device.type
-    compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    compute_dtype = (
+        torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    )
     shape, hidden, targets = targets.shape, hidden.flatten(0, -2), targets.flatten()
     if per_token:
         losses = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
         with torch.no_grad():
             mean = _chunked(hidden, weight, targets, compute_dtype, grads=False, per_token=losses)[0]
         return mean, losses.view(shape)
-    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):  # evaluation: the loss alone
+    if not (
+        torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    ):  # evaluation: the loss alone
         return _chunked(hidden, weight, targets, compute_dtype, grads=False)[0]
     return _LinearCrossEntropy.apply(hidden, weight, targets, compute_dtype)

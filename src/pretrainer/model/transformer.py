@@ -46,8 +46,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class KVCache:
     """Keys and values of every layer for incremental decoding; `pos` tokens are filled."""
 
-    def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
-                 device: torch.device | str, dtype: torch.dtype):
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ):
         shape = (n_layer, batch, n_kv_head, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -58,8 +66,8 @@ class KVCache:
         end = self.pos + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} positions > max_len {self.max_len}")
-        self.k[layer, :, :, self.pos:end] = k
-        self.v[layer, :, :, self.pos:end] = v
+        self.k[layer, :, :, self.pos : end] = k
+        self.v[layer, :, :, self.pos : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
 
@@ -80,8 +88,13 @@ class Attention(nn.Module):
         # so the efficient kernel runs on repeated K/V instead of the math kernel's T x T scores.
         self.native_gqa = True
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, cache: KVCache | None,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: KVCache | None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """rope: the cos and sin of each position of x ((T, head_dim), or (B, 1, T, head_dim) when
         positions restart per document); attn_mask (B, 1, T, T): which keys each query sees (document
         masking), None: causal."""
@@ -95,7 +108,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         gqa = self.n_kv_head != self.n_head  # each kv head serves n_head/n_kv_head query heads
-        if gqa and (start > 0 or not self.native_gqa or attn_mask is not None):  # masked paths, or no flash: repeat K/V
+        if gqa and (
+            start > 0 or not self.native_gqa or attn_mask is not None
+        ):  # masked paths, or no flash: repeat K/V
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             gqa = False
@@ -104,7 +119,10 @@ class Attention(nn.Module):
         elif start == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:  # decoding after a prefix: query i (absolute start + i) sees keys 0..start + i
-            visible = torch.arange(k.size(2), device=x.device)[None, :] <= (start + torch.arange(T, device=x.device))[:, None]
+            visible = (
+                torch.arange(k.size(2), device=x.device)[None, :]
+                <= (start + torch.arange(T, device=x.device))[:, None]
+            )
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
@@ -157,7 +175,9 @@ class Block(nn.Module):
         self.mlp_norm = _norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope, cache: KVCache | None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope, cache: KVCache | None, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, cache, attn_mask)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -166,12 +186,16 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.vocab_size <= 0:
-            raise ValueError("model.vocab_size must be resolved (from the data manifest) before building the model")
+            raise ValueError(
+                "model.vocab_size must be resolved (from the data manifest) before building the model"
+            )
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.arch == "gpt2" else None
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.checkpoint_blocks = False  # activation checkpointing: keep block inputs only, recompute in backward
+        self.checkpoint_blocks = (
+            False  # activation checkpointing: keep block inputs only, recompute in backward
+        )
         self.norm = _norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -187,7 +211,9 @@ class Transformer(nn.Module):
         std, residual_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layer)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, 0.0, residual_std if name.endswith(("o_proj", "down_proj")) else std)
+                nn.init.normal_(
+                    module.weight, 0.0, residual_std if name.endswith(("o_proj", "down_proj")) else std
+                )
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
@@ -195,8 +221,15 @@ class Transformer(nn.Module):
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None,
-                per_token: bool = False, last_only: bool = False, doc_separator: int | None = None):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        per_token: bool = False,
+        last_only: bool = False,
+        doc_separator: int | None = None,
+    ):
         """idx (B, T) token ids -> (logits (B, T, vocab), None) without targets; with targets (B, T) ->
         (None, mean cross-entropy over targets != IGNORE_INDEX): the loss is computed by the fused,
         chunked output projection (model/loss.py), so the full logits are never made or kept.
@@ -208,15 +241,23 @@ class Transformer(nn.Module):
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.cfg.seq_len:
             raise ValueError(f"sequence of {start + T} tokens exceeds model.seq_len {self.cfg.seq_len}")
-        positions, attn_mask = (document_layout(idx, doc_separator) if doc_separator is not None and kv_cache is None
-                                else (None, None))
+        positions, attn_mask = (
+            document_layout(idx, doc_separator)
+            if doc_separator is not None and kv_cache is None
+            else (None, None)
+        )
         x = self.wte(idx)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(start, start + T, device=idx.device) if positions is None else positions)
+            x = x + self.wpe(
+                torch.arange(start, start + T, device=idx.device) if positions is None else positions
+            )
         rope = None
         if self.cfg.arch == "llama":
-            rope = ((self.rope_cos[start:start + T], self.rope_sin[start:start + T]) if positions is None
-                    else (self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)))
+            rope = (
+                (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+                if positions is None
+                else (self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1))
+            )
         for block in self.layers:
             if self.checkpoint_blocks and self.training and kv_cache is None and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, None, attn_mask, use_reentrant=False)
@@ -242,8 +283,15 @@ class Transformer(nn.Module):
 
     def new_kv_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         attn = self.layers[0].attn
-        return KVCache(self.cfg.n_layer, batch, attn.n_kv_head, max_len or self.cfg.seq_len, attn.head_dim,
-                       self.wte.weight.device, self.wte.weight.dtype)
+        return KVCache(
+            self.cfg.n_layer,
+            batch,
+            attn.n_kv_head,
+            max_len or self.cfg.seq_len,
+            attn.head_dim,
+            self.wte.weight.device,
+            self.wte.weight.dtype,
+        )
 
     def tied_aliases(self) -> list[str]:
         """State-dict keys that are the same tensor as another key (left out when saving)."""

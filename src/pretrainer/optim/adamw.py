@@ -25,7 +25,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str, compile_step: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, device_type: str, compile_step: bool = False
+) -> torch.optim.Optimizer:
     """Fused AdamW on CUDA and CPU: one kernel per step, and it takes `optimizer.found_inf`, a device
     tensor that skips the whole update (parameters, moments, step count) without a host sync; the
     loop uses it to keep non-finite and flagged steps away from the weights. adamw8bit / adamw4bit:
@@ -36,8 +38,14 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str, compil
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
     from pretrainer.optim import lowbit  # torchao: an optional extra
 
-    return lowbit.build(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps, OPTIMIZERS[cfg.name],
-                        compile_step=compile_step or device_type == "cuda")
+    return lowbit.build(
+        groups,
+        cfg.lr,
+        (cfg.beta1, cfg.beta2),
+        cfg.eps,
+        OPTIMIZERS[cfg.name],
+        compile_step=compile_step or device_type == "cuda",
+    )
 
 
 def describe_optimizer(optimizer: torch.optim.Optimizer, name: str) -> dict:
@@ -46,9 +54,12 @@ def describe_optimizer(optimizer: torch.optim.Optimizer, name: str) -> dict:
         return {"name": name, "implementation": f"torch.optim.AdamW, fused (torch {torch.__version__})"}
     import importlib.metadata
 
-    return {"name": name, "implementation": f"torchao.optim.{type(optimizer).__name__} (torchao "
-                                            f"{importlib.metadata.version('torchao')}), update "
-                                            f"{'compiled' if optimizer.compile_step else 'eager'}"}
+    return {
+        "name": name,
+        "implementation": f"torchao.optim.{type(optimizer).__name__} (torchao "
+        f"{importlib.metadata.version('torchao')}), update "
+        f"{'compiled' if optimizer.compile_step else 'eager'}",
+    }
 
 
 @torch.no_grad()
@@ -58,18 +69,24 @@ def adamw_update_norm(optimizer: torch.optim.Optimizer, skipped: torch.Tensor | 
         theta' = theta (1 - lr wd) - lr a,   a = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
     so delta = theta' - theta = -lr (a + wd theta') / (1 - lr wd). One parameter at a time: the extra
     memory is about twice the largest parameter. Quantised moments enter dequantised: the step
-    used them before re-quantising, so the norm is within that quantisation error of the applied update. A skipped update (`skipped` = 1, fused AdamW's
+    used them before re-quantising, so the norm is within that quantisation error of the applied update. A
+    skipped update (`skipped` = 1, fused AdamW's
     found_inf) changed nothing: its norm is 0. Under FSDP2 the shards' sums are reduced (a collective)."""
     total = None
     for group in optimizer.param_groups:
-        lr, weight_decay, (beta1, beta2), eps = group["lr"], group["weight_decay"], group["betas"], group["eps"]
+        lr, weight_decay, (beta1, beta2), eps = (
+            group["lr"],
+            group["weight_decay"],
+            group["betas"],
+            group["eps"],
+        )
         for p in group["params"]:
             state = optimizer.state.get(p)
             if not state:
                 continue
             step = state["step"]
-            denominator = (_plain(state["exp_avg_sq"]) / (1 - beta2 ** step)).sqrt_().add_(eps)
-            update = (_plain(state["exp_avg"]) / (1 - beta1 ** step)).div_(denominator)
+            denominator = (_plain(state["exp_avg_sq"]) / (1 - beta2**step)).sqrt_().add_(eps)
+            update = (_plain(state["exp_avg"]) / (1 - beta1**step)).div_(denominator)
             del denominator
             if weight_decay:
                 update.add_(p.detach(), alpha=weight_decay)

@@ -50,9 +50,21 @@ class _LowBitStep:
                     state["exp_avg"] = self._new_buffer(p, True)
                     state["exp_avg_sq"] = self._new_buffer(p, False)
                 state["step"] += 1
-                single_param_adam(p.detach(), p.grad, state["step"], state["exp_avg"], state["exp_avg_sq"], None,
-                                  group["lr"], group["betas"][0], group["betas"][1], group["weight_decay"],
-                                  group["eps"], True, False)
+                single_param_adam(
+                    p.detach(),
+                    p.grad,
+                    state["step"],
+                    state["exp_avg"],
+                    state["exp_avg_sq"],
+                    None,
+                    group["lr"],
+                    group["betas"][0],
+                    group["betas"][1],
+                    group["weight_decay"],
+                    group["eps"],
+                    True,
+                    False,
+                )
         return None
 
 
@@ -65,13 +77,17 @@ class AdamW4bit(_LowBitStep, _torchao_optim.AdamW4bit):
 
 
 # the tensor subclasses an optimizer.pt may hold (loaded by name from this list only, never by import path)
-STATE_CLASSES = {cls.__name__: cls for cls in (_torchao_optim.subclass_8bit.OptimState8bit,
-                                                _torchao_optim.subclass_4bit.OptimState4bit)}
+STATE_CLASSES = {
+    cls.__name__: cls
+    for cls in (_torchao_optim.subclass_8bit.OptimState8bit, _torchao_optim.subclass_4bit.OptimState4bit)
+}
 
 
-def build(groups: list[dict], lr: float, betas: tuple[float, float], eps: float, bits: int,
-          compile_step: bool) -> torch.optim.Optimizer:
-    optimizer = (AdamW8bit if bits == 8 else AdamW4bit)(groups, lr=lr, betas=betas, eps=eps,
-                                                        block_size=BLOCK_SIZE[bits])
+def build(
+    groups: list[dict], lr: float, betas: tuple[float, float], eps: float, bits: int, compile_step: bool
+) -> torch.optim.Optimizer:
+    optimizer = (AdamW8bit if bits == 8 else AdamW4bit)(
+        groups, lr=lr, betas=betas, eps=eps, block_size=BLOCK_SIZE[bits]
+    )
     optimizer.compile_step = compile_step
     return optimizer

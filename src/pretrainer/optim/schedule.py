@@ -10,7 +10,8 @@ from pretrainer.config.schema import OptimConfig
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """The schedule's lr into every group; torchao keeps lr as a tensor (a new float would recompile its step)."""
+    """The schedule's lr into every group; torchao keeps lr as a tensor (a new float would recompile its
+    step)."""
     for group in optimizer.param_groups:
         if isinstance(group["lr"], torch.Tensor):
             group["lr"].fill_(lr)

@@ -9,14 +9,18 @@ import torch
 from pretrainer.core.device import tensor_bytes
 
 OPTIMIZERS = {"adamw": 32, "adamw8bit": 8, "adamw4bit": 4}  # name -> bits per moment value
-# torchao's quantised moments (train/lowbit.py): values per fp32 block scale, lookup-table entries, and the size
+# torchao's quantised moments (train/lowbit.py): values per fp32 block scale, lookup-table entries, and the
+# size
 # under which a tensor keeps fp32 moments (after bitsandbytes); here so plan needs no torchao
 BLOCK_SIZE = {8: 256, 4: 128}
 QMAP_ENTRIES = {8: 256, 4: 16}
 MIN_QUANTISED_NUMEL = 4096
 
 
-QUANTISED_STATE_CLASSES = ("OptimState8bit", "OptimState4bit")  # torchao's; by name, so no torchao import here
+QUANTISED_STATE_CLASSES = (
+    "OptimState8bit",
+    "OptimState4bit",
+)  # torchao's; by name, so no torchao import here
 
 
 def is_quantised(tensor) -> bool:
@@ -31,8 +35,12 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """The measured size of the optimizer's state on this rank (quantised moments at their stored size)."""
-    return sum(tensor_bytes(value) for state in optimizer.state.values() for value in state.values()
-               if isinstance(value, torch.Tensor))
+    return sum(
+        tensor_bytes(value)
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
 
 
 def planned_state_bytes(name: str, shapes: list[tuple[int, ...]], shards: int = 1) -> int:

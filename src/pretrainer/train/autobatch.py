@@ -39,7 +39,9 @@ def largest_that_fits(candidates: list[int], fits: Callable[[int], bool]) -> int
             break
         good = index
         doubled = [i for i in range(index + 1, len(candidates)) if candidates[i] >= 2 * candidates[index]]
-        index = doubled[0] if doubled else len(candidates) - 1 if index < len(candidates) - 1 else len(candidates)
+        index = (
+            doubled[0] if doubled else len(candidates) - 1 if index < len(candidates) - 1 else len(candidates)
+        )
     while bad - good > 1:
         middle = (good + bad) // 2
         if fits(candidates[middle]):
@@ -49,7 +51,9 @@ def largest_that_fits(candidates: list[int], fits: Callable[[int], bool]) -> int
     return candidates[good] if good >= 0 else 0
 
 
-def trial_fits(cfg: Config, micro_batch: int, device: torch.device, amp_dtype: torch.dtype | None, say) -> bool:
+def trial_fits(
+    cfg: Config, micro_batch: int, device: torch.device, amp_dtype: torch.dtype | None, say
+) -> bool:
     """TRIAL_STEPS full steps at this micro-batch -> did they fit? Everything the try allocated is freed
     before returning, whatever happened."""
     model = optimizer = ids = loss = None
@@ -69,7 +73,10 @@ def trial_fits(cfg: Config, micro_batch: int, device: torch.device, amp_dtype: t
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         fitted = True
-    except (torch.OutOfMemoryError, RuntimeError) as error:  # compile/autotuning can report it as a RuntimeError
+    except (
+        torch.OutOfMemoryError,
+        RuntimeError,
+    ) as error:  # compile/autotuning can report it as a RuntimeError
         if not isinstance(error, torch.OutOfMemoryError) and "out of memory" not in str(error).lower():
             raise
         say(f"micro-batch {micro_batch}: out of memory")
@@ -81,21 +88,42 @@ def trial_fits(cfg: Config, micro_batch: int, device: torch.device, amp_dtype: t
     return fitted
 
 
-def find_micro_batch(cfg: Config, per_rank_batch: int, device: torch.device, amp_dtype: torch.dtype | None,
-                     say=print, fits: Callable[[int], bool] | None = None) -> int:
+def find_micro_batch(
+    cfg: Config,
+    per_rank_batch: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    say=print,
+    fits: Callable[[int], bool] | None = None,
+) -> int:
     """`fits` replaces the real trial (tests simulate a memory limit on CPU with it)."""
     if fits is None and device.type != "cuda":
-        raise UserError("train.micro_batch = auto searches GPU memory and needs CUDA; on CPU set a number, e.g. --train.micro_batch=8")
+        raise UserError(
+            "train.micro_batch = auto searches GPU memory and needs CUDA; on CPU set a number, e.g. "
+            "--train.micro_batch=8"
+        )
     if cfg.parallel.strategy == "fsdp":
-        raise UserError("train.micro_batch = auto is not supported with parallel.strategy = fsdp; set train.micro_batch")
+        raise UserError(
+            "train.micro_batch = auto is not supported with parallel.strategy = fsdp; set train.micro_batch"
+        )
     candidates = [b for b in range(1, per_rank_batch + 1) if per_rank_batch % b == 0]
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's initialisation is unchanged
+    with torch.random.fork_rng(
+        devices=[device] if device.type == "cuda" else []
+    ):  # the run's initialisation is unchanged
         found = largest_that_fits(candidates, fits or (lambda b: trial_fits(cfg, b, device, amp_dtype, say)))
-    if cfg.train.compile:  # the tries' graphs (a batch dimension made dynamic by several sizes) are not the run's
+    if (
+        cfg.train.compile
+    ):  # the tries' graphs (a batch dimension made dynamic by several sizes) are not the run's
         torch._dynamo.reset()
     if not found:
-        raise UserError(f"train.micro_batch = auto: even a micro-batch of 1 sequence of {cfg.model.seq_len} does not fit; "
-                        f"use parallel.strategy = fsdp, a shorter model.seq_len or a smaller model")
-    say(f"micro-batch auto: {found} sequences fit ({TRIAL_STEPS} full steps{', compiled' if cfg.train.compile else ''}"
-        f"{', activation checkpointing' if cfg.train.activation_checkpointing else ''})")
+        raise UserError(
+            f"train.micro_batch = auto: even a micro-batch of 1 sequence of {cfg.model.seq_len} does not "
+            f"fit; "
+            f"use parallel.strategy = fsdp, a shorter model.seq_len or a smaller model"
+        )
+    say(
+        f"micro-batch auto: {found} sequences fit ({TRIAL_STEPS} full "
+        f"steps{', compiled' if cfg.train.compile else ''}"
+        f"{', activation checkpointing' if cfg.train.activation_checkpointing else ''})"
+    )
     return found

@@ -75,7 +75,10 @@ def parse_budget(raw: str, now: float, stale_after_s: float) -> tuple[Reading | 
 
 def decide(reading: Reading, cap_usd: float, warn_usd: float) -> Decision:
     where = "budget.json" if reading.source == "file" else "estimate"
-    summary = f"spent ${reading.spent_usd:.2f}, projected ${reading.projected_total_usd:.2f}, cap ${cap_usd:.2f} ({where})"
+    summary = (
+        f"spent ${reading.spent_usd:.2f}, projected ${reading.projected_total_usd:.2f}, cap "
+        f"${cap_usd:.2f} ({where})"
+    )
     if reading.spent_usd > cap_usd:
         return Decision("halt", reading, f"budget exceeded: {summary}; exiting now without a checkpoint")
     if reading.projected_total_usd > cap_usd:
@@ -98,8 +101,13 @@ def _read_text(path: Path) -> str | None:
 
 
 class BudgetGuard:
-    def __init__(self, cfg: BudgetConfig, gpus: int, clock: Callable[[], float] = time.time,
-                 reader: Callable[[Path], str | None] = _read_text):
+    def __init__(
+        self,
+        cfg: BudgetConfig,
+        gpus: int,
+        clock: Callable[[], float] = time.time,
+        reader: Callable[[Path], str | None] = _read_text,
+    ):
         self.cfg, self.gpus, self.clock, self.reader = cfg, gpus, clock, reader
         self.warn_usd = cfg.warn_usd or 0.8 * cfg.cap_usd
         self.next_check = clock()
@@ -115,7 +123,9 @@ class BudgetGuard:
         if not self.cfg.file:
             return self.estimate(elapsed_s, remaining_s)
         raw = self.reader(Path(self.cfg.file))
-        reading, problem = (None, "missing") if raw is None else parse_budget(raw, self.clock(), self.cfg.stale_after_s)
+        reading, problem = (
+            (None, "missing") if raw is None else parse_budget(raw, self.clock(), self.cfg.stale_after_s)
+        )
         if reading is not None:
             return reading
         fallback = self.estimate(elapsed_s, remaining_s)
@@ -136,8 +146,15 @@ class BudgetGuard:
         return decision
 
 
-def launch_cost_check(budget: BudgetConfig, training_flops: float, steps_left: int, gpus: int, peak_tflops: float | None,
-                      elapsed_before_s: float, say: Callable[[str], None]) -> None:
+def launch_cost_check(
+    budget: BudgetConfig,
+    training_flops: float,
+    steps_left: int,
+    gpus: int,
+    peak_tflops: float | None,
+    elapsed_before_s: float,
+    say: Callable[[str], None],
+) -> None:
     """Refuse to start when the spend so far (estimated) plus the projected cost of the remaining
     steps exceeds budget.cap_usd."""
     if not budget.cap_usd:
@@ -147,8 +164,14 @@ def launch_cost_check(budget: BudgetConfig, training_flops: float, steps_left: i
         return
     seconds = training_seconds(training_flops, gpus, peak_tflops, budget.mfu)
     projected = estimated_spend_usd(budget.usd_per_gpu_hour, gpus, elapsed_before_s + seconds)
-    say(f"budget: projected ${projected:.2f} (cap ${budget.cap_usd:.2f}) for {steps_left:,} steps at MFU {budget.mfu:g}")
+    say(
+        f"budget: projected ${projected:.2f} (cap ${budget.cap_usd:.2f}) for {steps_left:,} steps at MFU "
+        f"{budget.mfu:g}"
+    )
     if projected > budget.cap_usd and not budget.allow_over_cap:
-        raise UserError(f"budget: the plan projects ${projected:.2f} for the remaining {steps_left:,} steps (MFU {budget.mfu:g}, "
-                        f"${budget.usd_per_gpu_hour:g}/GPU-hour x {gpus}), over budget.cap_usd ${budget.cap_usd:.2f}; "
-                        f"lower train.max_steps or pass --budget.allow_over_cap=true")
+        raise UserError(
+            f"budget: the plan projects ${projected:.2f} for the remaining {steps_left:,} steps (MFU "
+            f"{budget.mfu:g}, "
+            f"${budget.usd_per_gpu_hour:g}/GPU-hour x {gpus}), over budget.cap_usd ${budget.cap_usd:.2f}; "
+            f"lower train.max_steps or pass --budget.allow_over_cap=true"
+        )

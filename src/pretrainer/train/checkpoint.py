@@ -30,7 +30,9 @@ def rng_state() -> dict:
         "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+        state["cuda"] = [
+            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
+        ]
     return state
 
 
@@ -41,30 +43,52 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]])
+        torch.cuda.set_rng_state_all(
+            [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]]
+        )
 
 
-def write_checkpoint(run_dir: Path, step: int, wrapped: torch.nn.Module, model: torch.nn.Module,
-                     optimizer: torch.optim.Optimizer, keep: int, env: DistEnv, trainer_state: Callable[[], dict]) -> None:
+def write_checkpoint(
+    run_dir: Path,
+    step: int,
+    wrapped: torch.nn.Module,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    keep: int,
+    env: DistEnv,
+    trainer_state: Callable[[], dict],
+) -> None:
     """A collective: every rank gathers full weights and optimizer state, rank 0 writes them with
     trainer_state() (called on rank 0 only, after the gather)."""
     full_weights, full_optimizer = full_state(wrapped, optimizer)
     if env.is_main:
-        save_checkpoint(run_dir, step, model_weights(model, full_weights), full_optimizer, trainer_state(), keep)
+        save_checkpoint(
+            run_dir, step, model_weights(model, full_weights), full_optimizer, trainer_state(), keep
+        )
     barrier(env)
 
 
-def restore_checkpoint(path: Path, wrapped: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                       env: DistEnv) -> dict:
+def restore_checkpoint(
+    path: Path,
+    wrapped: torch.nn.Module,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    env: DistEnv,
+) -> dict:
     """Roll back: a checkpoint (verified when it was picked, read on rank 0) into a running, possibly
     wrapped or sharded model and its optimizer; every rank receives its part. Newer checkpoints belong
     to the abandoned trajectory and are deleted, so a later resume cannot pick them. -> the
     checkpoint's trainer state."""
+
     def read() -> tuple[dict, dict, dict]:
         loaded = load_checkpoint(path)
         retire_after(path.parent.parent, loaded[2]["step"], "rolled-back")
         return loaded
 
-    weights, optimizer_state, state = on_rank0(read, env, f"{path}: cannot roll back to it") or (None, None, None)
+    weights, optimizer_state, state = on_rank0(read, env, f"{path}: cannot roll back to it") or (
+        None,
+        None,
+        None,
+    )
     load_full_state(wrapped, model, optimizer, weights, optimizer_state, env)
     return broadcast_object(state, env)

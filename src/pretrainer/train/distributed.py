@@ -2,7 +2,8 @@
 collectives the loop needs. Only this module initialises or inspects the process group.
 
     torchrun --standalone --nproc_per_node=8 -m pretrainer train CONFIG ...
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 -m pretrainer train CONFIG ...
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 -m pretrainer train
+    CONFIG ...
 
 Backend from the device: NCCL on CUDA, gloo on CPU (how the test suite runs 2 ranks without GPUs).
 Checkpoints hold *full* (unsharded) weights and optimizer state keyed by parameter name, gathered
@@ -58,12 +59,16 @@ def init_distributed(device_name: str, timeout_s: float) -> DistEnv:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        if backend == "nccl":  # a hung collective must raise here (-> exit 3 with the hint), not be torn down by the
+        if (
+            backend == "nccl"
+        ):  # a hung collective must raise here (-> exit 3 with the hint), not be torn down by the
             # NCCL watchdog (mode 3, the default): mode 2 aborts the communicator only. A user's setting wins.
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     control_group = None
-    if world_size > 1 and device.type == "cuda":  # flags agreed on the host: no CUDA stream, so no device sync
+    if (
+        world_size > 1 and device.type == "cuda"
+    ):  # flags agreed on the host: no CUDA stream, so no device sync
         control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     return DistEnv(rank, world_size, local_rank, device, control_group)
 
@@ -92,13 +97,21 @@ def wrap_model(model: nn.Module, strategy: str, env: DistEnv, amp_dtype: torch.d
         # every rank, so buffers are not re-broadcast before every forward.
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
-        return DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
-                                       gradient_as_bucket_view=True, broadcast_buffers=False)
+        return DistributedDataParallel(
+            model,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            broadcast_buffers=False,
+        )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(env.device.type, (env.world_size,))
-    policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else MixedPrecisionPolicy()
+    policy = (
+        MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+        if amp_dtype
+        else MixedPrecisionPolicy()
+    )
     for block in model.layers:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -137,19 +150,31 @@ def full_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[di
     """Unsharded weights and name-keyed optimizer state on CPU, on rank 0 (empty dicts elsewhere).
     A collective: every rank must call it."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(wrapped, options=options), get_optimizer_state_dict(wrapped, optimizer, options=options)
+    return get_model_state_dict(wrapped, options=options), get_optimizer_state_dict(
+        wrapped, optimizer, options=options
+    )
 
 
-def load_full_state(wrapped: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    weights: dict | None, optimizer_state: dict | None, env: DistEnv) -> None:
+def load_full_state(
+    wrapped: nn.Module,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    weights: dict | None,
+    optimizer_state: dict | None,
+    env: DistEnv,
+) -> None:
     """Full (unsharded, name-keyed) weights and optimizer state, held by rank 0 only, into a model
     that may be wrapped or sharded: rank 0 broadcasts tensor by tensor and each rank keeps its part,
     so no other rank ever holds the full state in host memory. Written by any strategy and world size."""
     if env.world_size == 1:
         model.load_state_dict(weights, strict=False)  # strict=False: tied aliases are stored once
         if optimizer is not None:
-            set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=optimizer_state,
-                                     options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                wrapped,
+                optimizer,
+                optim_state_dict=optimizer_state,
+                options=StateDictOptions(full_state_dict=True),
+            )
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
@@ -162,15 +187,24 @@ def load_full_state(wrapped: nn.Module, model: nn.Module, optimizer: torch.optim
         for p in model.parameters():
             p.grad = None
         if getattr(optimizer, "quantised_state", False):
-            # torchao's quantised moments have no broadcast: rank 0's plain parts go to every rank as one object
+            # torchao's quantised moments have no broadcast: rank 0's plain parts go to every rank as one
+            # object
             # (DDP only, train/lowbit.py: each rank holds the whole state anyway), rebuilt and loaded there
             from pretrainer.optim.state_file import state_for_file, state_from_file
 
-            full = state_from_file(broadcast_object(state_for_file(optimizer_state) if env.is_main else None, env))
-            set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=full, options=StateDictOptions(full_state_dict=True))
+            full = state_from_file(
+                broadcast_object(state_for_file(optimizer_state) if env.is_main else None, env)
+            )
+            set_optimizer_state_dict(
+                wrapped, optimizer, optim_state_dict=full, options=StateDictOptions(full_state_dict=True)
+            )
         else:
-            set_optimizer_state_dict(wrapped, optimizer, optim_state_dict=optimizer_state if env.is_main else {},
-                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+            set_optimizer_state_dict(
+                wrapped,
+                optimizer,
+                optim_state_dict=optimizer_state if env.is_main else {},
+                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+            )
         for p, grad in zip(model.parameters(), grads):
             p.grad = grad
 
@@ -213,5 +247,7 @@ def agree_max(values: list[int], env: DistEnv) -> list[int]:
     if env.world_size == 1:
         return [int(v) for v in values]
     flags = np.asarray(values, dtype=np.int64)
-    dist.all_reduce(torch.from_numpy(flags), op=dist.ReduceOp.MAX, group=env.control_group)  # in place, into `flags`
+    dist.all_reduce(
+        torch.from_numpy(flags), op=dist.ReduceOp.MAX, group=env.control_group
+    )  # in place, into `flags`
     return flags.tolist()

@@ -50,8 +50,17 @@ def become_subreaper() -> bool:
 
 
 def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "pretrainer", "train", *train_args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "pretrainer",
+        "train",
+        *train_args,
+    ]
 
 
 def own_children() -> list[int]:
@@ -92,7 +101,7 @@ def launch(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> int:
     last_forwarded, launched = {"at": -SIGNAL_REPEAT_GRACE_S - 1}, []
 
     def forward(signum, frame):  # once per grace window (repeats are the same request): to torchrun, which
-        now = time.monotonic()   # forwards to its workers, or, once it is gone, to the workers it left behind
+        now = time.monotonic()  # forwards to its workers, or, once it is gone, to the workers it left behind
         if launched and now - last_forwarded["at"] > SIGNAL_REPEAT_GRACE_S:
             last_forwarded["at"] = now
             signal_all([launched[0].pid] if launched[0].poll() is None else own_children(), signum)
@@ -100,9 +109,15 @@ def launch(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         # its own session (as each worker has): a terminal's Ctrl-C reaches torchrun once, through forward()
-        child = subprocess.Popen(torchrun_command(nproc, train_args), start_new_session=True,
-                                 env={**os.environ, EXIT_FILE_ENV: str(exit_file),
-                                      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(shutdown_timeout_s))})
+        child = subprocess.Popen(
+            torchrun_command(nproc, train_args),
+            start_new_session=True,
+            env={
+                **os.environ,
+                EXIT_FILE_ENV: str(exit_file),
+                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(shutdown_timeout_s)),
+            },
+        )
         launched.append(child)
         torchrun_code = child.wait()
         if subreaper:
@@ -114,8 +129,14 @@ def launch(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> int:
     shutil.rmtree(exit_file.parent, ignore_errors=True)
     if record is None:  # rank 0 never got to write one (killed, or died before its run dir existed)
         code = exit_code_for_signal(-torchrun_code) if torchrun_code < 0 else (torchrun_code or EXIT_CRASH)
-        print(f"pretrainer: no exit record from rank 0; torchrun exited {torchrun_code}; exiting {code}", file=sys.stderr)
+        print(
+            f"pretrainer: no exit record from rank 0; torchrun exited {torchrun_code}; exiting {code}",
+            file=sys.stderr,
+        )
         return code
-    print(f"pretrainer: run ended: {record['reason']} (exit {record['exit_code']}) at step {record['step']}"
-          + (f"; checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""), file=sys.stderr)
+    print(
+        f"pretrainer: run ended: {record['reason']} (exit {record['exit_code']}) at step {record['step']}"
+        + (f"; checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""),
+        file=sys.stderr,
+    )
     return record["exit_code"]

@@ -6,6 +6,7 @@ import torch
 
 # --- quantities the loop logs ---
 
+
 def l2_norm(tensors) -> torch.Tensor:
     """Global L2 norm of several tensors; FSDP2 shards (DTensors) are reduced across ranks."""
     total = sum(t.detach().float().pow(2).sum() for t in tensors)
@@ -29,6 +30,12 @@ def layer_group_grad_norms(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        group = "embeddings" if name.startswith(("wte", "wpe")) else ".".join(name.split(".")[:2]) if name.startswith("layers.") else "final"
+        group = (
+            "embeddings"
+            if name.startswith(("wte", "wpe"))
+            else ".".join(name.split(".")[:2])
+            if name.startswith("layers.")
+            else "final"
+        )
         groups.setdefault(group, []).append(p.grad)
     return {group: l2_norm(grads) for group, grads in groups.items()}

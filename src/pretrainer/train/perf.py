@@ -1,7 +1,8 @@
 """What the training speed depends on, measured while the run trains: host syncs, the attention
 kernel SDPA really picks, time spent waiting for data, and the throughput watchdog.
 
-    speed = SpeedMonitor(cfg, tokens, flops_per_token, peak_tflops, world_size, device, first_step, attention, say, log)
+    speed = SpeedMonitor(cfg, tokens, flops_per_token, peak_tflops, world_size, device, first_step,
+    attention, say, log)
     speed.start_step(step, logging_step); micro_batches = speed.read_batch(loader); ...; speed.end_step()
     record.update(speed.interval(tokens))       # on a logging step: tokens/s, MFU, data wait, host syncs
     speed.check(step, record)                   # the watchdog (once, after its warm-up)
@@ -104,7 +105,9 @@ class HostSyncAudit:
         return count
 
 
-def attention_backend(model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None) -> str:
+def attention_backend(
+    model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None
+) -> str:
     """The SDPA kernel the first block's attention actually runs for one sequence of the run's shape,
     gradients on: what PyTorch chose, not what we hope it chose (a dtype, a head size or the GPU can
     rule flash out). Grouped-query attention falls back to the math kernel (T x T scores) where flash
@@ -118,7 +121,9 @@ def attention_backend(model: torch.nn.Module, seq_len: int, device: torch.device
     return kernel
 
 
-def _probe_attention(model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None) -> str:
+def _probe_attention(
+    model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None
+) -> str:
     from pretrainer.core.device import autocast
 
     seen: Counter = Counter()
@@ -131,11 +136,18 @@ def _probe_attention(model: torch.nn.Module, seq_len: int, device: torch.device,
             return func(*args, **(kwargs or {}))
 
     block = model.layers[0]
-    x = torch.zeros(1, seq_len, model.cfg.d_model, device=device, requires_grad=True)  # kernels differ with grad on
+    x = torch.zeros(
+        1, seq_len, model.cfg.d_model, device=device, requires_grad=True
+    )  # kernels differ with grad on
     rope = (model.rope_cos, model.rope_sin) if model.cfg.arch == "llama" else None
     with autocast(device, amp_dtype), Record():
         block.attn(block.attn_norm(x), rope, None)
-    for kernel, name in (("flash", "flash"), ("efficient", "efficient"), ("cudnn", "cudnn"), ("math", "math")):
+    for kernel, name in (
+        ("flash", "flash"),
+        ("efficient", "efficient"),
+        ("cudnn", "cudnn"),
+        ("math", "math"),
+    ):
         if any(name in op for op in seen):
             return kernel
     return "math" if seen else "unknown"
@@ -157,7 +169,11 @@ class ThroughputWatchdog:
 
     def audits(self, step: int, log_every: int) -> bool:
         """Should the host-sync audit run at this step? In the logging interval before the check."""
-        return self.active and not self.done and self.check_from - log_every < step <= self.check_from + log_every
+        return (
+            self.active
+            and not self.done
+            and self.check_from - log_every < step <= self.check_from + log_every
+        )
 
     def check(self, step: int, throughput: dict, diagnosis: dict) -> None:
         if not self.active or self.done or step < self.check_from:
@@ -168,21 +184,38 @@ class ThroughputWatchdog:
         if self.cfg.min_mfu and mfu is not None and mfu < self.cfg.min_mfu:
             low.append(f"MFU {mfu:.3f} < train.min_mfu {self.cfg.min_mfu:g}")
         if self.cfg.min_mfu and mfu is None:
-            self.say("watchdog: train.min_mfu is set but the device's peak is unknown (set budget.peak_tflops); MFU not checked")
+            self.say(
+                "watchdog: train.min_mfu is set but the device's peak is unknown (set budget.peak_tflops); "
+                "MFU not checked"
+            )
         if self.cfg.min_tokens_per_s and tokens_per_s < self.cfg.min_tokens_per_s:
-            low.append(f"{tokens_per_s:,.0f} tokens/s < train.min_tokens_per_s {self.cfg.min_tokens_per_s:,.0f}")
+            low.append(
+                f"{tokens_per_s:,.0f} tokens/s < train.min_tokens_per_s {self.cfg.min_tokens_per_s:,.0f}"
+            )
         if not low:
-            self.say(f"watchdog: step {step}: throughput ok ({tokens_per_s:,.0f} tokens/s"
-                     + (f", MFU {mfu:.3f})" if mfu is not None else ")"))
+            self.say(
+                f"watchdog: step {step}: throughput ok ({tokens_per_s:,.0f} tokens/s"
+                + (f", MFU {mfu:.3f})" if mfu is not None else ")")
+            )
             return
         syncs = diagnosis.get("host_syncs_per_step")
-        line = (f"watchdog: step {step}: {'; '.join(low)}. compile {'on' if diagnosis['compile'] else 'off'}, attention "
-                f"{diagnosis['attention']}, data wait {diagnosis['data_wait_fraction']:.1%} of step time, host syncs per "
-                f"step {'n/a' if syncs is None else f'{syncs:g}'}, activation checkpointing "
-                f"{'on' if diagnosis['activation_checkpointing'] else 'off'}")
+        line = (
+            f"watchdog: step {step}: {'; '.join(low)}. compile {'on' if diagnosis['compile'] else 'off'}, "
+            f"attention "
+            f"{diagnosis['attention']}, data wait {diagnosis['data_wait_fraction']:.1%} of step time, host "
+            f"syncs per "
+            f"step {'n/a' if syncs is None else f'{syncs:g}'}, activation checkpointing "
+            f"{'on' if diagnosis['activation_checkpointing'] else 'off'}"
+        )
         self.say(line)
-        self.log({"step": step, "watchdog_slow": 1.0, **throughput,
-                  **{f"watchdog/{k}": float(v) for k, v in diagnosis.items() if isinstance(v, (int, float))}})
+        self.log(
+            {
+                "step": step,
+                "watchdog_slow": 1.0,
+                **throughput,
+                **{f"watchdog/{k}": float(v) for k, v in diagnosis.items() if isinstance(v, (int, float))},
+            }
+        )
         if self.cfg.watchdog_action == "stop":
             self.stop_wanted, self.message = 1, line
 
@@ -193,15 +226,29 @@ class SpeedMonitor:
     syncs on the steps between logging steps (always with train.audit_syncs; for the watchdog on CUDA
     only, where counting is cheap), and the throughput watchdog."""
 
-    def __init__(self, cfg: Config, tokens: int, flops_per_token: float, peak_tflops: float | None, world_size: int,
-                 device: torch.device, first_step: int, attention: str, say, log):
+    def __init__(
+        self,
+        cfg: Config,
+        tokens: int,
+        flops_per_token: float,
+        peak_tflops: float | None,
+        world_size: int,
+        device: torch.device,
+        first_step: int,
+        attention: str,
+        say,
+        log,
+    ):
         self.throughput = Throughput(tokens, flops_per_token, peak_tflops, world_size)
         self.watchdog = ThroughputWatchdog(cfg.train, first_step, say, log)
         self.audit_always, self.log_every = cfg.train.audit_syncs, cfg.log.every
         self.device, self.audit_for_watchdog = device, self.watchdog.active and device.type == "cuda"
         self.syncs = HostSyncAudit(device, self.audit_always or self.audit_for_watchdog, cfg.train.compile)
-        self.setup = {"compile": cfg.train.compile, "attention": attention,
-                      "activation_checkpointing": cfg.train.activation_checkpointing}
+        self.setup = {
+            "compile": cfg.train.compile,
+            "attention": attention,
+            "activation_checkpointing": cfg.train.activation_checkpointing,
+        }
         self.audited_steps, self.data_wait_s = 0, 0.0
 
     def start_step(self, step: int, logging_step: bool) -> None:
@@ -222,7 +269,10 @@ class SpeedMonitor:
     def interval(self, tokens: int) -> dict:
         """On a logging step, once the host has waited for the device: the interval's figures."""
         interval_s = self.throughput.interval_s()
-        figures = {**self.throughput.rate(tokens), "data_wait_fraction": self.data_wait_s / max(interval_s, 1e-9)}
+        figures = {
+            **self.throughput.rate(tokens),
+            "data_wait_fraction": self.data_wait_s / max(interval_s, 1e-9),
+        }
         if self.audited_steps:
             figures["host_syncs_per_step"] = self.syncs.take() / self.audited_steps
         if self.device.type == "cuda":
@@ -262,4 +312,7 @@ class Throughput:
         self.started, self.tokens = now, tokens
         if not self.peak_tflops:
             return {"tokens_per_s": tokens_per_s}
-        return {"tokens_per_s": tokens_per_s, "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_tflops, self.world_size)}
+        return {
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_tflops, self.world_size),
+        }

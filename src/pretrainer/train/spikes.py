@@ -72,7 +72,7 @@ def count_tokens(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
     n_chunks = max(1, math.ceil(len(tokens) / chunk))
     stride = max(1, n_chunks // max(1, MAX_COUNT_TOKENS // chunk))
     for start in range(0, n_chunks, stride):
-        part = np.asarray(tokens[start * chunk:(start + 1) * chunk])
+        part = np.asarray(tokens[start * chunk : (start + 1) * chunk])
         counts += np.bincount(part[part < vocab_size], minlength=vocab_size)[:vocab_size]
     return counts
 
@@ -104,15 +104,19 @@ class UnigramStats:
     def __init__(self, counts: np.ndarray):
         self.counts = counts
         self.vocab_size = len(counts)
-        self.log_prob = np.log((counts + 1) / (counts.sum() + len(counts)))  # add-one smoothing: unseen ids are finite
+        self.log_prob = np.log(
+            (counts + 1) / (counts.sum() + len(counts))
+        )  # add-one smoothing: unseen ids are finite
         seen = np.flatnonzero(counts > 0)
         order = seen[np.argsort(counts[seen], kind="stable")]  # rarest first
-        self.rare_ids = order[:max(1, int(round(RARE_FRACTION * len(seen))))]
+        self.rare_ids = order[: max(1, int(round(RARE_FRACTION * len(seen))))]
         self.is_rare = np.zeros(len(counts), dtype=bool)
         self.is_rare[self.rare_ids] = True
         self.rank = np.empty(len(counts), dtype=np.int64)  # 0 = most frequent
         self.rank[np.argsort(-counts, kind="stable")] = np.arange(len(counts))
-        self.bucket_edges = [0] + [2**i for i in range(int(math.log2(len(counts))) + 1) if 2**i < len(counts)] + [len(counts)]
+        self.bucket_edges = (
+            [0] + [2**i for i in range(int(math.log2(len(counts))) + 1) if 2**i < len(counts)] + [len(counts)]
+        )
         self.train_mean_log_prob = float((counts * self.log_prob).sum() / max(counts.sum(), 1))
 
     def rank_histogram(self, ids: np.ndarray) -> list[float]:
@@ -127,16 +131,23 @@ class UnigramStats:
 
     def summary(self) -> dict:
         """The training distribution, written to RUN_DIR/unigram.json for post-mortems."""
-        return {"bucket_edges": self.bucket_edges, "train_rank_histogram": self.train_rank_histogram(),
-                "train_mean_log_prob": self.train_mean_log_prob, "rare_ids": self.rare_ids.tolist()}
+        return {
+            "bucket_edges": self.bucket_edges,
+            "train_rank_histogram": self.train_rank_histogram(),
+            "train_mean_log_prob": self.train_mean_log_prob,
+            "rare_ids": self.rare_ids.tolist(),
+        }
 
     def batch_stats(self, ids: np.ndarray) -> dict:
         ids = ids.reshape(-1)
         valid = ids[(ids >= 0) & (ids < self.vocab_size)]
         top_fraction = float(np.bincount(valid).max() / len(ids)) if len(valid) else 1.0
-        return {"batch_log_prob": float(self.log_prob[valid].mean()) if len(valid) else float("-inf"),
-                "rare_fraction": float(self.is_rare[valid].mean()) if len(valid) else 0.0,
-                "max_token_id": int(ids.max()), "top_token_fraction": top_fraction}
+        return {
+            "batch_log_prob": float(self.log_prob[valid].mean()) if len(valid) else float("-inf"),
+            "rare_fraction": float(self.is_rare[valid].mean()) if len(valid) else 0.0,
+            "max_token_id": int(ids.max()),
+            "top_token_fraction": top_fraction,
+        }
 
 
 class SpikeInjector:
@@ -161,20 +172,26 @@ class SpikeInjector:
     def lr_factor(self) -> float:
         return self.cfg.lr_factor if self.cfg.inject_kind == "lr" else 1.0
 
-    def replace(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def replace(
+        self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if self.cfg.inject_kind == "lr":
             return micro_batches
         out = []
         for x, _ in micro_batches:
             shape = (x.size(0), self.seq_len + 1)
             if self.cfg.inject_kind == "rare":
-                picks = torch.multinomial(self.rare_weights, shape[0] * shape[1], replacement=True, generator=self.generator)
+                picks = torch.multinomial(
+                    self.rare_weights, shape[0] * shape[1], replacement=True, generator=self.generator
+                )
                 windows = self.rare_ids[picks].view(shape)
             elif self.cfg.data_mode == "constant":
                 token = int(torch.randint(0, self.vocab_size, (1,), generator=self.generator))
                 windows = torch.full(shape, token, dtype=torch.long)
             else:  # out_of_range: ids the embedding does not have
-                windows = torch.randint(self.vocab_size, self.vocab_size + 1000, shape, generator=self.generator)
+                windows = torch.randint(
+                    self.vocab_size, self.vocab_size + 1000, shape, generator=self.generator
+                )
             out.append((windows[:, :-1], windows[:, 1:]))
         return out
 
@@ -189,12 +206,16 @@ class Flags:
 class SpikeMonitor:
     """Rolling mean + k sigma over loss and grad norm, all on the device (no host sync)."""
 
-    def __init__(self, window: int, min_values: int, sigmas: float, device: torch.device, max_consecutive: int = 0):
+    def __init__(
+        self, window: int, min_values: int, sigmas: float, device: torch.device, max_consecutive: int = 0
+    ):
         self.window, self.min_values, self.sigmas = window, min_values, sigmas
         self.max_consecutive = min(max_consecutive, window)  # 0: never re-baseline
         self.values = torch.zeros(2, window, device=device)  # row 0 loss, row 1 grad norm
         self.count = torch.zeros((), dtype=torch.long, device=device)
-        self.required = torch.full((), min_values, dtype=torch.long, device=device)  # values before detection is on
+        self.required = torch.full(
+            (), min_values, dtype=torch.long, device=device
+        )  # values before detection is on
         self.position = torch.zeros((), dtype=torch.long, device=device)
         self.recent = torch.zeros(2, window, device=device)  # the current run of flagged (finite) values
         self.consecutive = torch.zeros((), dtype=torch.long, device=device)
@@ -211,26 +232,40 @@ class SpikeMonitor:
         # a run of finite flags: remember its values; at max_consecutive they become the new window
         finite_spike = spike & ~nonfinite
         slot = (self.consecutive % self.window).view(1, 1).expand(2, 1)
-        self.recent.scatter_(1, slot, torch.where(finite_spike, current, self.recent.gather(1, slot).squeeze(1)).view(2, 1))
-        self.consecutive.copy_(torch.where(finite_spike, self.consecutive + 1, torch.where(nonfinite, self.consecutive, 0)))
+        self.recent.scatter_(
+            1, slot, torch.where(finite_spike, current, self.recent.gather(1, slot).squeeze(1)).view(2, 1)
+        )
+        self.consecutive.copy_(
+            torch.where(finite_spike, self.consecutive + 1, torch.where(nonfinite, self.consecutive, 0))
+        )
         regime = (self.consecutive >= self.max_consecutive) & (self.max_consecutive > 0)
         spike = spike & ~regime
         keep = ~spike  # flagged values stay out of the window, so a burst cannot hide itself
         slot = self.position.view(1, 1).expand(2, 1)
-        self.values.scatter_(1, slot, torch.where(keep, current, self.values.gather(1, slot).squeeze(1)).view(2, 1))
+        self.values.scatter_(
+            1, slot, torch.where(keep, current, self.values.gather(1, slot).squeeze(1)).view(2, 1)
+        )
         self.position.copy_((self.position + keep.long()) % self.window)
         self.count.copy_(torch.clamp(self.count + keep.long(), max=self.window))
         # new regime: the window restarts from the run's values (this step's last)
         self.values.copy_(torch.where(regime, self.recent, self.values))
         self.count.copy_(torch.where(regime, torch.clamp(self.consecutive, max=self.window), self.count))
         self.position.copy_(torch.where(regime, self.count % self.window, self.position))
-        self.required.copy_(torch.where(regime, self.count, self.required))  # detection stays on in the new regime
+        self.required.copy_(
+            torch.where(regime, self.count, self.required)
+        )  # detection stays on in the new regime
         self.consecutive.copy_(torch.where(regime, 0, self.consecutive))
         return Flags(spike=spike, nonfinite=nonfinite, regime=regime)
 
     def state_dict(self) -> dict:
-        return {"values": self.values.tolist(), "count": int(self.count), "position": int(self.position),
-                "recent": self.recent.tolist(), "consecutive": int(self.consecutive), "required": int(self.required)}
+        return {
+            "values": self.values.tolist(),
+            "count": int(self.count),
+            "position": int(self.position),
+            "recent": self.recent.tolist(),
+            "consecutive": int(self.consecutive),
+            "required": int(self.required),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.values.copy_(torch.tensor(state["values"], device=self.values.device))
@@ -249,6 +284,7 @@ def utc(timestamp: float) -> str:
 @dataclass
 class Flagged:
     """A flagged step whose values stay on the device until the next logging step reads them."""
+
     step: int
     lr: float
     elapsed_s: float
@@ -269,6 +305,7 @@ class SpikeGuard:
 
     log(record) writes to the run's metrics, say(text) to the console; elapsed() is the run's clock.
     """
+
     cfg: SpikeConfig
     unigram: UnigramStats
     vocab_size: int
@@ -286,10 +323,14 @@ class SpikeGuard:
     pending: list[Flagged] = field(default_factory=list)
 
     def __post_init__(self):
-        self.monitor = SpikeMonitor(self.cfg.window, self.cfg.min_values, self.cfg.sigmas, self.env.device,
-                                    self.cfg.max_consecutive)
-        self.injector = (SpikeInjector(self.cfg, self.unigram, self.vocab_size, self.seq_len, self.seed)
-                         if self.cfg.inject_at_step else None)
+        self.monitor = SpikeMonitor(
+            self.cfg.window, self.cfg.min_values, self.cfg.sigmas, self.env.device, self.cfg.max_consecutive
+        )
+        self.injector = (
+            SpikeInjector(self.cfg, self.unigram, self.vocab_size, self.seq_len, self.seed)
+            if self.cfg.inject_at_step
+            else None
+        )
 
     def before_step(self, step: int, cursor: int, micro_batches: list, lr: float, sequences_per_step: int):
         """Drills replace the batch (or scale the LR); after a rollback the LR is reduced for a while.
@@ -297,8 +338,16 @@ class SpikeGuard:
         if self.injector is not None and self.injector.active(step, cursor, sequences_per_step):
             micro_batches = self.injector.replace(micro_batches)
             lr *= self.injector.lr_factor()
-            self.log({"step": step, "spike_injected": 1.0, "inject_kind": self.cfg.inject_kind, "data_cursor": cursor,
-                      "lr": lr, "elapsed_s": self.elapsed()})
+            self.log(
+                {
+                    "step": step,
+                    "spike_injected": 1.0,
+                    "inject_kind": self.cfg.inject_kind,
+                    "data_cursor": cursor,
+                    "lr": lr,
+                    "elapsed_s": self.elapsed(),
+                }
+            )
         if step <= self.rollback_lr_until:
             lr *= self.cfg.rollback_lr_factor
         return micro_batches, lr
@@ -308,7 +357,9 @@ class SpikeGuard:
         device sync). The loop agrees on it across ranks, then calls `reject` when any rank saw one.
         Keeps the batch's ids (rank 0: for the statistics of a flagged or logged step)."""
         # (a target outside the loss mask is IGNORE_INDEX, -1: its id is in the inputs or another window)
-        self.batch_ids = torch.cat([t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:].clamp(min=0))]).numpy()
+        self.batch_ids = torch.cat(
+            [t.reshape(-1) for x, y in micro_batches for t in (x, y[:, -1:].clamp(min=0))]
+        ).numpy()
         self.batch = self.batch_ids if self.env.is_main else None
         return int(int(self.batch_ids.max()) >= self.vocab_size or int(self.batch_ids.min()) < 0)
 
@@ -316,12 +367,23 @@ class SpikeGuard:
         """The batch just checked by out_of_vocab had ids outside the vocabulary on some rank: it never
         reaches the embedding. Under action=log the run stops with an error, otherwise every rank drops it."""
         max_id = int(self.batch_ids.max())
-        self.log({"step": step, "invalid_tokens": 1.0, "max_token_id": max_id, "data_cursor": cursor,
-                  "elapsed_s": self.elapsed()})
+        self.log(
+            {
+                "step": step,
+                "invalid_tokens": 1.0,
+                "max_token_id": max_id,
+                "data_cursor": cursor,
+                "elapsed_s": self.elapsed(),
+            }
+        )
         if self.cfg.action == "log":
             ids = f"token ids up to {max_id}" if max_id >= self.vocab_size else "token ids (on another rank)"
-            raise UserError(f"step {step}: {ids} >= model.vocab_size {self.vocab_size} in the batch at data position {cursor}: "
-                            f"corrupted data, rejected before the embedding (spike.action = skip or rollback drops such batches)")
+            raise UserError(
+                f"step {step}: {ids} >= model.vocab_size {self.vocab_size} in the batch at data position "
+                f"{cursor}: "
+                f"corrupted data, rejected before the embedding (spike.action = skip or rollback drops such "
+                f"batches)"
+            )
         self.say(f"step {step}: batch with token ids outside the vocabulary dropped")
 
     def batch_forensics(self, batch_ids: np.ndarray | None, histogram: bool = True) -> dict:
@@ -338,16 +400,32 @@ class SpikeGuard:
         same on every rank, so every rank takes the same decision."""
         flags = self.monitor.update(loss, grad_norm)
         logged = False
-        if self.cfg.action == "rollback" and bool(flags.spike):  # rollback decides at once: a host sync per step
-            self.log({"step": step, "spike": 1.0, "spike_loss": loss.item(), "spike_grad_norm": grad_norm.item(),
-                      "skipped": 1.0, "lr": lr, "elapsed_s": self.elapsed(), "time_utc": utc(time.time()),
-                      **self.batch_forensics(self.batch)})
-            target = broadcast_object(self.rollback_target(step) if self.env.is_main else None, self.env)  # rank 0 decides
+        if self.cfg.action == "rollback" and bool(
+            flags.spike
+        ):  # rollback decides at once: a host sync per step
+            self.log(
+                {
+                    "step": step,
+                    "spike": 1.0,
+                    "spike_loss": loss.item(),
+                    "spike_grad_norm": grad_norm.item(),
+                    "skipped": 1.0,
+                    "lr": lr,
+                    "elapsed_s": self.elapsed(),
+                    "time_utc": utc(time.time()),
+                    **self.batch_forensics(self.batch),
+                }
+            )
+            target = broadcast_object(
+                self.rollback_target(step) if self.env.is_main else None, self.env
+            )  # rank 0 decides
             if target is not None:
                 return Verdict(roll_back_to=target)
             logged = True  # no checkpoint to go back to: the update is skipped instead
         skip = (flags.nonfinite | flags.spike if self.cfg.action != "log" else flags.nonfinite).float()
-        values = torch.stack([loss.float(), grad_norm.float(), flags.spike.float() * (not logged), skip, flags.regime.float()])
+        values = torch.stack(
+            [loss.float(), grad_norm.float(), flags.spike.float() * (not logged), skip, flags.regime.float()]
+        )
         self.pending.append(Flagged(step, lr, self.elapsed(), time.time(), self.batch, values))
         return Verdict(skip=skip)
 
@@ -356,7 +434,11 @@ class SpikeGuard:
         steps before the flagged step), while rollbacks are left."""
         if self.rollbacks >= self.cfg.max_rollbacks:
             return None
-        before = [c for c in list_checkpoints(self.run_dir) if checkpoint_step(c) < flagged_step - self.cfg.rollback_margin_steps]
+        before = [
+            c
+            for c in list_checkpoints(self.run_dir)
+            if checkpoint_step(c) < flagged_step - self.cfg.rollback_margin_steps
+        ]
         for checkpoint in reversed(before):
             problem = verify_checkpoint(checkpoint)
             if not problem:
@@ -371,35 +453,73 @@ class SpikeGuard:
         loader.cursor += self.cfg.rollback_skip_steps * loader.sequences_per_step
         self.rollbacks += 1
         self.rollback_lr_until = to_step + self.cfg.rollback_lr_steps
-        self.log({"step": flagged_step, "rollback": 1.0, "to_step": to_step, "skipped_sequences_from": skipped_from,
-                  "skipped_sequences": loader.cursor - skipped_from, "elapsed_s": self.elapsed()})
-        self.say(f"spike at step {flagged_step}: rolled back to {checkpoint.name}, skipping "
-                 f"{self.cfg.rollback_skip_steps} batches past the spike")
+        self.log(
+            {
+                "step": flagged_step,
+                "rollback": 1.0,
+                "to_step": to_step,
+                "skipped_sequences_from": skipped_from,
+                "skipped_sequences": loader.cursor - skipped_from,
+                "elapsed_s": self.elapsed(),
+            }
+        )
+        self.say(
+            f"spike at step {flagged_step}: rolled back to {checkpoint.name}, skipping "
+            f"{self.cfg.rollback_skip_steps} batches past the spike"
+        )
 
     def flush(self) -> None:
         """On a logging step: read the flagged steps since the last one (one sync) and log them."""
         for flagged in self.pending:
             loss, grad_norm, spiked, skipped, regime = flagged.values.tolist()
             if regime:
-                self.log({"step": flagged.step, "spike_regime": 1.0, "loss_at_regime": loss, "grad_norm_at_regime": grad_norm,
-                          "elapsed_s": flagged.elapsed_s})
-                self.say(f"step {flagged.step}: {self.cfg.max_consecutive} flagged steps in a row; taking the new level "
-                         f"(loss {loss:.3f}, grad norm {grad_norm:.3f}) as normal and training on")
+                self.log(
+                    {
+                        "step": flagged.step,
+                        "spike_regime": 1.0,
+                        "loss_at_regime": loss,
+                        "grad_norm_at_regime": grad_norm,
+                        "elapsed_s": flagged.elapsed_s,
+                    }
+                )
+                self.say(
+                    f"step {flagged.step}: {self.cfg.max_consecutive} flagged steps in a row; taking the new "
+                    f"level "
+                    f"(loss {loss:.3f}, grad norm {grad_norm:.3f}) as normal and training on"
+                )
             if spiked:
-                self.log({"step": flagged.step, "spike": 1.0, "spike_loss": loss, "spike_grad_norm": grad_norm,
-                          "skipped": skipped, "lr": flagged.lr, "elapsed_s": flagged.elapsed_s,
-                          "time_utc": utc(flagged.wall_time), **self.batch_forensics(flagged.batch)})
-                self.say(f"spike at step {flagged.step}: loss {loss:.3f}, grad norm {grad_norm:.3f}"
-                         + (" (update skipped)" if skipped else ""))
+                self.log(
+                    {
+                        "step": flagged.step,
+                        "spike": 1.0,
+                        "spike_loss": loss,
+                        "spike_grad_norm": grad_norm,
+                        "skipped": skipped,
+                        "lr": flagged.lr,
+                        "elapsed_s": flagged.elapsed_s,
+                        "time_utc": utc(flagged.wall_time),
+                        **self.batch_forensics(flagged.batch),
+                    }
+                )
+                self.say(
+                    f"spike at step {flagged.step}: loss {loss:.3f}, grad norm {grad_norm:.3f}"
+                    + (" (update skipped)" if skipped else "")
+                )
         self.pending.clear()
 
     def state_dict(self) -> dict:
-        return {"monitor": self.monitor.state_dict(), "rollbacks": self.rollbacks, "rollback_lr_until": self.rollback_lr_until,
-                "injector_start_cursor": self.injector.start_cursor if self.injector else None}
+        return {
+            "monitor": self.monitor.state_dict(),
+            "rollbacks": self.rollbacks,
+            "rollback_lr_until": self.rollback_lr_until,
+            "injector_start_cursor": self.injector.start_cursor if self.injector else None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.monitor.load_state_dict(state["monitor"])
         self.rollbacks = state["rollbacks"]
-        self.rollback_lr_until = state.get("rollback_lr_until", -1)  # absent in checkpoints before it was saved
+        self.rollback_lr_until = state.get(
+            "rollback_lr_until", -1
+        )  # absent in checkpoints before it was saved
         if self.injector is not None:
             self.injector.start_cursor = state["injector_start_cursor"]

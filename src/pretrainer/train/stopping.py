@@ -14,7 +14,8 @@ device sync), so all ranks stop at the same step and write one checkpoint togeth
 RUN_DIR/exit.json is the contract with schedulers and launchers: {"reason", "exit_code", "step",
 "checkpoint", "message", "time_utc"}, written atomically by rank 0 however the process ends:
   finished 0 | error 2 (bad input) or 1 (crash) | collective_timeout 3 | budget_stop 4 |
-  budget_halt 5 | throughput_stop 6 (train.watchdog_action = "stop") | signal 128+N (143 SIGTERM, 130 SIGINT; "checkpoint" says whether one was written)
+  budget_halt 5 | throughput_stop 6 (train.watchdog_action = "stop") | signal 128+N (143 SIGTERM, 130 SIGINT;
+  "checkpoint" says whether one was written)
 `pretrainer train --nproc N` exits with that code, not torchrun's.
 """
 
@@ -63,7 +64,9 @@ class StopSignal:
         self.signum, self.first_at, self.previous = 0, 0.0, {}
 
     def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
+        if (
+            threading.current_thread() is threading.main_thread()
+        ):  # signal handlers live in the main thread only
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.previous[sig] = signal.signal(sig, self._handle)
 
@@ -95,13 +98,20 @@ def exit_status(error: BaseException | None) -> tuple[str, int]:
     return "error", EXIT_CRASH
 
 
-def write_exit_record(run_dir: Path, reason: str, exit_code: int, step: int | None, error: BaseException | None) -> dict:
+def write_exit_record(
+    run_dir: Path, reason: str, exit_code: int, step: int | None, error: BaseException | None
+) -> dict:
     """RUN_DIR/exit.json (only into a run dir that exists: bad input leaves no output dir) and the
     launcher's $PRETRAINER_EXIT_FILE when set. Atomic: a reader sees the old record or the new one."""
     checkpoint = latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
-    record = {"reason": reason, "exit_code": exit_code, "step": step, "checkpoint": str(checkpoint) if checkpoint else None,
-              "message": str(error).splitlines()[0][:500] if error is not None and str(error) else "",
-              "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    record = {
+        "reason": reason,
+        "exit_code": exit_code,
+        "step": step,
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "message": str(error).splitlines()[0][:500] if error is not None and str(error) else "",
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
     targets = [Path(run_dir) / "exit.json"] if Path(run_dir).is_dir() else []
     targets += [Path(os.environ[EXIT_FILE_ENV])] if os.environ.get(EXIT_FILE_ENV) else []
     for path in targets:
@@ -118,11 +128,21 @@ class StopRequest:
 
 
 class Stopper:
-    def __init__(self, budget: BudgetConfig, env: DistEnv, signals: StopSignal, clock: Callable[[], float],
-                 log: Callable[[dict], None], say: Callable[[str], None], resume_command: str = "the same command"):
+    def __init__(
+        self,
+        budget: BudgetConfig,
+        env: DistEnv,
+        signals: StopSignal,
+        clock: Callable[[], float],
+        log: Callable[[dict], None],
+        say: Callable[[str], None],
+        resume_command: str = "the same command",
+    ):
         self.budget, self.env, self.signal, self.log, self.say = budget, env, signals, log, say
         self.resume_command = resume_command  # said when a stop leaves a checkpoint
-        self.guard = BudgetGuard(budget, env.world_size, clock=clock) if budget.cap_usd and env.is_main else None
+        self.guard = (
+            BudgetGuard(budget, env.world_size, clock=clock) if budget.cap_usd and env.is_main else None
+        )
         self.reading = None  # the budget guard's latest reading (budget.json or the estimate)
         self.started, self.first_step = time.time(), 0
         self.polls = 0  # local_view calls in this process: the first comes before any step has run
@@ -144,7 +164,9 @@ class Stopper:
             self.hang()  # the drill: this rank stops answering before the agreement
         budget_action = ACTION_CODES["ok"]
         self.polls += 1
-        if self.guard is not None and self.polls > 1:  # after a step of this process: its time projects the rest
+        if (
+            self.guard is not None and self.polls > 1
+        ):  # after a step of this process: its time projects the rest
             step_time = (time.time() - self.started) / max(step - self.first_step, 1)
             decision = self.guard.check(elapsed_s, (max_steps - step) * step_time)
             if decision is not None:
@@ -156,27 +178,52 @@ class Stopper:
                     self.log({"step": step, "budget_problem": 1.0})
                 if decision.action != "ok":
                     self.say(decision.message)
-                    self.log({"step": step, f"budget_{decision.action}": 1.0, "spent_usd": decision.reading.spent_usd,
-                              "projected_usd": decision.reading.projected_total_usd})
+                    self.log(
+                        {
+                            "step": step,
+                            f"budget_{decision.action}": 1.0,
+                            "spent_usd": decision.reading.spent_usd,
+                            "projected_usd": decision.reading.projected_total_usd,
+                        }
+                    )
                 budget_action = ACTION_CODES[decision.action]
         return [budget_action, self.signal.signum]
 
-    def request(self, step: int, budget_action: int, signum: int, slow: int = 0, slow_message: str = "") -> StopRequest | None:
-        """From the agreed [budget action, signal, watchdog]: None, or why to stop after `step` completed steps."""
+    def request(
+        self, step: int, budget_action: int, signum: int, slow: int = 0, slow_message: str = ""
+    ) -> StopRequest | None:
+        """From the agreed [budget action, signal, watchdog]: None, or why to stop after `step` completed
+        steps."""
         cap = f"budget.cap_usd ${self.budget.cap_usd:.2f}"
         if budget_action == ACTION_CODES["halt"]:
-            return StopRequest("budget_halt", f"budget: spent over {cap} at step {step}; stopped without a checkpoint",
-                               EXIT_BUDGET_SPENT, checkpoint=False)
+            return StopRequest(
+                "budget_halt",
+                f"budget: spent over {cap} at step {step}; stopped without a checkpoint",
+                EXIT_BUDGET_SPENT,
+                checkpoint=False,
+            )
         resume = f"checkpoint written at step {step}; resume with: {self.resume_command}"
         if budget_action == ACTION_CODES["stop"]:
-            return StopRequest("budget_stop", f"budget: projected cost over {cap}: {resume}", EXIT_BUDGET_PROJECTED,
-                               checkpoint=True)
+            return StopRequest(
+                "budget_stop",
+                f"budget: projected cost over {cap}: {resume}",
+                EXIT_BUDGET_PROJECTED,
+                checkpoint=True,
+            )
         if slow:
-            return StopRequest("throughput_stop", f"{slow_message or 'watchdog: throughput below the minimum'}: {resume}",
-                               EXIT_SLOW, checkpoint=True)
+            return StopRequest(
+                "throughput_stop",
+                f"{slow_message or 'watchdog: throughput below the minimum'}: {resume}",
+                EXIT_SLOW,
+                checkpoint=True,
+            )
         if signum:
-            return StopRequest("signal", f"signal {signal.Signals(signum).name}: {resume}", exit_code_for_signal(signum),
-                               checkpoint=True)
+            return StopRequest(
+                "signal",
+                f"signal {signal.Signals(signum).name}: {resume}",
+                exit_code_for_signal(signum),
+                checkpoint=True,
+            )
         return None
 
     def hang(self) -> None:

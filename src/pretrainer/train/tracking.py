@@ -30,8 +30,13 @@ class MlflowLogger:
         self.uri = uri or f"sqlite:///{run_dir / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=self.uri)
         found = self.client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(
-            experiment, artifact_location=(run_dir / "mlflow-artifacts").as_uri() if not uri else None)
+        experiment_id = (
+            found.experiment_id
+            if found
+            else self.client.create_experiment(
+                experiment, artifact_location=(run_dir / "mlflow-artifacts").as_uri() if not uri else None
+            )
+        )
         id_file = run_dir / "mlflow-run-id.txt"
         self.run_id = id_file.read_text().strip() if id_file.is_file() else ""
         if self.run_id:
@@ -48,8 +53,11 @@ class MlflowLogger:
         from mlflow.entities import Metric
 
         step, now_ms = int(record.get("step", 0)), int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now_ms, step) for k, v in record.items()
-                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        metrics = [
+            Metric(k, float(v), now_ms, step)
+            for k, v in record.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ]
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 
@@ -76,7 +84,12 @@ class RunLog:
         if self.metrics:
             self.metrics.close()
         if self.tracker:
-            status = {"finished": "FINISHED", "budget_stop": "KILLED", "budget_halt": "KILLED", "signal": "KILLED"}
+            status = {
+                "finished": "FINISHED",
+                "budget_stop": "KILLED",
+                "budget_halt": "KILLED",
+                "signal": "KILLED",
+            }
             self.tracker.close(status.get(reason, "FAILED"))
 
 

@@ -1,19 +1,19 @@
 """`pretrainer export RUN_DIR --out DIR`: the run's report, from the run directory alone.
 
-    DIR/
-      manifest.json         seed; versions; config and its sha256; hardware; tokens; final train/val
-                            loss; wall time; $ spent; the final weights' reload check
-      metrics.csv           long format: step,kind,name,value (every number in metrics.jsonl; kind: step,
-                            eval, event, or rolled_back for a step a rollback later recomputed;
-                            non-finite values as nan/inf)
-      loss-curve.png        train and validation loss vs step
-      gradnorm-curve.png    gradient norm and parameter norm vs step
-      lr.png                learning rate vs step
-      evals.png             validation loss, bits per byte and (with eval.tasks_every) the suite score vs tokens
-      probes.md             the prompt probes' greedy completions at each in-loop evaluation (eval.tasks_every)
-      throughput.png        tokens/s vs wall-clock time (seconds, minutes or hours: whichever fits the run)
-      final.safetensors     the newest checkpoint's weights
-      mlflow-run-uri.txt    where the mlflow run is (tracking URI and run id)
+DIR/
+  manifest.json         seed; versions; config and its sha256; hardware; tokens; final train/val
+                        loss; wall time; $ spent; the final weights' reload check
+  metrics.csv           long format: step,kind,name,value (every number in metrics.jsonl; kind: step,
+                        eval, event, or rolled_back for a step a rollback later recomputed;
+                        non-finite values as nan/inf)
+  loss-curve.png        train and validation loss vs step
+  gradnorm-curve.png    gradient norm and parameter norm vs step
+  lr.png                learning rate vs step
+  evals.png             validation loss, bits per byte and (with eval.tasks_every) the suite score vs tokens
+  probes.md             the prompt probes' greedy completions at each in-loop evaluation (eval.tasks_every)
+  throughput.png        tokens/s vs wall-clock time (seconds, minutes or hours: whichever fits the run)
+  final.safetensors     the newest checkpoint's weights
+  mlflow-run-uri.txt    where the mlflow run is (tracking URI and run id)
 """
 
 from __future__ import annotations
@@ -63,7 +63,11 @@ def weights_round_trip(path: Path, scratch: Path) -> dict:
     return {"file": path.name, "sha256": sha256_file(path), "reload_resave_byte_identical": identical}
 
 
-NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}  # as older metrics.jsonl wrote them
+NON_FINITE = {
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "-inf": float("-inf"),
+}  # as older metrics.jsonl wrote them
 
 
 def number(value) -> float | None:
@@ -78,13 +82,26 @@ def record_kinds(records: list[dict]) -> list[str]:
     """step (a training step on the final trajectory), eval (a validation pass), tasks (an in-loop task
     evaluation), rolled_back (a step or pass that a rollback later ran again) or event (spikes,
     injections, rollbacks, budget, ...)."""
+
     def kind(r: dict) -> str:
-        return ("event" if "step" not in r else "step" if "loss" in r else "eval" if "val_loss" in r
-                else "tasks" if "suite_score" in r else "event")
+        return (
+            "event"
+            if "step" not in r
+            else "step"
+            if "loss" in r
+            else "eval"
+            if "val_loss" in r
+            else "tasks"
+            if "suite_score" in r
+            else "event"
+        )
 
     kinds = [kind(r) for r in records]
     last = {(r["step"], k): i for i, (r, k) in enumerate(zip(records, kinds)) if k != "event"}
-    kinds = [k if k == "event" or last[(r["step"], k)] == i else "rolled_back" for i, (r, k) in enumerate(zip(records, kinds))]
+    kinds = [
+        k if k == "event" or last[(r["step"], k)] == i else "rolled_back"
+        for i, (r, k) in enumerate(zip(records, kinds))
+    ]
     for position, r in enumerate(records):  # a rollback abandons what ran past its target, re-run or not
         if r.get("rollback") and "to_step" in r:
             for i in range(position):
@@ -111,8 +128,11 @@ def _series(records: list[dict], name: str, x: str = "step") -> tuple[list[float
     """(x, value) of one metric along the final trajectory: steps a rollback recomputed appear once
     (the later run), so a rolled-back run is not drawn backwards."""
     kinds = record_kinds(records)
-    points = sorted((r[x], v) for r, kind in zip(records, kinds)
-                    if kind in ("step", "eval", "tasks") and x in r and (v := number(r.get(name))) is not None)
+    points = sorted(
+        (r[x], v)
+        for r, kind in zip(records, kinds)
+        if kind in ("step", "eval", "tasks") and x in r and (v := number(r.get(name))) is not None
+    )
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -141,8 +161,14 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
 
     written = []
 
-    def figure(name: str, lines: list[tuple[str, tuple[list, list], str]], xlabel: str, ylabel: str, log_y: bool = False,
-               from_zero: bool = False):
+    def figure(
+        name: str,
+        lines: list[tuple[str, tuple[list, list], str]],
+        xlabel: str,
+        ylabel: str,
+        log_y: bool = False,
+        from_zero: bool = False,
+    ):
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
         for label, (xs, ys), style in lines:
             if xs:
@@ -162,17 +188,40 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
         save_figure(fig, out / name)
         written.append(name)
 
-    figure("loss-curve.png", [("train loss", _series(records, "loss"), "-"), ("val loss", _series(records, "val_loss"), "o-")],
-           "step", "loss (nats/token)")
-    figure("gradnorm-curve.png", [("grad norm (before clipping)", _series(records, "grad_norm"), "-"),
-                                  ("param norm", _series(records, "param_norm"), "-")], "step", "L2 norm", log_y=True)
-    figure("lr.png", [("learning rate", _series(records, "lr"), "-")], "step", "learning rate", from_zero=True)
-    panels = [(name, label, _series(records, name, x="tokens")) for name, label in
-              (("val_loss", "val loss (nats/token)"), ("val_bpb", "val bits per byte"),
-               ("suite_score", "suite score (mean centered accuracy)"))]
-    panels = [panel for panel in panels if panel[2][0]]  # runs from before bits per byte, or without tasks, have fewer
+    figure(
+        "loss-curve.png",
+        [("train loss", _series(records, "loss"), "-"), ("val loss", _series(records, "val_loss"), "o-")],
+        "step",
+        "loss (nats/token)",
+    )
+    figure(
+        "gradnorm-curve.png",
+        [
+            ("grad norm (before clipping)", _series(records, "grad_norm"), "-"),
+            ("param norm", _series(records, "param_norm"), "-"),
+        ],
+        "step",
+        "L2 norm",
+        log_y=True,
+    )
+    figure(
+        "lr.png", [("learning rate", _series(records, "lr"), "-")], "step", "learning rate", from_zero=True
+    )
+    panels = [
+        (name, label, _series(records, name, x="tokens"))
+        for name, label in (
+            ("val_loss", "val loss (nats/token)"),
+            ("val_bpb", "val bits per byte"),
+            ("suite_score", "suite score (mean centered accuracy)"),
+        )
+    ]
+    panels = [
+        panel for panel in panels if panel[2][0]
+    ]  # runs from before bits per byte, or without tasks, have fewer
     if panels:
-        fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), dpi=110, sharex=True, squeeze=False)
+        fig, axes = plt.subplots(
+            len(panels), 1, figsize=(8, 2.6 * len(panels)), dpi=110, sharex=True, squeeze=False
+        )
         for ax, (_, label, (xs, ys)) in zip(axes[:, 0], panels):
             ax.plot(xs, ys, "o-", linewidth=1.2, markersize=4)
             ax.set_ylabel(label, fontsize=8)
@@ -189,12 +238,16 @@ def write_probes_table(probes: list[dict], path: Path) -> None:
     """probes.md: for each prompt, its greedy completion at each in-loop evaluation (the newest run of
     a step, when a rollback ran it again)."""
     latest = {(r["step"], r["prompt"]): r for r in probes}
-    cell = lambda text: text.replace("|", "\\|").replace("\n", "\\n")  # noqa: E731  (one table row per completion)
+    # one table row per completion
+    cell = lambda text: text.replace("|", "\\|").replace("\n", "\\n")
     lines = ["# Prompt probes", "", "Greedy completions during training (eval.tasks_every).", ""]
     for prompt in dict.fromkeys(r["prompt"] for r in probes):
         lines += [f"## `{cell(prompt)}`", "", "| step | tokens | completion |", "|---:|---:|---|"]
-        lines += [f"| {r['step']} | {r['tokens']:,} | {cell(r['completion'])} |"
-                  for (step, p), r in sorted(latest.items()) if p == prompt]
+        lines += [
+            f"| {r['step']} | {r['tokens']:,} | {cell(r['completion'])} |"
+            for (step, p), r in sorted(latest.items())
+            if p == prompt
+        ]
         lines.append("")
     atomic_write_bytes(path, "\n".join(lines).encode())
 
@@ -210,11 +263,17 @@ def export_weights(run, out: Path, dtype: str) -> None:
     from pretrainer.config.schema import to_dict
 
     tokenizer = run.tokenizer()
-    metadata = {"format": "pt", "pretrainer_model_config": json.dumps(to_dict(run.cfg)["model"], sort_keys=True),
-                "tokenizer": json.dumps({"name": tokenizer.name, "sha256": tokenizer.sha256}, sort_keys=True)}
+    metadata = {
+        "format": "pt",
+        "pretrainer_model_config": json.dumps(to_dict(run.cfg)["model"], sort_keys=True),
+        "tokenizer": json.dumps({"name": tokenizer.name, "sha256": tokenizer.sha256}, sort_keys=True),
+    }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out, save({k: v.to(DTYPES[dtype]).contiguous() for k, v in run.load_weights().items()}, metadata=metadata))
+    atomic_write_bytes(
+        out,
+        save({k: v.to(DTYPES[dtype]).contiguous() for k, v in run.load_weights().items()}, metadata=metadata),
+    )
 
 
 def stage_lineage(state: dict) -> dict:
@@ -224,9 +283,23 @@ def stage_lineage(state: dict) -> dict:
     while parent:
         chain.insert(0, {k: v for k, v in parent.items() if k != "parent"})
         parent = parent.get("parent")
-    stages = [*chain, {"run": "this run", "tokens": state["tokens"], "trained_tokens": state.get("trained_tokens", state["tokens"])}]
-    return {"lineage": chain, "tokens_all_stages": sum(stage.get("tokens") or 0 for stage in stages),
-            "trained_tokens_all_stages": sum(stage.get("trained_tokens") or 0 for stage in stages)} if chain else {"lineage": []}
+    stages = [
+        *chain,
+        {
+            "run": "this run",
+            "tokens": state["tokens"],
+            "trained_tokens": state.get("trained_tokens", state["tokens"]),
+        },
+    ]
+    return (
+        {
+            "lineage": chain,
+            "tokens_all_stages": sum(stage.get("tokens") or 0 for stage in stages),
+            "trained_tokens_all_stages": sum(stage.get("trained_tokens") or 0 for stage in stages),
+        }
+        if chain
+        else {"lineage": []}
+    )
 
 
 def export_report(run, out: Path) -> dict:
@@ -246,35 +319,48 @@ def export_report(run, out: Path) -> dict:
         probes = read_metrics(run_dir / "probes.jsonl") if (run_dir / "probes.jsonl").is_file() else []
         if probes:
             write_probes_table(probes, tmp / "probes.md")
-        suite_scores = _series(records, "suite_score")[1]  # the final trajectory's (a rollback's abandoned ones left out)
+        suite_scores = _series(records, "suite_score")[
+            1
+        ]  # the final trajectory's (a rollback's abandoned ones left out)
         train_losses = [r for r in records if "loss" in r]
         val_losses = [r for r in records if "val_loss" in r]
         config_path = run_dir / "config.toml"
         mlflow_uri = None
         if (run_dir / "mlflow-run-id.txt").is_file():
             run_id = (run_dir / "mlflow-run-id.txt").read_text().strip()
-            tracking = state["config"].get("mlflow", {}).get("uri") or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+            tracking = (
+                state["config"].get("mlflow", {}).get("uri")
+                or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+            )
             mlflow_uri = {"tracking_uri": tracking, "run_id": run_id, "run_uri": f"runs:/{run_id}"}
-            atomic_write_bytes(tmp / "mlflow-run-uri.txt",
-                               f"tracking_uri: {tracking}\nrun_id: {run_id}\nrun_uri: runs:/{run_id}\n"
-                               f"view: mlflow ui --backend-store-uri {tracking}\n".encode())
+            atomic_write_bytes(
+                tmp / "mlflow-run-uri.txt",
+                f"tracking_uri: {tracking}\nrun_id: {run_id}\nrun_uri: runs:/{run_id}\n"
+                f"view: mlflow ui --backend-store-uri {tracking}\n".encode(),
+            )
         manifest = {
             "run_dir": str(run_dir.resolve()),
             "checkpoint": checkpoint.name,
             "seed": state["config"]["train"]["seed"],
             "versions": package_versions(),
             "config": state["config"],
-            "config_toml_sha256": hashlib.sha256(config_path.read_bytes()).hexdigest() if config_path.is_file() else None,
+            "config_toml_sha256": hashlib.sha256(config_path.read_bytes()).hexdigest()
+            if config_path.is_file()
+            else None,
             "config_sha256": state["config_sha256"],
             "dataset": state.get("dataset"),  # tokenizer and split sha256: which data trained the model
             "hardware": state.get("hardware", {}),
             "steps": state["step"],
             "tokens": state["tokens"],
-            "trained_tokens": state.get("trained_tokens", state["tokens"]),  # the targets the loss counted (loss masks)
+            "trained_tokens": state.get(
+                "trained_tokens", state["tokens"]
+            ),  # the targets the loss counted (loss masks)
             "tokens_per_step": state["tokens_per_step"],
             # which optimizer, and its state's measured size on rank 0 (the whole state unless FSDP shards it)
-            "optimizer": {**state.get("optimizer", {"name": state["config"]["optim"].get("name", "adamw")}),
-                          "state_bytes_rank0": state.get("optimizer_state_bytes_rank0")},
+            "optimizer": {
+                **state.get("optimizer", {"name": state["config"]["optim"].get("name", "adamw")}),
+                "state_bytes_rank0": state.get("optimizer_state_bytes_rank0"),
+            },
             **stage_lineage(state),
             "final_train_loss": train_losses[-1]["loss"] if train_losses else None,
             "final_val_loss": val_losses[-1]["val_loss"] if val_losses else None,
@@ -290,5 +376,8 @@ def export_report(run, out: Path) -> dict:
         }
         atomic_write_json(tmp / "manifest.json", manifest)
         if not weights_check["reload_resave_byte_identical"]:
-            raise UserError(f"{checkpoint}/model.safetensors: reloading and re-saving changed the bytes; report not written")
+            raise UserError(
+                f"{checkpoint}/model.safetensors: reloading and re-saving changed the bytes; report not "
+                f"written"
+            )
     return manifest

@@ -46,19 +46,40 @@ RESAMPLES = 1000
 MAX_EXPONENT = 3.0  # an exponent beyond this (or <= 0) says the runs showed no power law in that variable
 START_POINTS = 32  # L-BFGS starts taken from the initialisation grid (its best-scoring points)
 BOOTSTRAP_STARTS = 4  # grid starts per bootstrap refit, beside the point fit
-NAMES = ("E", "log_A", "alpha", "log_B", "beta")  # a law as stored: the prefactors in logs (they overflow otherwise)
-GRID = {"e": (-1.0, -0.5, 0.0, 0.5, 1.0), "a": (0.0, 5.0, 10.0, 15.0, 20.0, 25.0), "alpha": (0.0, 0.5, 1.0, 1.5, 2.0),
-        "b": (0.0, 5.0, 10.0, 15.0, 20.0, 25.0), "beta": (0.0, 0.5, 1.0, 1.5, 2.0)}
+NAMES = (
+    "E",
+    "log_A",
+    "alpha",
+    "log_B",
+    "beta",
+)  # a law as stored: the prefactors in logs (they overflow otherwise)
+GRID = {
+    "e": (-1.0, -0.5, 0.0, 0.5, 1.0),
+    "a": (0.0, 5.0, 10.0, 15.0, 20.0, 25.0),
+    "alpha": (0.0, 0.5, 1.0, 1.5, 2.0),
+    "b": (0.0, 5.0, 10.0, 15.0, 20.0, 25.0),
+    "beta": (0.0, 0.5, 1.0, 1.5, 2.0),
+}
 # the free (log-space) constants of each form, in theta order
-FORMS = {"nd": ("e", "a", "alpha", "b", "beta"), "n": ("e", "a", "alpha"), "d": ("e", "b", "beta"), "n_power": ("a", "alpha")}
-FORM_TEXT = {"nd": "L(N, D) = E + A/N^alpha + B/D^beta", "n": "L(N) = E + A/N^alpha (D fixed)",
-             "d": "L(D) = E + B/D^beta (N fixed)", "n_power": "L(N) = A/N^alpha (D fixed, no irreducible term)"}
+FORMS = {
+    "nd": ("e", "a", "alpha", "b", "beta"),
+    "n": ("e", "a", "alpha"),
+    "d": ("e", "b", "beta"),
+    "n_power": ("a", "alpha"),
+}
+FORM_TEXT = {
+    "nd": "L(N, D) = E + A/N^alpha + B/D^beta",
+    "n": "L(N) = E + A/N^alpha (D fixed)",
+    "d": "L(D) = E + B/D^beta (N fixed)",
+    "n_power": "L(N) = A/N^alpha (D fixed, no irreducible term)",
+}
 FIXED_D_FORMS = ("n", "n_power")
 
 
 @dataclass
 class Points:
     """Observed final losses: one per run."""
+
     params: np.ndarray  # N
     tokens: np.ndarray  # D
     loss: np.ndarray
@@ -68,8 +89,14 @@ class Points:
 
     def take(self, index: np.ndarray) -> "Points":
         pick = lambda a: None if a is None else a[index]  # noqa: E731
-        return Points(self.params[index], self.tokens[index], self.loss[index], [self.runs[i] for i in index] if self.runs else [],
-                      pick(self.budgets), pick(self.flops))
+        return Points(
+            self.params[index],
+            self.tokens[index],
+            self.loss[index],
+            [self.runs[i] for i in index] if self.runs else [],
+            pick(self.budgets),
+            pick(self.flops),
+        )
 
     def __len__(self) -> int:
         return len(self.loss)
@@ -83,20 +110,32 @@ def choose_form(points: Points, wanted: str = "auto") -> tuple[str, str]:
         raise UserError(f"fit: --form must be auto, nd, n or d, got '{wanted}'")
     if wanted in ("auto", "nd") and sizes >= 2 and budgets >= 2 and n > 5:
         return "nd", ""
-    if wanted == "auto" and sizes >= 2 and budgets >= 2:  # D varies: a fixed-D form would be wrong, the full one is short
-        raise UserError(f"fit: {n} runs for the 5 constants of {FORM_TEXT['nd']}: add runs (at least 6, several sizes at "
-                        f"several token counts), or fit the runs of one token count alone (a CSV with those rows)")
+    if (
+        wanted == "auto" and sizes >= 2 and budgets >= 2
+    ):  # D varies: a fixed-D form would be wrong, the full one is short
+        raise UserError(
+            f"fit: {n} runs for the 5 constants of {FORM_TEXT['nd']}: add runs (at least 6, several sizes at "
+            f"several token counts), or fit the runs of one token count alone (a CSV with those rows)"
+        )
     why = []
     if budgets < 2:
-        why.append(f"every run trained the same number of tokens ({points.tokens[0]:,.0f}), so B and beta (the D-term) "
-                   "are undetermined")
+        why.append(
+            f"every run trained the same number of tokens ({points.tokens[0]:,.0f}), so B and beta (the "
+            f"D-term) "
+            "are undetermined"
+        )
     if sizes < 2:
-        why.append(f"every run has the same size ({points.params[0]:,.0f} parameters), so A and alpha are undetermined")
+        why.append(
+            f"every run has the same size ({points.params[0]:,.0f} parameters), so A and alpha are "
+            f"undetermined"
+        )
     if sizes >= 2 and budgets >= 2 and n <= 5:
         why.append(f"{n} runs for 5 constants")
     if wanted == "nd":
-        raise UserError(f"fit: {FORM_TEXT['nd']} is underdetermined: {'; '.join(why)}. Add runs at other token budgets "
-                        "(sweep.tokens = [D1, D2], tokens_per_param or isoflop) and sizes, at least 6 in all")
+        raise UserError(
+            f"fit: {FORM_TEXT['nd']} is underdetermined: {'; '.join(why)}. Add runs at other token budgets "
+            "(sweep.tokens = [D1, D2], tokens_per_param or isoflop) and sizes, at least 6 in all"
+        )
     form = wanted if wanted != "auto" else ("n" if sizes >= budgets else "d")
     distinct = sizes if form == "n" else budgets
     if form == "n" and wanted == "auto" and (distinct < 3 or n < 4) and sizes >= 2 and n >= 3:
@@ -105,9 +144,11 @@ def choose_form(points: Points, wanted: str = "auto") -> tuple[str, str]:
         return "n_power", "; ".join(why)
     if distinct < 3 or n < 4:
         what = "sizes" if form == "n" else "token budgets"
-        raise UserError(f"fit: {FORM_TEXT[form]} needs at least 3 distinct {what} and 4 runs (3 constants and one to "
-                        f"spare); the sweep has {distinct} distinct {what} in {n} runs. Add runs"
-                        + (f" ({'; '.join(why)})" if why else ""))
+        raise UserError(
+            f"fit: {FORM_TEXT[form]} needs at least 3 distinct {what} and 4 runs (3 constants and one to "
+            f"spare); the sweep has {distinct} distinct {what} in {n} runs. Add runs"
+            + (f" ({'; '.join(why)})" if why else "")
+        )
     if wanted != "auto" and (form == "n" and budgets > 1 or form == "d" and sizes > 1):
         why.append(f"--form {form} asked for")
     return form, "; ".join(why)
@@ -120,7 +161,7 @@ def _design(points: Points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _full_theta(theta: np.ndarray, form: str) -> list[np.ndarray]:
     """Columns (e, a, alpha, b, beta) of theta (problems, constants); an absent term's prefactor is
     -inf (a term of zero)."""
-    columns = dict(zip(FORMS[form], (theta[:, i:i + 1] for i in range(theta.shape[1]))))
+    columns = dict(zip(FORMS[form], (theta[:, i : i + 1] for i in range(theta.shape[1]))))
     absent = {"e": -np.inf, "a": -np.inf, "alpha": 0.0, "b": -np.inf, "beta": 0.0}
     return [columns.get(k, np.full((len(theta), 1), absent[k])) for k in FORMS["nd"]]
 
@@ -136,12 +177,22 @@ def _objective(theta: np.ndarray, form: str, log_n: np.ndarray, log_d: np.ndarra
     total = weights.sum(axis=0)
     residual = top + np.log(total) - log_l
     weights /= total  # d LSE / d term
-    value = np.where(np.abs(residual) <= HUBER_DELTA, 0.5 * residual**2,
-                     HUBER_DELTA * (np.abs(residual) - 0.5 * HUBER_DELTA)).sum(axis=1) / HUBER_DELTA
+    value = (
+        np.where(
+            np.abs(residual) <= HUBER_DELTA,
+            0.5 * residual**2,
+            HUBER_DELTA * (np.abs(residual) - 0.5 * HUBER_DELTA),
+        ).sum(axis=1)
+        / HUBER_DELTA
+    )
     slope = np.clip(residual, -HUBER_DELTA, HUBER_DELTA) / HUBER_DELTA
-    grads = {"e": (slope * weights[2]).sum(axis=1), "a": (slope * weights[0]).sum(axis=1),
-             "alpha": -(slope * weights[0] * log_n).sum(axis=1), "b": (slope * weights[1]).sum(axis=1),
-             "beta": -(slope * weights[1] * log_d).sum(axis=1)}
+    grads = {
+        "e": (slope * weights[2]).sum(axis=1),
+        "a": (slope * weights[0]).sum(axis=1),
+        "alpha": -(slope * weights[0] * log_n).sum(axis=1),
+        "b": (slope * weights[1]).sum(axis=1),
+        "beta": -(slope * weights[1] * log_d).sum(axis=1),
+    }
     return value, np.stack([grads[k] for k in FORMS[form]], axis=1)
 
 
@@ -149,7 +200,9 @@ def _minimise(form: str, starts: np.ndarray, log_n: np.ndarray, log_d: np.ndarra
     """L-BFGS from each start (rows; the data has a row per start, or one row shared by all) -> (theta,
     objective) per row."""
     data = (log_n, log_d, log_l)
-    return batched_lbfgs(lambda theta, rows: _objective(theta, form, *(c if len(c) == 1 else c[rows] for c in data)), starts)
+    return batched_lbfgs(
+        lambda theta, rows: _objective(theta, form, *(c if len(c) == 1 else c[rows] for c in data)), starts
+    )
 
 
 def _grid_starts(form: str, points: Points, count: int) -> np.ndarray:
@@ -176,7 +229,9 @@ def with_prefactors(law: dict[str, float]) -> dict[str, float]:
 def fit_law(points: Points, form: str) -> tuple[np.ndarray, float]:
     """The point fit: L-BFGS from the best START_POINTS of the grid -> (theta, objective)."""
     log_n, log_d, log_l = _design(points)
-    thetas, values = _minimise(form, _grid_starts(form, points, START_POINTS), log_n[None], log_d[None], log_l[None])
+    thetas, values = _minimise(
+        form, _grid_starts(form, points, START_POINTS), log_n[None], log_d[None], log_l[None]
+    )
     best = int(np.nanargmin(values))
     return thetas[best], float(values[best])
 
@@ -185,7 +240,11 @@ def predict_loss(law: dict[str, float], params, tokens):
     """E + A/N^alpha + B/D^beta, computed from the logs of A and B (works on arrays)."""
     log_n, log_d = np.log(np.asarray(params, dtype=float)), np.log(np.asarray(tokens, dtype=float))
     with np.errstate(over="ignore"):  # a degenerate resample's law may overflow: inf, left out of intervals
-        return law["E"] + np.exp(law["log_A"] - law["alpha"] * log_n) + np.exp(law["log_B"] - law["beta"] * log_d)
+        return (
+            law["E"]
+            + np.exp(law["log_A"] - law["alpha"] * log_n)
+            + np.exp(law["log_B"] - law["beta"] * log_d)
+        )
 
 
 def _log(x: float) -> float:
@@ -225,7 +284,9 @@ def interval(values, level: float = LEVEL) -> list[float]:
     return [float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))]
 
 
-def bootstrap_laws(points: Points, form: str, theta: np.ndarray, resamples: int, seed: int) -> tuple[list[dict], int]:
+def bootstrap_laws(
+    points: Points, form: str, theta: np.ndarray, resamples: int, seed: int
+) -> tuple[list[dict], int]:
     """Refit on `resamples` resamplings of the runs (with replacement), each from the point fit and the
     full data's best BOOTSTRAP_STARTS grid starts -> (the laws, how many resamples were left out
     because they cannot determine the form, e.g. a resample with one size)."""
@@ -236,8 +297,12 @@ def bootstrap_laws(points: Points, form: str, theta: np.ndarray, resamples: int,
     budgets = np.array([len(np.unique(row)) for row in tokens])
     distinct_runs = np.array([len(set(zip(n, d))) for n, d in zip(params, tokens)])
     # a resample may repeat runs; it still determines the law with as many distinct runs as constants
-    usable = {"nd": (sizes >= 2) & (budgets >= 2) & (distinct_runs >= 5), "n": sizes >= 3, "d": budgets >= 3,
-              "n_power": sizes >= 2}[form]
+    usable = {
+        "nd": (sizes >= 2) & (budgets >= 2) & (distinct_runs >= 5),
+        "n": sizes >= 3,
+        "d": budgets >= 3,
+        "n_power": sizes >= 2,
+    }[form]
     index = index[usable]
     starts = np.vstack([theta[None], _grid_starts(form, points, BOOTSTRAP_STARTS)])  # (S, constants)
     log_n, log_d, log_l = (np.repeat(column[index], len(starts), axis=0) for column in _design(points))
@@ -248,6 +313,7 @@ def bootstrap_laws(points: Points, form: str, theta: np.ndarray, resamples: int,
 
 
 # --- IsoFLOP profiles (Hoffmann's approach 2) ---
+
 
 def isoflop_minima(points: Points) -> list[dict]:
     """Per compute budget: the parabola of loss against log N, its minimum N_opt and the D there."""
@@ -261,14 +327,26 @@ def isoflop_minima(points: Points) -> list[dict]:
             continue
         curve = np.polyfit(log_n, loss, 2)
         if curve[0] <= 0:
-            out.append({**entry, "problem": "the losses do not curve upwards: no minimum (add smaller and larger sizes)"})
+            out.append(
+                {
+                    **entry,
+                    "problem": "the losses do not curve upwards: no minimum (add smaller and larger sizes)",
+                }
+            )
             continue
         best_log_n = -curve[1] / (2 * curve[0])
         tokens_line = np.polyfit(log_n, log_d, 1)  # D = C / FLOPs-per-token(N): nearly a line in log-log
         inside = log_n.min() <= best_log_n <= log_n.max()
-        out.append({**entry, "params_opt": float(np.exp(best_log_n)), "tokens_opt": float(np.exp(np.polyval(tokens_line, best_log_n))),
-                    "loss_opt": float(np.polyval(curve, best_log_n)), "parabola": [float(c) for c in curve],
-                    "bracketed": bool(inside)})
+        out.append(
+            {
+                **entry,
+                "params_opt": float(np.exp(best_log_n)),
+                "tokens_opt": float(np.exp(np.polyval(tokens_line, best_log_n))),
+                "loss_opt": float(np.polyval(curve, best_log_n)),
+                "parabola": [float(c) for c in curve],
+                "bracketed": bool(inside),
+            }
+        )
     return out
 
 
@@ -280,16 +358,27 @@ def isoflop_power_laws(minima: list[dict]) -> dict | None:
     log_c = np.log([m["budget_flops"] for m in usable])
     n_line = np.polyfit(log_c, np.log([m["params_opt"] for m in usable]), 1)
     d_line = np.polyfit(log_c, np.log([m["tokens_opt"] for m in usable]), 1)
-    return {"a": float(n_line[0]), "log_k_n": float(n_line[1]), "b": float(d_line[0]), "log_k_d": float(d_line[1]),
-            "budgets": len(usable)}
+    return {
+        "a": float(n_line[0]),
+        "log_k_n": float(n_line[1]),
+        "b": float(d_line[0]),
+        "log_k_d": float(d_line[1]),
+        "budgets": len(usable),
+    }
 
 
-def isoflop_at(power: dict, compute: float | None = None, params: float | None = None) -> tuple[float, float, float]:
+def isoflop_at(
+    power: dict, compute: float | None = None, params: float | None = None
+) -> tuple[float, float, float]:
     """(C, N_opt, D_opt) from the IsoFLOP power laws, for a budget or (inverting N_opt(C)) a size."""
     if compute is None:
         compute = math.exp((math.log(params) - power["log_k_n"]) / power["a"])
     log_c = math.log(compute)
-    return compute, math.exp(power["a"] * log_c + power["log_k_n"]), math.exp(power["b"] * log_c + power["log_k_d"])
+    return (
+        compute,
+        math.exp(power["a"] * log_c + power["log_k_n"]),
+        math.exp(power["b"] * log_c + power["log_k_d"]),
+    )
 
 
 def bootstrap_isoflop(points: Points, budgets: int, resamples: int, seed: int) -> tuple[list[dict], int]:

@@ -46,23 +46,42 @@ MIN_STEPS = 10  # a run shorter than this measures its warmup, not its size: ref
 
 @dataclass
 class SweepConfig:
-    base: str = opt("", "the base config every run starts from (a path relative to the sweep file); other sections of "
-                        "the sweep file override it")
-    dir: str = opt("sweeps/default", "the sweep directory: runs/NAME (normal run dirs), configs/, sweep.json, sweep.csv")
-    sizes: str = opt("", 'comma-separated: target non-embedding parameters ("300k", "1.5M", "1e8") or shapes '
-                         '"LAYERSxWIDTH" ("4x128")')
-    mode: str = opt("tokens", '"tokens" (each size trains `tokens`), "tokens_per_param" or "isoflop" (each budget in '
-                              '`budgets` at each size)')
-    tokens: str = opt("", "mode tokens: training tokens per run, comma-separated for several (each size at each)")
+    base: str = opt(
+        "",
+        "the base config every run starts from (a path relative to the sweep file); other sections of "
+        "the sweep file override it",
+    )
+    dir: str = opt(
+        "sweeps/default", "the sweep directory: runs/NAME (normal run dirs), configs/, sweep.json, sweep.csv"
+    )
+    sizes: str = opt(
+        "",
+        'comma-separated: target non-embedding parameters ("300k", "1.5M", "1e8") or shapes '
+        '"LAYERSxWIDTH" ("4x128")',
+    )
+    mode: str = opt(
+        "tokens",
+        '"tokens" (each size trains `tokens`), "tokens_per_param" or "isoflop" (each budget in '
+        "`budgets` at each size)",
+    )
+    tokens: str = opt(
+        "", "mode tokens: training tokens per run, comma-separated for several (each size at each)"
+    )
     tokens_per_param: float = opt(20.0, "mode tokens_per_param: tokens per (total) parameter")
     budgets: str = opt("", "mode isoflop: compute budgets in FLOPs, comma-separated (e.g. 1e15,3e15)")
-    aspect_ratio: float = opt(0.0, "d_model / n_layer of the shapes picked for target sizes; 0 = the base config's")
+    aspect_ratio: float = opt(
+        0.0, "d_model / n_layer of the shapes picked for target sizes; 0 = the base config's"
+    )
     head_dim: int = opt(0, "d_model / n_head of those shapes; 0 = the base config's")
     lr_rule: str = opt("power", '"power": lr = base lr x (N / N_base)^-lr_exponent; "constant": the base lr')
     lr_exponent: float = opt(1 / 3, "the power rule's exponent (OLMo's ladder: 1/3)")
-    batch_rule: str = opt("constant", '"constant": the base batch; "power": sequences per step x (N / N_base)^batch_exponent')
+    batch_rule: str = opt(
+        "constant", '"constant": the base batch; "power": sequences per step x (N / N_base)^batch_exponent'
+    )
     batch_exponent: float = opt(2 / 3, "the power batch rule's exponent (OLMo's ladder: 2/3)")
-    gpu: str = opt("", "GPU model for the plan's time and $ (as `plan --gpu`); budget.* of the base gives price and MFU")
+    gpu: str = opt(
+        "", "GPU model for the plan's time and $ (as `plan --gpu`); budget.* of the base gives price and MFU"
+    )
     parallel_runs: int = opt(1, "runs at once, one per GPU (each pinned to its own device; logs in DIR/logs)")
 
 
@@ -114,9 +133,13 @@ def load_sweep(path: str | None, overrides: list[str]) -> tuple[SweepConfig, Con
         set_sweep_key(sweep, key, value, str(path))
     sweep_overrides = [o for o in overrides if o.startswith("--sweep.")]
     for item in sweep_overrides:
-        key, _, value = item[len("--sweep."):].partition("=")
+        key, _, value = item[len("--sweep.") :].partition("=")
         set_sweep_key(sweep, key, value, "command line")
-    base_path = (Path(path).parent / sweep.base) if sweep.base and path else (Path(sweep.base) if sweep.base else None)
+    base_path = (
+        (Path(path).parent / sweep.base)
+        if sweep.base and path
+        else (Path(sweep.base) if sweep.base else None)
+    )
     if sweep.base:
         base = load_config(base_path, validated=False)
         for section, values in raw.items():  # the sweep file's other sections override the base
@@ -142,22 +165,46 @@ def set_sweep_key(sweep: SweepConfig, key: str, value: Any, where: str) -> None:
         value = ",".join(str(v) for v in value)
     try:
         kind = kinds[key]
-        setattr(sweep, key, kind(value) if kind is not int or not isinstance(value, str) else int(float(value)))
+        setattr(
+            sweep, key, kind(value) if kind is not int or not isinstance(value, str) else int(float(value))
+        )
     except ValueError:
         raise UserError(f"{where}: sweep.{key} must be {kinds[key].__name__}, got {value!r}") from None
 
 
 def check_sweep(sweep: SweepConfig) -> None:
-    checks = [(sweep.mode in ("tokens", "tokens_per_param", "isoflop"),
-               f"sweep.mode must be tokens, tokens_per_param or isoflop, got '{sweep.mode}'"),
-              (bool(listed(sweep.sizes)), "sweep.sizes is empty: give target sizes (1M,3M,10M) or shapes (2x64,4x128)"),
-              (sweep.mode != "tokens" or bool(listed(sweep.tokens)), "sweep.mode = tokens needs sweep.tokens (e.g. 2e6)"),
-              (sweep.mode != "isoflop" or bool(listed(sweep.budgets)), "sweep.mode = isoflop needs sweep.budgets (FLOPs, e.g. 1e15,3e15)"),
-              (sweep.tokens_per_param > 0, "sweep.tokens_per_param must be positive"),
-              (sweep.lr_rule in ("power", "constant"), f"sweep.lr_rule must be power or constant, got '{sweep.lr_rule}'"),
-              (sweep.batch_rule in ("power", "constant"), f"sweep.batch_rule must be power or constant, got '{sweep.batch_rule}'"),
-              (sweep.parallel_runs >= 1, "sweep.parallel_runs must be at least 1"),
-              (sweep.aspect_ratio >= 0 and sweep.head_dim >= 0, "sweep.aspect_ratio and sweep.head_dim must be >= 0")]
+    checks = [
+        (
+            sweep.mode in ("tokens", "tokens_per_param", "isoflop"),
+            f"sweep.mode must be tokens, tokens_per_param or isoflop, got '{sweep.mode}'",
+        ),
+        (
+            bool(listed(sweep.sizes)),
+            "sweep.sizes is empty: give target sizes (1M,3M,10M) or shapes (2x64,4x128)",
+        ),
+        (
+            sweep.mode != "tokens" or bool(listed(sweep.tokens)),
+            "sweep.mode = tokens needs sweep.tokens (e.g. 2e6)",
+        ),
+        (
+            sweep.mode != "isoflop" or bool(listed(sweep.budgets)),
+            "sweep.mode = isoflop needs sweep.budgets (FLOPs, e.g. 1e15,3e15)",
+        ),
+        (sweep.tokens_per_param > 0, "sweep.tokens_per_param must be positive"),
+        (
+            sweep.lr_rule in ("power", "constant"),
+            f"sweep.lr_rule must be power or constant, got '{sweep.lr_rule}'",
+        ),
+        (
+            sweep.batch_rule in ("power", "constant"),
+            f"sweep.batch_rule must be power or constant, got '{sweep.batch_rule}'",
+        ),
+        (sweep.parallel_runs >= 1, "sweep.parallel_runs must be at least 1"),
+        (
+            sweep.aspect_ratio >= 0 and sweep.head_dim >= 0,
+            "sweep.aspect_ratio and sweep.head_dim must be >= 0",
+        ),
+    ]
     for ok, message in checks:
         if not ok:
             raise UserError(f"sweep: {message}")
@@ -175,14 +222,20 @@ def parameter_counts(cfg: Config) -> tuple[int, int, int]:
     model_cfg.d_ff = resolve_d_ff(model_cfg)
     with torch.device("meta"):
         counts = count_parameters(Transformer(model_cfg))
-    return counts["total"], counts["non_embedding"], flops_per_token(model_cfg, counts["non_embedding"])["total"]
+    return (
+        counts["total"],
+        counts["non_embedding"],
+        flops_per_token(model_cfg, counts["non_embedding"])["total"],
+    )
 
 
 def with_shape(base: Config, n_layer: int, d_model: int, head_dim: int) -> Config:
     cfg = copy.deepcopy(base)
     m = cfg.model
     heads = d_model // head_dim
-    group = max(1, base.model.n_head // (base.model.n_kv_head or base.model.n_head))  # the base's heads per KV head
+    group = max(
+        1, base.model.n_head // (base.model.n_kv_head or base.model.n_head)
+    )  # the base's heads per KV head
     m.n_layer, m.d_model, m.n_head = n_layer, d_model, heads
     m.n_kv_head = heads // group if heads % group == 0 and m.arch == "llama" else 0
     m.d_ff = 0  # the architecture's rule for the new width
@@ -197,7 +250,9 @@ def shape_for(base: Config, size: str, sweep: SweepConfig) -> Config:
     if shape:
         n_layer, d_model = int(shape.group(1)), int(shape.group(2))
         if d_model % head_dim:
-            raise UserError(f"sweep.sizes: '{size}': width {d_model} is not a multiple of the head dim {head_dim}")
+            raise UserError(
+                f"sweep.sizes: '{size}': width {d_model} is not a multiple of the head dim {head_dim}"
+            )
         return with_shape(base, n_layer, d_model, head_dim)
     target = number(size, "sweep.sizes")
     aspect = sweep.aspect_ratio or base.model.d_model / base.model.n_layer
@@ -228,13 +283,21 @@ def plan_runs(sweep: SweepConfig, base: Config, sweep_dir: Path) -> list[RunSpec
     from pretrainer.config.resolve import tokens_per_step
 
     if not base.model.vocab_size:
-        raise UserError("sweep: model.vocab_size is unknown; pass --data.dir=DIR (a prepared data dir) or set it in the base")
+        raise UserError(
+            "sweep: model.vocab_size is unknown; pass --data.dir=DIR (a prepared data dir) or set it in the "
+            "base"
+        )
     if not base.train.micro_batch:
-        raise UserError("sweep: the base has train.micro_batch = auto; set a number (each run's batch is planned exactly)")
+        raise UserError(
+            "sweep: the base has train.micro_batch = auto; set a number (each run's batch is planned exactly)"
+        )
     if base.train.global_batch:  # one device per run: the global batch is micro_batch x grad_accum
         if base.train.global_batch % base.train.micro_batch:
-            raise UserError(f"sweep: train.global_batch = {base.train.global_batch} is not a multiple of train.micro_batch "
-                            f"= {base.train.micro_batch}")
+            raise UserError(
+                f"sweep: train.global_batch = {base.train.global_batch} is not a multiple of "
+                f"train.micro_batch "
+                f"= {base.train.micro_batch}"
+            )
         base = copy.deepcopy(base)
         base.train.grad_accum, base.train.global_batch = base.train.global_batch // base.train.micro_batch, 0
     base_total, base_non_embedding, _ = parameter_counts(base)
@@ -243,12 +306,19 @@ def plan_runs(sweep: SweepConfig, base: Config, sweep_dir: Path) -> list[RunSpec
         cfg = shape_for(base, size, sweep)
         key = (cfg.model.n_layer, cfg.model.d_model)
         if key in seen:
-            raise UserError(f"sweep.sizes: '{size}' gives the same shape as an earlier size ({key[0]} layers x {key[1]}); "
-                            f"space the sizes further apart")
+            raise UserError(
+                f"sweep.sizes: '{size}' gives the same shape as an earlier size ({key[0]} layers x "
+                f"{key[1]}); "
+                f"space the sizes further apart"
+            )
         seen.add(key)
         shapes.append(cfg)
-    token_list = [number(t, "sweep.tokens") for t in listed(sweep.tokens)] if sweep.mode == "tokens" else [None]
-    budgets = [number(b, "sweep.budgets") for b in listed(sweep.budgets)] if sweep.mode == "isoflop" else [None]
+    token_list = (
+        [number(t, "sweep.tokens") for t in listed(sweep.tokens)] if sweep.mode == "tokens" else [None]
+    )
+    budgets = (
+        [number(b, "sweep.budgets") for b in listed(sweep.budgets)] if sweep.mode == "isoflop" else [None]
+    )
     runs = []
     for budget in budgets:
         for shape in shapes:
@@ -259,25 +329,45 @@ def plan_runs(sweep: SweepConfig, base: Config, sweep_dir: Path) -> list[RunSpec
                 if sweep.lr_rule == "power":
                     cfg.optim.lr = base.optim.lr * ratio ** (-sweep.lr_exponent)
                 if sweep.batch_rule == "power":
-                    sequences = base.train.micro_batch * base.train.grad_accum * ratio ** sweep.batch_exponent
+                    sequences = base.train.micro_batch * base.train.grad_accum * ratio**sweep.batch_exponent
                     cfg.train.grad_accum = max(1, round(sequences / cfg.train.micro_batch))
                     cfg.train.global_batch = 0
                 step_tokens = tokens_per_step(cfg, 1)
-                tokens = {"tokens": wanted, "tokens_per_param": sweep.tokens_per_param * total,
-                          "isoflop": budget / per_token if budget else None}[sweep.mode]
+                tokens = {
+                    "tokens": wanted,
+                    "tokens_per_param": sweep.tokens_per_param * total,
+                    "isoflop": budget / per_token if budget else None,
+                }[sweep.mode]
                 steps = math.ceil(tokens / step_tokens)
                 name = run_name(cfg, sweep.mode, wanted, budget, len(token_list) > 1)
                 if steps < MIN_STEPS:
-                    raise UserError(f"sweep: run {name} would train {steps} steps ({tokens:,.0f} tokens at {step_tokens:,} "
-                                    f"per step); at least {MIN_STEPS} are needed: raise its tokens or budget, or drop the size")
-                fraction = steps / base.train.max_steps  # warmup, eval and checkpoints keep the base's fractions
+                    raise UserError(
+                        f"sweep: run {name} would train {steps} steps ({tokens:,.0f} tokens at "
+                        f"{step_tokens:,} "
+                        f"per step); at least {MIN_STEPS} are needed: raise its tokens or budget, or drop "
+                        f"the size"
+                    )
+                fraction = (
+                    steps / base.train.max_steps
+                )  # warmup, eval and checkpoints keep the base's fractions
                 cfg.train.max_steps = steps
                 cfg.optim.warmup_steps = min(steps - 1, round(base.optim.warmup_steps * fraction))
                 cfg.eval.every = max(1, round(base.eval.every * fraction)) if base.eval.every else 0
                 cfg.ckpt.every = max(1, round(base.ckpt.every * fraction)) if base.ckpt.every else 0
-                cfg.eval.tasks_every = max(1, round(base.eval.tasks_every * fraction)) if base.eval.tasks_every else 0
+                cfg.eval.tasks_every = (
+                    max(1, round(base.eval.tasks_every * fraction)) if base.eval.tasks_every else 0
+                )
                 cfg.run.dir = str(sweep_dir / "runs" / name)
                 cfg.train.stop_at_step, cfg.train.resume = 0, "auto"
-                runs.append(RunSpec(name, apply_overrides(cfg, []), total, non_embedding, per_token, steps * step_tokens,
-                                    budget or 0.0))
+                runs.append(
+                    RunSpec(
+                        name,
+                        apply_overrides(cfg, []),
+                        total,
+                        non_embedding,
+                        per_token,
+                        steps * step_tokens,
+                        budget or 0.0,
+                    )
+                )
     return runs

@@ -17,8 +17,16 @@ from __future__ import annotations
 import numpy as np
 
 
-def batched_lbfgs(fun, x0: np.ndarray, memory: int = 10, max_iter: int = 1000, gtol: float = 1e-9, ftol: float = 1e-13,
-                  c1: float = 1e-4, max_halvings: int = 40) -> tuple[np.ndarray, np.ndarray]:
+def batched_lbfgs(
+    fun,
+    x0: np.ndarray,
+    memory: int = 10,
+    max_iter: int = 1000,
+    gtol: float = 1e-9,
+    ftol: float = 1e-13,
+    c1: float = 1e-4,
+    max_halvings: int = 40,
+) -> tuple[np.ndarray, np.ndarray]:
     """Minimise R problems from their starts x0 (R, k) -> (x, f). A problem stops when its largest
     gradient component is below gtol, when a step lowers f by less than ftol x max(|f|, 1), or when
     the backtracking (Armijo) line search finds no decrease."""
@@ -47,7 +55,11 @@ def batched_lbfgs(fun, x0: np.ndarray, memory: int = 10, max_iter: int = 1000, g
         slope = (ga * direction).sum(axis=1)
         uphill = ~(slope < 0)  # fall back to steepest descent
         direction[uphill], slope[uphill] = -ga[uphill], -(ga[uphill] ** 2).sum(axis=1)
-        step = np.ones(len(rows)) if iteration else np.minimum(1.0, 1.0 / np.maximum(np.abs(ga).sum(axis=1), 1e-12))
+        step = (
+            np.ones(len(rows))
+            if iteration
+            else np.minimum(1.0, 1.0 / np.maximum(np.abs(ga).sum(axis=1), 1e-12))
+        )
         searching = np.ones(len(rows), dtype=bool)
         x_new, f_new, g_new = xa.copy(), fa.copy(), ga.copy()
         for _ in range(max_halvings):
@@ -66,10 +78,15 @@ def batched_lbfgs(fun, x0: np.ndarray, memory: int = 10, max_iter: int = 1000, g
         sy = (s * y).sum(axis=1)
         keep = ~stuck & (sy > 1e-16)  # the curvature condition, else the pair is dropped
         slot = iteration % memory
-        pairs_s[slot, rows], pairs_y[slot, rows] = np.where(keep[:, None], s, 0.0), np.where(keep[:, None], y, 0.0)
+        pairs_s[slot, rows], pairs_y[slot, rows] = (
+            np.where(keep[:, None], s, 0.0),
+            np.where(keep[:, None], y, 0.0),
+        )
         rho[slot, rows] = np.where(keep, 1.0 / np.where(keep, sy, 1.0), 0.0)
         gamma[rows] = np.where(keep, sy / np.maximum((y * y).sum(axis=1), 1e-300), gamma[rows])
         decrease = fa - f_new
         x[rows], f[rows], g[rows] = x_new, f_new, g_new
-        active[rows] = ~stuck & (np.abs(g_new).max(axis=1) > gtol) & (decrease > ftol * np.maximum(np.abs(f_new), 1.0))
+        active[rows] = (
+            ~stuck & (np.abs(g_new).max(axis=1) > gtol) & (decrease > ftol * np.maximum(np.abs(f_new), 1.0))
+        )
     return x, f

@@ -34,8 +34,24 @@ from pretrainer.config.schema import Config, config_text, diff_keys
 from pretrainer.core.errors import RunStopped, UserError, exit_code_for_signal, read_exit_record
 from pretrainer.core.files import atomic_write_bytes, atomic_write_json
 
-COLUMNS = ["run", "budget_flops", "n_layer", "d_model", "n_head", "params_total", "params_non_embedding", "tokens", "steps",
-           "tokens_per_step", "lr", "flops", "val_loss", "val_bpb", "wall_s", "usd"]
+COLUMNS = [
+    "run",
+    "budget_flops",
+    "n_layer",
+    "d_model",
+    "n_head",
+    "params_total",
+    "params_non_embedding",
+    "tokens",
+    "steps",
+    "tokens_per_step",
+    "lr",
+    "flops",
+    "val_loss",
+    "val_bpb",
+    "wall_s",
+    "usd",
+]
 TIMING_COLUMNS = ("wall_s", "usd")  # differ between an interrupted and an uninterrupted sweep
 
 
@@ -45,7 +61,9 @@ def prepare_plan(sweep: SweepConfig, base: Config) -> tuple[Path, list[RunSpec]]
     from pretrainer.data.loader import open_data_dir
 
     if not base.data.dir and not base.model.vocab_size:
-        raise UserError("sweep: data.dir is not set; pass --data.dir=DIR (a directory written by `pretrainer prepare`)")
+        raise UserError(
+            "sweep: data.dir is not set; pass --data.dir=DIR (a directory written by `pretrainer prepare`)"
+        )
     if not base.model.vocab_size or Path(base.data.dir).is_dir():
         base.model.vocab_size = base.model.vocab_size or open_data_dir(base.data.dir).vocab_size
     sweep_dir = Path(os.path.abspath(os.path.expanduser(sweep.dir)))
@@ -59,7 +77,9 @@ def cost_rows(sweep: SweepConfig, base: Config, runs: list[RunSpec]) -> tuple[li
 
     known = lookup_gpu(sweep.gpu) if sweep.gpu else None
     if sweep.gpu and known is None and not base.budget.peak_tflops:
-        raise UserError(f"sweep.gpu = '{sweep.gpu}' is not a known GPU; set budget.peak_tflops in the base config instead")
+        raise UserError(
+            f"sweep.gpu = '{sweep.gpu}' is not a known GPU; set budget.peak_tflops in the base config instead"
+        )
     peak = base.budget.peak_tflops or (known.peak_bf16_tflops if known else None)
     price = base.budget.usd_per_gpu_hour or None
     rows, total = [], 0.0
@@ -71,27 +91,44 @@ def cost_rows(sweep: SweepConfig, base: Config, runs: list[RunSpec]) -> tuple[li
     return rows, (total if peak and price else None)
 
 
-def format_plan(sweep: SweepConfig, base: Config, runs: list[RunSpec], costs: list[dict], total_usd: float | None) -> str:
-    head = (f"sweep: {len(runs)} runs, mode {sweep.mode}, lr rule {sweep.lr_rule}, batch rule {sweep.batch_rule}; "
-            f"{sweep.parallel_runs} at a time")
-    lines = [head, f"{'run':<22} {'layers':>6} {'width':>6} {'heads':>5} {'params':>12} {'non-emb':>12} {'tokens':>12} "
-                   f"{'steps':>7} {'lr':>9} {'FLOPs':>10} {'time':>9} {'$':>9}"]
+def format_plan(
+    sweep: SweepConfig, base: Config, runs: list[RunSpec], costs: list[dict], total_usd: float | None
+) -> str:
+    head = (
+        f"sweep: {len(runs)} runs, mode {sweep.mode}, lr rule {sweep.lr_rule}, batch rule "
+        f"{sweep.batch_rule}; "
+        f"{sweep.parallel_runs} at a time"
+    )
+    lines = [
+        head,
+        f"{'run':<22} {'layers':>6} {'width':>6} {'heads':>5} {'params':>12} {'non-emb':>12} {'tokens':>12} "
+        f"{'steps':>7} {'lr':>9} {'FLOPs':>10} {'time':>9} {'$':>9}",
+    ]
     for run, cost in zip(runs, costs):
         m = run.cfg.model
         hours = f"{cost['seconds'] / 3600:.2f}h" if cost["seconds"] is not None else "-"
         usd = f"{cost['usd']:.2f}" if cost["usd"] is not None else "-"
-        lines.append(f"{run.name:<22} {m.n_layer:>6} {m.d_model:>6} {m.n_head:>5} {run.params_total:>12,} "
-                     f"{run.params_non_embedding:>12,} {run.tokens:>12,} {run.cfg.train.max_steps:>7,} {run.cfg.optim.lr:>9.2e} "
-                     f"{run.flops:>10.3e} {hours:>9} {usd:>9}")
+        lines.append(
+            f"{run.name:<22} {m.n_layer:>6} {m.d_model:>6} {m.n_head:>5} {run.params_total:>12,} "
+            f"{run.params_non_embedding:>12,} {run.tokens:>12,} {run.cfg.train.max_steps:>7,} "
+            f"{run.cfg.optim.lr:>9.2e} "
+            f"{run.flops:>10.3e} {hours:>9} {usd:>9}"
+        )
     total_flops = sum(r.flops for r in runs)
     if total_usd is not None:
         over = base.budget.cap_usd and total_usd > base.budget.cap_usd
-        lines.append(f"total: {total_flops:.3e} FLOPs, ${total_usd:,.2f} at ${base.budget.usd_per_gpu_hour:g}/GPU-hour and "
-                     f"MFU {base.budget.mfu:g}" + (f"; cap ${base.budget.cap_usd:,.2f}" if base.budget.cap_usd else "")
-                     + (" (OVER the cap: the sweep refuses to start)" if over else ""))
+        lines.append(
+            f"total: {total_flops:.3e} FLOPs, ${total_usd:,.2f} at "
+            f"${base.budget.usd_per_gpu_hour:g}/GPU-hour and "
+            f"MFU {base.budget.mfu:g}"
+            + (f"; cap ${base.budget.cap_usd:,.2f}" if base.budget.cap_usd else "")
+            + (" (OVER the cap: the sweep refuses to start)" if over else "")
+        )
     else:
-        lines.append(f"total: {total_flops:.3e} FLOPs (time and $: set sweep.gpu or budget.peak_tflops, and "
-                     f"budget.usd_per_gpu_hour)")
+        lines.append(
+            f"total: {total_flops:.3e} FLOPs (time and $: set sweep.gpu or budget.peak_tflops, and "
+            f"budget.usd_per_gpu_hour)"
+        )
     return "\n".join(lines)
 
 
@@ -102,22 +139,43 @@ def check_plan_files(sweep_dir: Path, runs: list[RunSpec]) -> None:
         if not path.is_file():
             continue
         # budget.* may change between launches (a raised cap continues a budget-stopped sweep)
-        changed = [k for k in diff_keys(load_config(path, validated=False), run.cfg) if not k.startswith("budget.")]
+        changed = [
+            k for k in diff_keys(load_config(path, validated=False), run.cfg) if not k.startswith("budget.")
+        ]
         if changed:
-            raise UserError(f"{path}: this sweep dir planned run {run.name} differently ({', '.join(changed)}); "
-                            f"rerun with the same settings to continue it, or use a new sweep.dir")
+            raise UserError(
+                f"{path}: this sweep dir planned run {run.name} differently ({', '.join(changed)}); "
+                f"rerun with the same settings to continue it, or use a new sweep.dir"
+            )
 
 
 def write_plan_files(sweep: SweepConfig, sweep_dir: Path, runs: list[RunSpec]) -> None:
     (sweep_dir / "configs").mkdir(parents=True, exist_ok=True)
     for run in runs:
         atomic_write_bytes(sweep_dir / "configs" / f"{run.name}.toml", config_text(run.cfg).encode())
-    atomic_write_json(sweep_dir / "sweep.json", {
-        "sweep": {f: getattr(sweep, f) for f in sweep.__dataclass_fields__},
-        "runs": [{"name": r.name, "config": f"configs/{r.name}.toml", "n_layer": r.cfg.model.n_layer,
-                  "d_model": r.cfg.model.d_model, "n_head": r.cfg.model.n_head, "params_total": r.params_total,
-                  "params_non_embedding": r.params_non_embedding, "tokens": r.tokens, "flops": r.flops,
-                  "budget_flops": r.budget_flops, "lr": r.cfg.optim.lr, "max_steps": r.cfg.train.max_steps} for r in runs]})
+    atomic_write_json(
+        sweep_dir / "sweep.json",
+        {
+            "sweep": {f: getattr(sweep, f) for f in sweep.__dataclass_fields__},
+            "runs": [
+                {
+                    "name": r.name,
+                    "config": f"configs/{r.name}.toml",
+                    "n_layer": r.cfg.model.n_layer,
+                    "d_model": r.cfg.model.d_model,
+                    "n_head": r.cfg.model.n_head,
+                    "params_total": r.params_total,
+                    "params_non_embedding": r.params_non_embedding,
+                    "tokens": r.tokens,
+                    "flops": r.flops,
+                    "budget_flops": r.budget_flops,
+                    "lr": r.cfg.optim.lr,
+                    "max_steps": r.cfg.train.max_steps,
+                }
+                for r in runs
+            ],
+        },
+    )
 
 
 def finished(run: RunSpec) -> bool:
@@ -135,13 +193,28 @@ def result_row(run: RunSpec, usd_per_gpu_hour: float) -> dict:
             if "val_loss" in record and record["step"] == run.cfg.train.max_steps:
                 final_val = record
     if final_val is None:
-        raise UserError(f"{run.cfg.run.dir}/metrics.jsonl: no validation at the final step {run.cfg.train.max_steps}")
+        raise UserError(
+            f"{run.cfg.run.dir}/metrics.jsonl: no validation at the final step {run.cfg.train.max_steps}"
+        )
     m = run.cfg.model
-    return {"run": run.name, "budget_flops": run.budget_flops, "n_layer": m.n_layer, "d_model": m.d_model, "n_head": m.n_head,
-            "params_total": run.params_total, "params_non_embedding": run.params_non_embedding, "tokens": run.tokens,
-            "steps": run.cfg.train.max_steps, "tokens_per_step": run.tokens // run.cfg.train.max_steps, "lr": run.cfg.optim.lr,
-            "flops": run.flops, "val_loss": final_val["val_loss"], "val_bpb": final_val.get("val_bpb", ""),
-            "wall_s": round(elapsed, 3), "usd": round(elapsed / 3600 * usd_per_gpu_hour, 6) if usd_per_gpu_hour else ""}
+    return {
+        "run": run.name,
+        "budget_flops": run.budget_flops,
+        "n_layer": m.n_layer,
+        "d_model": m.d_model,
+        "n_head": m.n_head,
+        "params_total": run.params_total,
+        "params_non_embedding": run.params_non_embedding,
+        "tokens": run.tokens,
+        "steps": run.cfg.train.max_steps,
+        "tokens_per_step": run.tokens // run.cfg.train.max_steps,
+        "lr": run.cfg.optim.lr,
+        "flops": run.flops,
+        "val_loss": final_val["val_loss"],
+        "val_bpb": final_val.get("val_bpb", ""),
+        "wall_s": round(elapsed, 3),
+        "usd": round(elapsed / 3600 * usd_per_gpu_hour, 6) if usd_per_gpu_hour else "",
+    }
 
 
 def write_csv(sweep_dir: Path, runs: list[RunSpec], usd_per_gpu_hour: float) -> list[dict]:
@@ -162,18 +235,27 @@ def run_sweep(sweep: SweepConfig, base: Config, say=print) -> int:
     say(format_plan(sweep, base, runs, costs, total_usd))
     cap = base.budget.cap_usd
     if cap and total_usd is None:
-        say("warning: budget.cap_usd is set but the sweep's cost cannot be planned (set sweep.gpu or budget.peak_tflops): "
-            "only each run's own guard checks it")
+        say(
+            "warning: budget.cap_usd is set but the sweep's cost cannot be planned (set sweep.gpu or "
+            "budget.peak_tflops): "
+            "only each run's own guard checks it"
+        )
     if cap and total_usd is not None and total_usd > cap and not base.budget.allow_over_cap:
-        raise UserError(f"sweep: the planned ${total_usd:,.2f} exceeds budget.cap_usd = ${cap:,.2f}; drop sizes or tokens, "
-                        f"raise the cap, or set --budget.allow_over_cap")
+        raise UserError(
+            f"sweep: the planned ${total_usd:,.2f} exceeds budget.cap_usd = ${cap:,.2f}; drop sizes or "
+            f"tokens, "
+            f"raise the cap, or set --budget.allow_over_cap"
+        )
     check_plan_files(sweep_dir, runs)
     write_plan_files(sweep, sweep_dir, runs)
     price = base.budget.usd_per_gpu_hour
     done = [run for run in runs if finished(run)]
     pending = [run for run in runs if not finished(run)]
     if done:
-        say(f"sweep: {len(done)} of {len(runs)} runs already finished ({', '.join(r.name for r in done)}): kept")
+        say(
+            f"sweep: {len(done)} of {len(runs)} runs already finished ({', '.join(r.name for r in done)}): "
+            f"kept"
+        )
     write_csv(sweep_dir, runs, price)
 
     def spent() -> float:  # the finished runs' $, for the remaining cap each run is given
@@ -200,7 +282,9 @@ def with_remaining_cap(run: RunSpec, base: Config, spent: float, share: int = 1)
     return cfg
 
 
-def run_one_by_one(base: Config, sweep_dir: Path, runs: list[RunSpec], pending: list[RunSpec], spent, say) -> int:
+def run_one_by_one(
+    base: Config, sweep_dir: Path, runs: list[RunSpec], pending: list[RunSpec], spent, say
+) -> int:
     from pretrainer.train.loop import train
 
     for run in pending:
@@ -225,8 +309,9 @@ def release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_parallel(sweep: SweepConfig, base: Config, sweep_dir: Path, runs: list[RunSpec], pending: list[RunSpec], spent,
-                 say) -> int:
+def run_parallel(
+    sweep: SweepConfig, base: Config, sweep_dir: Path, runs: list[RunSpec], pending: list[RunSpec], spent, say
+) -> int:
     """`parallel_runs` `pretrainer train` processes at once, each on its own GPU (or the CPU when the base
     says train.device = cpu); SIGTERM/SIGINT are passed to every running one (each checkpoints)."""
     slots = list(range(sweep.parallel_runs))
@@ -234,8 +319,11 @@ def run_parallel(sweep: SweepConfig, base: Config, sweep_dir: Path, runs: list[R
         import torch
 
         if torch.cuda.device_count() < sweep.parallel_runs:
-            raise UserError(f"sweep.parallel_runs = {sweep.parallel_runs} needs that many GPUs; {torch.cuda.device_count()} "
-                            f"visible (or set --train.device=cpu)")
+            raise UserError(
+                f"sweep.parallel_runs = {sweep.parallel_runs} needs that many GPUs; "
+                f"{torch.cuda.device_count()} "
+                f"visible (or set --train.device=cpu)"
+            )
     (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
     running: dict[int, tuple[RunSpec, subprocess.Popen]] = {}
     queue, stop_code, received = list(pending), 0, []
@@ -255,14 +343,30 @@ def run_parallel(sweep: SweepConfig, base: Config, sweep_dir: Path, runs: list[R
                 run, slot = queue.pop(0), free.pop(0)
                 cfg = with_remaining_cap(run, base, spent(), share=len(slots))
                 log = open(sweep_dir / "logs" / f"{run.name}.log", "a")
-                env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": str(slot)} if base.train.device != "cpu" else {})}
-                command = [sys.executable, "-m", "pretrainer", "train", str(sweep_dir / "configs" / f"{run.name}.toml"),
-                           *([f"--budget.cap_usd={cfg.budget.cap_usd}"] if base.budget.cap_usd else [])]
-                running[slot] = (run, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                       start_new_session=True))
+                env = {
+                    **os.environ,
+                    **({"CUDA_VISIBLE_DEVICES": str(slot)} if base.train.device != "cpu" else {}),
+                }
+                command = [
+                    sys.executable,
+                    "-m",
+                    "pretrainer",
+                    "train",
+                    str(sweep_dir / "configs" / f"{run.name}.toml"),
+                    *([f"--budget.cap_usd={cfg.budget.cap_usd}"] if base.budget.cap_usd else []),
+                ]
+                running[slot] = (
+                    run,
+                    subprocess.Popen(
+                        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                    ),
+                )
                 log.close()
-                say(f"sweep: run {run.name} started on {'GPU ' + str(slot) if base.train.device != 'cpu' else 'the CPU'} "
-                    f"(log: {sweep_dir}/logs/{run.name}.log)")
+                say(
+                    f"sweep: run {run.name} started on "
+                    f"{'GPU ' + str(slot) if base.train.device != 'cpu' else 'the CPU'} "
+                    f"(log: {sweep_dir}/logs/{run.name}.log)"
+                )
             time.sleep(0.2)
             for slot, (run, child) in list(running.items()):
                 code = child.poll()
