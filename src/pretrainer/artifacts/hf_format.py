@@ -316,7 +316,8 @@ def export_hf(
         config = hf_config(cfg, tokenizer.eot_id, str(torch_dtype).removeprefix("torch."), tokenizer.bos_id)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         stops = tokenizer.eot_id
-        if "<|assistant_end|>" in tokenizer.special_tokens:  # a chat model ends its turn there (data/chat.py)
+        # a chat model ends its turn there (data/tokenizers/chat_format.py)
+        if "<|assistant_end|>" in tokenizer.special_tokens:
             stops = [tokenizer.special_tokens["<|assistant_end|>"], tokenizer.eot_id]
         (tmp / "generation_config.json").write_text(
             json.dumps({"bos_token_id": config["bos_token_id"], "eos_token_id": stops}, indent=2) + "\n"

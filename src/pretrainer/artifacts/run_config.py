@@ -1,4 +1,6 @@
-"""pretrainer.artifacts.run_config (split from pretrainer.resolve)."""
+"""Which config `pretrainer train` runs: a config file with overrides, or, without one, a run's saved
+config (RUN_DIR/config.toml) or a checkpoint's (its state.json), so a run continues with nothing
+retyped."""
 
 from __future__ import annotations
 

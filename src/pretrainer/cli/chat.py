@@ -1,4 +1,4 @@
-"""`pretrainer chat RUN_DIR`: talk to a model trained on the chat format (data/chat.py).
+"""`pretrainer chat RUN_DIR`: talk to a model trained on the chat format (data/tokenizers/chat_format.py).
 
     session = ChatSession(model, tokenizer, temperature=0.6, top_k=50, max_new_tokens=256, seed=0)
     for piece in session.reply("What is 2+3?"):   # text as it is generated (streamed)

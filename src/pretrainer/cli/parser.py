@@ -1,5 +1,5 @@
 """The command line's grammar: every verb's arguments and help (`pretrainer VERB --help`), and the
-joining of `--section.key VALUE` into `--section.key=VALUE`. What each verb does is in cli.py."""
+joining of `--section.key VALUE` into `--section.key=VALUE`. What each verb does is in cli/main.py."""
 
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "config",
         nargs="?",
-        help="a sweep file ([sweep] section, format in src/pretrainer/scaling/ladder.py) or a "
+        help="a sweep file ([sweep] section, format in src/pretrainer/analysis/scaling/ladder.py) or a "
         "base config; --sweep.key=value and --section.key=value overrides follow",
     )
     p.add_argument(

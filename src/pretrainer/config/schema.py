@@ -2,7 +2,7 @@
 
 Every number has one home here, and each key's help one home: its field's metadata (`opt`),
 which `pretrainer train --help` and `pretrainer config` print. Reading TOML files and dotted CLI
-overrides into these, with their checks, is `pretrainer.config_load` (`load_config`); `-` and `_`
+overrides into these, with their checks, is `pretrainer.config.load` (`load_config`); `-` and `_`
 are the same in keys. What a config leaves to be derived (vocab, d_ff, micro_batch=auto,
 grad_accum) is filled in by `pretrainer.resolve`.
 """

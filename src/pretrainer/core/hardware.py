@@ -1,4 +1,6 @@
-"""pretrainer.core.hardware (split from pretrainer.flops)."""
+"""The hardware table: peak dense bf16 TFLOP/s per GPU (REFERENCE_NUMBERS), lookups by name or by
+the device name CUDA reports, and the arithmetic on it: training time at an MFU, and MFU from a
+measured throughput."""
 
 from __future__ import annotations
 

@@ -174,7 +174,7 @@ class TokenSource:
                         predicts across a document boundary.
     packing "pad":      sequence i is document i alone, cut to seq_len + 1 tokens and padded; padding
                         is never a target (`pad_fraction` says how much of the batch it is).
-    With a loss mask (chat data, data/chat.py) a target counts only where the mask of the token it
+    With a loss mask (chat data, data/tokenizers/chat_format.py) a target counts only where the mask of the token it
     predicts is 1.
     """
 

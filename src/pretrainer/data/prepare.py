@@ -4,16 +4,16 @@
       train.bin, val.bin    flat token ids (uint16 when vocab <= 65536, else uint32); every document
                             is followed by the end-of-text token, so boundaries are real documents
                             (and, for an hf: tokenizer whose post-processor starts a sequence with a
-                            BOS such as Llama-3's, preceded by that BOS: data/hf_tokenizer.py)
+                            BOS such as Llama-3's, preceded by that BOS: data/tokenizers/hf.py)
       pretrainer-tokenizer.json, tokenizer.tiktoken
-                            the tokenizer (see data/tokenizer.py)
+                            the tokenizer (see data/tokenizers/bpe.py)
       tokenizer.json, tokenizer_config.json
                             the same tokenizer for Hugging Face (AutoTokenizer.from_pretrained(OUT));
                             for --tokenizer hf:...: its tokenizer.json, byte for byte, and our metadata
       manifest.json         tokenizer id/hash, dtype, per-split document and token counts, sha256 of
                             each file, sources, the command and the pretrainer version
       train.mask.bin,       --format chat only: one byte per token, 1 where the token is trained on
-      val.mask.bin          (assistant content and its end token; data/chat.py); the manifest records
+      val.mask.bin          (assistant content and its end token; data/tokenizers/chat_format.py); the manifest records
                             the template, the special tokens and the trained-token counts
 
 The validation split is by document content: a document goes to val when a hash of (seed, its
@@ -255,7 +255,7 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             workers: int = 0, max_docs: int = 0, force: bool = False, command: str = "", fmt: str = "text",
             tokenizer_from: str = "", eot_token: str = "") -> dict:
     """Tokenize `corpus` into OUT (see the module docstring). fmt "chat": the corpus holds conversations
-    (Corpus(column="messages")), written in the chat template with a loss mask (data/chat.py);
+    (Corpus(column="messages")), written in the chat template with a loss mask (data/tokenizers/chat_format.py);
     tokenizer_from: reuse the tokenizer of a run, checkpoint or data dir exactly (chat: plus the chat tokens);
     eot_token: the document separator of an hf: tokenizer (default: found among its special tokens)."""
     out = Path(out)

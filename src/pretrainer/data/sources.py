@@ -120,7 +120,7 @@ class Corpus:
     txt_docs: str = "auto"  # "file": one document per .txt file; "blank-lines": split on blank lines;
     #                         "auto": file, except for files over AUTO_SPLIT_BYTES (split at blank lines)
     utf8_errors: str = "replace"  # or "strict"
-    column: str = "text"  # "text": documents; "messages": conversations (data/chat.py), yielded as canonical JSON
+    column: str = "text"  # "text": documents; "messages": conversations (data/tokenizers/chat_format.py), yielded as canonical JSON
     on_bad: str = "error"  # a malformed conversation: "error" (naming file and line) or "skip" (counted)
     files: list[CorpusFile] = field(init=False)
     bad_documents: int = field(init=False, default=0)  # malformed conversations skipped (on_bad = "skip")

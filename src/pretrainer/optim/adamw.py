@@ -1,4 +1,4 @@
-"""AdamW with weight decay on matrices only (fp32 moments, or 8-/4-bit ones: train/lowbit.py), and the
+"""AdamW with weight decay on matrices only (fp32 moments, or 8-/4-bit ones: optim/lowbit.py), and the
 learning-rate schedules.
 
 Weight decay applies to the weight matrices of Linear layers. Norm weights, biases and embeddings
@@ -32,7 +32,7 @@ def build_optimizer(
     tensor that skips the whole update (parameters, moments, step count) without a host sync; the
     loop uses it to keep non-finite and flagged steps away from the weights. adamw8bit / adamw4bit:
     the same groups and hyperparameters with quantised moments, honouring found_inf with one host
-    sync (train/lowbit.py); their update is compiled on CUDA or when `compile_step`."""
+    sync (optim/lowbit.py); their update is compiled on CUDA or when `compile_step`."""
     groups = param_groups(model, cfg.weight_decay)
     if cfg.name == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)

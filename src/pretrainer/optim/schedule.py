@@ -1,4 +1,5 @@
-"""pretrainer.optim.schedule (split from pretrainer.train.optim)."""
+"""The learning-rate schedule (warm-up, then cosine / linear / constant / WSD to min_lr_ratio) and
+setting it into an optimizer's groups."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""pretrainer.optim.sizes (split from pretrainer.train.optim)."""
+"""What an optimizer's state takes: each optimizer's bits per moment, torchao's block sizes (plan counts
+with the same numbers without importing torchao), the measured state of a live optimizer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from pretrainer.core.device import tensor_bytes
 
 OPTIMIZERS = {"adamw": 32, "adamw8bit": 8, "adamw4bit": 4}  # name -> bits per moment value
-# torchao's quantised moments (train/lowbit.py): values per fp32 block scale, lookup-table entries, and the
+# torchao's quantised moments (optim/lowbit.py): values per fp32 block scale, lookup-table entries, and the
 # size
 # under which a tensor keeps fp32 moments (after bitsandbytes); here so plan needs no torchao
 BLOCK_SIZE = {8: 256, 4: 128}

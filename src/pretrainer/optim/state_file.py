@@ -1,4 +1,6 @@
-"""pretrainer.optim.state_file (split from pretrainer.train.optim)."""
+"""Optimizer state on disk: quantised moments (torchao's tensor subclasses) written as their plain
+parts, so optimizer.pt loads with torch.load(weights_only=True), and rebuilt from an allow-list of
+classes (optim/lowbit.py), never from a name the file gives."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def state_from_file(state: dict) -> dict:
-    """state_for_file's inverse; the classes come from train/lowbit.py's list, never from the file."""
+    """state_for_file's inverse; the classes come from optim/lowbit.py's list, never from the file."""
 
     def rebuilt(value):
         if isinstance(value, dict) and "tensor_subclass" in value:

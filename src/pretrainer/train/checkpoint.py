@@ -1,4 +1,6 @@
-"""pretrainer.train.checkpoint (split from pretrainer.train.checkpoint)."""
+"""Checkpoints in a running job: `write_checkpoint` (a collective: every rank gathers its shards, rank 0
+writes the format of artifacts/checkpoint.py) and `restore_checkpoint` (rank 0 reads, every rank
+receives its part), and the RNG states a checkpoint carries."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pretrainer.train.console (split from pretrainer.metrics)."""
+"""What the console (and train.log) shows for a logged step: one line that reads well in a file."""
 
 from __future__ import annotations
 

@@ -189,7 +189,7 @@ def load_full_state(
         if getattr(optimizer, "quantised_state", False):
             # torchao's quantised moments have no broadcast: rank 0's plain parts go to every rank as one
             # object
-            # (DDP only, train/lowbit.py: each rank holds the whole state anyway), rebuilt and loaded there
+            # (DDP only, optim/lowbit.py: each rank holds the whole state anyway), rebuilt and loaded there
             from pretrainer.optim.state_file import state_for_file, state_from_file
 
             full = state_from_file(

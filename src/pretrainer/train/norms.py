@@ -1,4 +1,4 @@
-"""pretrainer.train.norms (split from pretrainer.metrics)."""
+"""Norms the loop logs: of the weights, of the last update, and of the gradients per layer group."""
 
 from __future__ import annotations
 

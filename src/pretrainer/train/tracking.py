@@ -1,4 +1,5 @@
-"""pretrainer.train.tracking (split from pretrainer.metrics)."""
+"""Live tracking: mlflow (when installed and enabled) beside metrics.jsonl, behind one `RunLog` that the
+loop writes to (a no-op on ranks other than 0)."""
 
 from __future__ import annotations
 

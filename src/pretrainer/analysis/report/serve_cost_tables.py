@@ -1,4 +1,5 @@
-"""serve_cost.md: `pretrainer serve-cost`'s result (pretrainer/serve_cost.py) as markdown tables: weights
+"""serve_cost.md: `pretrainer serve-cost`'s result (pretrainer/analysis/serve_cost.py) as markdown tables:
+weights
 and quality per variant, speed and $ per batch size, and what was quantised and what was not."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tokenizers: GPT-2 BPE through tiktoken, or a byte-level BPE trained on the corpus with rustbpe
-(this module), or any Hugging Face tokenizer.json (`hf:DIR_OR_REPO`, data/hf_tokenizer.py, the same
-interface; `Tokenizer.load` opens a directory saved by either).
+(this module), or any Hugging Face tokenizer.json (`hf:DIR_OR_REPO`, data/tokenizers/hf.py, the same
+interface; `load.load_tokenizer` opens a directory saved by either).
 
 Both are tiktoken `Encoding`s in the end, so encoding is fast and identical everywhere. A tokenizer
 is saved next to the data it produced (and copied into each run dir) as:
@@ -12,7 +12,7 @@ is saved next to the data it produced (and copied into each run dir) as:
 
 `sha256` covers the ranks, the split pattern and the special tokens, so any change is caught.
 Directories written before the Hugging Face files existed hold our metadata in tokenizer.json;
-`Tokenizer.load` still reads them.
+`load_tokenizer` still reads them.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class Tokenizer:
         self.pattern = pattern
         self.ranks = ranks
         self.eot_id = len(ranks)  # the end-of-text token follows the merges, as in GPT-2 (50256)
-        # more special tokens (the chat format's, data/chat.py) are appended after it, so every id a base
+        # more special tokens (the chat format's, data/tokenizers/chat_format.py) are appended after it, so every id a base
         # model knows keeps its meaning and the model's vocabulary only grows
         self.special_tokens = {EOT: self.eot_id, **{name: self.eot_id + 1 + i for i, name in enumerate(extra_special)}}
         self.encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.special_tokens)

@@ -17,9 +17,9 @@ a target when the mask of the token it predicts is 1. The closing <|endoftext|> 
 separator every prepared document ends with, so packing and document masking treat a conversation
 like any other document.
 
-The special tokens are appended after the tokenizer's end-of-text (data/tokenizer.py), so a base
+The special tokens are appended after the tokenizer's end-of-text (data/tokenizers/bpe.py), so a base
 model's ids keep their meaning and its vocabulary grows by len(CHAT_TOKENS) at `init.from`.
-An hf: tokenizer (data/hf_tokenizer.py) keeps those of the chat tokens its tokenizer.json has and gets
+An hf: tokenizer (data/tokenizers/hf.py) keeps those of the chat tokens its tokenizer.json has and gets
 the others appended after its vocabulary; its own BOS, if any, is not used here (<|bos|> is).
 """
 

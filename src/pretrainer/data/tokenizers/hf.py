@@ -4,7 +4,7 @@
 DIR_OR_REPO is a local directory holding tokenizer.json (or the file itself), else a hub repo id
 (`hf:meta-llama/Llama-3.2-1B`) whose tokenizer.json `huggingface_hub` downloads, or reads from the
 local hub cache when offline (HF_HUB_OFFLINE=1). `HFTokenizer` has the interface of the tiktoken
-`Tokenizer` (data/tokenizer.py) that the rest of the package uses. Saved (data dir, RUN/tokenizer) as
+`Tokenizer` (data/tokenizers/bpe.py) that the rest of the package uses. Saved (data dir, RUN/tokenizer) as
 
     tokenizer.json             the source file, byte for byte
     pretrainer-tokenizer.json  {"kind": "hf", "name", "source", "file_sha256", "eot_token", "eot_id",
@@ -25,7 +25,7 @@ there is one and it is not EOT: every document then starts with it, as `tokenize
 `transformers`, so an exported model and its unchanged tokenizer agree. Tokenizers without one
 (GPT-2's, SmolLM's, ours) get EOT-separated documents as before.
 
-Chat tokens (data/chat.py) the file lacks are appended as special tokens after its vocabulary; they
+Chat tokens (data/tokenizers/chat_format.py) the file lacks are appended as special tokens after its vocabulary; they
 are listed in the metadata (the saved tokenizer.json stays the source file) and written into an
 exported tokenizer.json.
 
