@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.config.schema import Config
+from pretrainer.train.distributed import (
+    DistEnv,
+)
+
 # --- the console ---
 
 
@@ -32,3 +41,33 @@ def step_line(record: dict, end_step: int, tokens_per_step: int) -> str:
             f"ETA {format_duration((end_step - record['step']) * tokens_per_step / record['tokens_per_s'])}"
         )
     return " | ".join(parts)
+
+
+def resume_command(cfg: Config, env: DistEnv) -> str:
+    """The command that continues this run (its saved config does the rest)."""
+    return f"pretrainer train --run.dir={shlex.quote(cfg.run.dir)}" + (
+        f" --nproc {env.world_size}" if env.world_size > 1 else ""
+    )
+
+
+def closing_lines(cfg: Config, env: DistEnv, step: int, tokens: int, wall_s: float) -> str:
+    """How the run ended, where its checkpoint is, and what to run next."""
+    how = "stopped early (train.stop_at_step)" if step < cfg.train.max_steps else "finished"
+    return (
+        f"{how} at step {step}: {tokens:,} tokens, {wall_s:.1f}s; checkpoint "
+        f"{latest_checkpoint(Path(cfg.run.dir))}\n"
+        + next_commands(cfg, env, finished=step >= cfg.train.max_steps)
+    )
+
+
+def next_commands(cfg: Config, env: DistEnv, finished: bool) -> str:
+    """The run's last lines: what to do with it next, with its real (absolute) path."""
+    run = shlex.quote(cfg.run.dir)
+    then = "" if finished else f"\n  {resume_command(cfg, env)}        # continue the run"
+    return (
+        f'next:{then}\n  pretrainer sample {run} --prompt "..."   # generate text\n'
+        f"  pretrainer eval {run}                   # val loss, bits per byte, tasks and probes of the "
+        f"newest checkpoint\n"
+        f"  pretrainer export {run}                 # report: manifest, metrics.csv, plots ({run}/report)\n"
+        f"  pretrainer export {run} --format hf     # a transformers model ({run}/hf)"
+    )

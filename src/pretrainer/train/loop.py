@@ -15,57 +15,48 @@ which is what checkpoints save and what resume and rollback restore.
 
 from __future__ import annotations
 
-import platform
-import random
-import shlex
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
-from pretrainer import __version__
-from pretrainer.artifacts.checkpoint import latest_checkpoint, read_resume_checkpoint, weights_problem
 from pretrainer.artifacts.metrics import MetricsLog
-from pretrainer.artifacts.runs import InitSource, build_model, grow_vocabulary, open_init_source
-from pretrainer.config.preflight import config_warnings, data_warnings
-from pretrainer.config.resolve import resolve, resume_changes, tokens_per_step
-from pretrainer.config.schema import Config, config_hash, save_config, to_dict
-from pretrainer.core.device import autocast, autocast_dtype, device_peak_tflops, hardware_info
-from pretrainer.core.errors import RunStopped, UserError
-from pretrainer.core.files import atomic_write_json
+from pretrainer.config.resolve import tokens_per_step
+from pretrainer.config.schema import Config
+from pretrainer.core.device import autocast_dtype, device_peak_tflops, hardware_info
 from pretrainer.data.loader import SequenceLoader, open_training_data
 from pretrainer.eval.inloop import LoopEvals
 from pretrainer.model import count_parameters
 from pretrainer.model.flops import flops_per_token
-from pretrainer.optim.adamw import adamw_update_norm, build_optimizer, describe_optimizer
+from pretrainer.optim.adamw import adamw_update_norm, describe_optimizer
 from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
-from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.budget import launch_cost_check
 from pretrainer.train.checkpoint import restore_checkpoint, write_checkpoint
-from pretrainer.train.console import step_line
+from pretrainer.train.console import closing_lines, resume_command, step_line
 from pretrainer.train.distributed import (
     DistEnv,
     agree_max,
-    barrier,
-    broadcast_object,
     full_tensor,
-    gradient_sync,
     init_distributed,
     keep_grads,
-    load_full_state,
-    mean_across_ranks,
-    on_rank0,
     shutdown,
-    wrap_model,
 )
 from pretrainer.train.norms import layer_group_grad_norms, weight_norms
-from pretrainer.train.perf import SpeedMonitor, attention_backend
-from pretrainer.train.spikes import SpikeGuard, UnigramStats, unigram_counts
+from pretrainer.train.perf import SpeedMonitor
+from pretrainer.train.setup import (
+    build_training_model,
+    describe,
+    open_resume,
+    resolve_for_training,
+    run_metadata,
+    training_unigram,
+    write_run_dir,
+)
+from pretrainer.train.spikes import SpikeGuard
 from pretrainer.train.state import RunClock, TrainerState
+from pretrainer.train.step import forward_backward, stop_run
 from pretrainer.train.stopping import Stopper, StopSignal, exit_status, write_exit_record
 from pretrainer.train.tracking import RunLog
 
@@ -377,283 +368,3 @@ def end_run(
                 write_exit_record(run_dir, reason, exit_code, step, failure)
         finally:
             shutdown()
-
-
-def forward_backward(
-    wrapped: torch.nn.Module,
-    micro_batches,
-    counts: tuple[list[int], int],
-    strategy: str,
-    env: DistEnv,
-    amp_dtype: torch.dtype | None,
-    separator: int | None = None,
-) -> torch.Tensor:
-    """Forward and backward over the step's micro-batches, gradients reduced across ranks on the last
-    one only. The step's loss is the mean over every counted target of the step, all micro-batches and
-    ranks together: `counts` = (this rank's counted targets per micro-batch, the whole step's), so
-    micro-batch k's mean is weighted by count_k x world size / step count (ranks average gradients).
-    When every target counts this is 1 / grad_accum for each. -> the step's loss, the same on every rank."""
-    local, step_count = counts
-    uniform = (
-        len(set(local)) == 1
-    )  # every micro-batch counts the same targets: mean / grad_accum, as plain pretraining
-    loss_sum = torch.zeros((), device=env.device)
-    for micro_step, (x, y) in enumerate(micro_batches):
-        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
-        # how many times smaller this micro-batch's mean is than its share of the step's mean (inf: no counted
-        # targets)
-        divisor = step_count / (local[micro_step] * env.world_size) if local[micro_step] else float("inf")
-        with gradient_sync(wrapped, strategy, env, sync=micro_step == len(micro_batches) - 1):
-            with autocast(env.device, amp_dtype):
-                _, loss = wrapped(x, y, doc_separator=separator)
-            (loss / divisor).backward()
-        loss_sum += loss.detach() if uniform else loss.detach() / divisor
-    return mean_across_ranks(loss_sum / divisor if uniform else loss_sum, env)
-
-
-def stop_run(request, speed: SpeedMonitor, loader: SequenceLoader, cursor, save) -> None:
-    """Stop before the step: its batch goes back to the loader (a resume reads it first), a checkpoint
-    is written when the request asks for one and `save` is given (None: the newest one is current)."""
-    speed.end_step()
-    loader.cursor = cursor
-    if request.checkpoint and save is not None:
-        save()
-    raise RunStopped(request.message, request.exit_code, request.reason)
-
-
-def resolve_for_training(cfg: Config, data, env: DistEnv, amp_dtype: torch.dtype | None, say):
-    """-> (the resolved config, init.from's source (weights, tokenizer, lineage) or None). micro_batch =
-    auto is searched on each rank's GPU and the ranks agree on the smallest. A run started from another
-    run must read data made with that run's tokenizer (its ids mean the same; chat tokens may follow)."""
-    parent = open_init_source(cfg.init.from_) if cfg.init.from_ else None
-    if parent is not None and parent.tokenizer is not None and not data.tokenizer.extends(parent.tokenizer):
-        raise UserError(
-            f"{data.path}: tokenized by {data.tokenizer.name} ({data.tokenizer.sha256[:12]}), not by the "
-            f"tokenizer "
-            f"of init.from={cfg.init.from_} ({parent.tokenizer.name}, {parent.tokenizer.sha256[:12]}); "
-            f"prepare "
-            f"the data with --tokenizer-from {cfg.init.from_}"
-        )
-    search = lambda c, per_rank: (
-        -agree_max([-find_micro_batch(c, per_rank, env.device, amp_dtype, say)], env)[0]
-    )  # noqa: E731
-    return resolve(
-        cfg,
-        env.world_size,
-        data,
-        parent.model if parent else None,
-        f"init.from={cfg.init.from_}",
-        search_micro_batch=search,
-    ), parent
-
-
-@dataclass
-class Resume:
-    checkpoint: Path
-    weights: dict[str, torch.Tensor]
-    optimizer_state: dict
-    state: dict  # state.json: the trainer state and run metadata
-
-
-def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
-    """The checkpoint train.resume picks (None: start fresh), verified and read on rank 0 only (past
-    any damaged newer ones); every rank gets its trainer state. A changed model is refused."""
-    found = on_rank0(
-        lambda: read_resume_checkpoint(run_dir, cfg.train.resume, say),
-        env,
-        f"{run_dir}: cannot read a checkpoint",
-    )
-    checkpoint, state = broadcast_object((found[0], found[3]) if found else (None, None), env)
-    if checkpoint is None:
-        return None
-    explicit = (
-        f" --train.resume={shlex.quote(str(checkpoint))}" if cfg.train.resume not in ("auto", "never") else ""
-    )
-    changed = resume_changes(cfg, state["config"], checkpoint, resume_command(cfg, env) + explicit)
-    if changed:
-        say(f"note: resuming with changed config keys: {', '.join(changed)}")
-    return Resume(checkpoint, *(found[1:3] if found else (None, None)), state)
-
-
-def build_training_model(
-    cfg: Config, env: DistEnv, amp_dtype: torch.dtype | None, resume: Resume | None, parent: InitSource | None
-) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, str]:
-    """-> (the plain model, the model the step runs: DDP/FSDP2 under torchrun or the model itself, AdamW,
-    the attention kernel SDPA picks for the run's shape), ready to continue. Every rank seeds alike, so
-    random inits agree; weights (the checkpoint's, else
-    init.from's, its vocabulary grown to the data's) are read on rank 0 and broadcast into the wrapped
-    model, each rank keeping its part."""
-    random.seed(cfg.train.seed)
-    np.random.seed(cfg.train.seed)
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg)
-    where = str(resume.checkpoint) if resume else f"init.from={cfg.init.from_}"
-
-    def read_weights() -> (
-        dict | None
-    ):  # the checkpoint's, else init.from's; checked name by name, shape by shape
-        weights = (
-            resume.weights
-            if resume
-            else grow_vocabulary(parent.load(), cfg.model.vocab_size)
-            if parent
-            else None
-        )
-        problem = weights_problem(model, weights, where) if weights is not None else ""
-        if problem:
-            raise UserError(problem)
-        return weights
-
-    weights = on_rank0(read_weights, env, f"{where}: cannot read the weights")
-    model.to(env.device)
-    attention = attention_backend(
-        model, cfg.model.seq_len, env.device, amp_dtype
-    )  # before sharding: on plain tensors
-    model.configure_blocks(
-        cfg.train.activation_checkpointing, cfg.train.compile
-    )  # torchtitan's order: then shard
-    wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
-    optimizer = build_optimizer(model, cfg.optim, env.device.type, compile_step=cfg.train.compile)
-    if resume is not None or parent is not None:  # AdamW moments too when resuming (name-keyed)
-        load_full_state(
-            wrapped,
-            model,
-            optimizer if resume else None,
-            weights,
-            resume.optimizer_state if resume else None,
-            env,
-        )
-    if resume is not None:  # the host copies are in the model and optimizer now: free them
-        resume.weights = resume.optimizer_state = None
-    return model, wrapped, optimizer, attention
-
-
-def run_metadata(cfg: Config, env: DistEnv, hardware: dict, data, parent: dict | None) -> dict:
-    """What produced the checkpoints, saved in every state.json next to the trainer state: the data
-    (tokenizer and split hashes), the run it started from (init.from: checkpoint, weights' sha256,
-    tokens, and that run's parent), the config and its hash, the world, the hardware, the versions."""
-    return {
-        "dataset": data.provenance(),
-        "parent": parent,
-        "tokens_per_step": tokens_per_step(cfg, env.world_size),
-        "world_size": env.world_size,
-        "strategy": cfg.parallel.strategy if env.world_size > 1 else "single",
-        "hardware": hardware,
-        "config": to_dict(cfg),
-        "config_sha256": config_hash(cfg),
-        "pretrainer_version": __version__,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-    }
-
-
-def describe(
-    cfg: Config,
-    model: torch.nn.Module,
-    data,
-    loader: SequenceLoader,
-    env: DistEnv,
-    amp_dtype: torch.dtype | None,
-    resume: Resume | None,
-    start_step: int,
-    attention: str,
-    say,
-) -> None:
-    """The run in four lines: model, data, tokens per step, where it starts; then a line per likely
-    mistake."""
-    counts = count_parameters(model)
-    checkpoint = resume.checkpoint if resume else None
-    init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
-    say(
-        f"model: {cfg.model.arch}, {counts['total']:,} parameters ({counts['non_embedding']:,} "
-        f"non-embedding){init_note}"
-    )
-    say(
-        f"data: {data.path} ({loader.n_sequences:,} train sequences of {cfg.model.seq_len}, tokenizer "
-        f"{data.tokenizer.name}, "
-        f"packing {cfg.data.packing})"
-    )
-    for source in loader.sources:  # what chat data and padding leave out of the loss
-        if source.mask is not None or source.packing == "pad":
-            say(
-                f"  {source.name}: loss on "
-                f"{'assistant tokens only (loss mask)' if source.mask is not None else 'every token'}"
-                + (
-                    f"; padding {source.pad_fraction:.1%} of the sequences, {source.truncated:,} documents "
-                    f"cut at seq_len"
-                    if source.packing == "pad"
-                    else ""
-                )
-            )
-    say(
-        f"tokens per step: {tokens_per_step(cfg, env.world_size):,} = {cfg.train.micro_batch} micro-batch x "
-        f"{cfg.model.seq_len} seq_len x {cfg.train.grad_accum} grad_accum x {env.world_size} ranks; device "
-        f"{env.device}, "
-        f"{'bf16 autocast' if amp_dtype else 'float32'}, attention {attention}"
-        + (", compiled per block" if cfg.train.compile else "")
-        + (", activation checkpointing" if cfg.train.activation_checkpointing else "")
-        + (f", {cfg.parallel.strategy}" if env.world_size > 1 else "")
-    )
-    say(
-        f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
-        f"{cfg.train.max_steps}; run dir {cfg.run.dir}"
-    )
-    for warning in config_warnings(cfg) + data_warnings(
-        cfg, data, env.world_size, resume.state if resume else None
-    ):
-        say(f"warning: {warning}")
-
-
-def resume_command(cfg: Config, env: DistEnv) -> str:
-    """The command that continues this run (its saved config does the rest)."""
-    return f"pretrainer train --run.dir={shlex.quote(cfg.run.dir)}" + (
-        f" --nproc {env.world_size}" if env.world_size > 1 else ""
-    )
-
-
-def closing_lines(cfg: Config, env: DistEnv, step: int, tokens: int, wall_s: float) -> str:
-    """How the run ended, where its checkpoint is, and what to run next."""
-    how = "stopped early (train.stop_at_step)" if step < cfg.train.max_steps else "finished"
-    return (
-        f"{how} at step {step}: {tokens:,} tokens, {wall_s:.1f}s; checkpoint "
-        f"{latest_checkpoint(Path(cfg.run.dir))}\n"
-        + next_commands(cfg, env, finished=step >= cfg.train.max_steps)
-    )
-
-
-def next_commands(cfg: Config, env: DistEnv, finished: bool) -> str:
-    """The run's last lines: what to do with it next, with its real (absolute) path."""
-    run = shlex.quote(cfg.run.dir)
-    then = "" if finished else f"\n  {resume_command(cfg, env)}        # continue the run"
-    return (
-        f'next:{then}\n  pretrainer sample {run} --prompt "..."   # generate text\n'
-        f"  pretrainer eval {run}                   # val loss, bits per byte, tasks and probes of the "
-        f"newest checkpoint\n"
-        f"  pretrainer export {run}                 # report: manifest, metrics.csv, plots ({run}/report)\n"
-        f"  pretrainer export {run} --format hf     # a transformers model ({run}/hf)"
-    )
-
-
-def training_unigram(data, vocab_size: int) -> UnigramStats:
-    """Token statistics of the train split (cached in the cache dir): spike drills and batch forensics.
-    A mixture's are its sources' frequencies mixed by weight, scaled to its train tokens."""
-    counts = [
-        unigram_counts(part.tokens("train"), vocab_size, part.manifest["splits"]["train"]["sha256"])
-        for part in data.parts
-    ]
-    if len(counts) == 1:
-        return UnigramStats(counts[0])
-    mixed = sum(w * c / max(1, c.sum()) for w, c in zip(data.weights, counts)) / sum(data.weights)
-    return UnigramStats(np.rint(mixed * data.manifest["splits"]["train"]["tokens"]).astype(np.int64))
-
-
-def write_run_dir(cfg: Config, data, unigram: UnigramStats, run_dir: Path, env: DistEnv) -> None:
-    """Rank 0 writes the resolved config, the tokenizer (the run dir is self-contained for sampling
-    and export) and the training unigram distribution (for post-mortems); the others wait for it."""
-    if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.toml")
-        if not data.tokenizer.is_saved_in(run_dir / "tokenizer"):
-            data.tokenizer.save(run_dir / "tokenizer")
-        atomic_write_json(run_dir / "unigram.json", unigram.summary())
-    barrier(env)

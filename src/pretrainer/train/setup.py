@@ -1,0 +1,247 @@
+"""Setting a run up before its first step: the config resolved against the data and the world, the checkpoint
+to resume, the model (seeded, loaded, wrapped) and its optimizer, the run dir's files, and the start-up lines
+that describe the run."""
+
+from __future__ import annotations
+
+import platform
+import random
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pretrainer import __version__
+from pretrainer.artifacts.checkpoint import read_resume_checkpoint, weights_problem
+from pretrainer.artifacts.runs import InitSource, build_model, grow_vocabulary, open_init_source
+from pretrainer.config.preflight import config_warnings, data_warnings
+from pretrainer.config.resolve import resolve, resume_changes, tokens_per_step
+from pretrainer.config.schema import Config, config_hash, save_config, to_dict
+from pretrainer.core.errors import UserError
+from pretrainer.core.files import atomic_write_json
+from pretrainer.data.loader import SequenceLoader
+from pretrainer.model import count_parameters
+from pretrainer.optim.adamw import build_optimizer
+from pretrainer.train.autobatch import find_micro_batch
+from pretrainer.train.distributed import (
+    DistEnv,
+    agree_max,
+    barrier,
+    broadcast_object,
+    load_full_state,
+    on_rank0,
+    wrap_model,
+)
+from pretrainer.train.loop import resume_command
+from pretrainer.train.perf import attention_backend
+from pretrainer.train.spikes import UnigramStats, unigram_counts
+
+
+def resolve_for_training(cfg: Config, data, env: DistEnv, amp_dtype: torch.dtype | None, say):
+    """-> (the resolved config, init.from's source (weights, tokenizer, lineage) or None). micro_batch =
+    auto is searched on each rank's GPU and the ranks agree on the smallest. A run started from another
+    run must read data made with that run's tokenizer (its ids mean the same; chat tokens may follow)."""
+    parent = open_init_source(cfg.init.from_) if cfg.init.from_ else None
+    if parent is not None and parent.tokenizer is not None and not data.tokenizer.extends(parent.tokenizer):
+        raise UserError(
+            f"{data.path}: tokenized by {data.tokenizer.name} ({data.tokenizer.sha256[:12]}), not by the "
+            f"tokenizer "
+            f"of init.from={cfg.init.from_} ({parent.tokenizer.name}, {parent.tokenizer.sha256[:12]}); "
+            f"prepare "
+            f"the data with --tokenizer-from {cfg.init.from_}"
+        )
+    search = lambda c, per_rank: (
+        -agree_max([-find_micro_batch(c, per_rank, env.device, amp_dtype, say)], env)[0]
+    )  # noqa: E731
+    return resolve(
+        cfg,
+        env.world_size,
+        data,
+        parent.model if parent else None,
+        f"init.from={cfg.init.from_}",
+        search_micro_batch=search,
+    ), parent
+
+
+@dataclass
+class Resume:
+    checkpoint: Path
+    weights: dict[str, torch.Tensor]
+    optimizer_state: dict
+    state: dict  # state.json: the trainer state and run metadata
+
+
+def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
+    """The checkpoint train.resume picks (None: start fresh), verified and read on rank 0 only (past
+    any damaged newer ones); every rank gets its trainer state. A changed model is refused."""
+    found = on_rank0(
+        lambda: read_resume_checkpoint(run_dir, cfg.train.resume, say),
+        env,
+        f"{run_dir}: cannot read a checkpoint",
+    )
+    checkpoint, state = broadcast_object((found[0], found[3]) if found else (None, None), env)
+    if checkpoint is None:
+        return None
+    explicit = (
+        f" --train.resume={shlex.quote(str(checkpoint))}" if cfg.train.resume not in ("auto", "never") else ""
+    )
+    changed = resume_changes(cfg, state["config"], checkpoint, resume_command(cfg, env) + explicit)
+    if changed:
+        say(f"note: resuming with changed config keys: {', '.join(changed)}")
+    return Resume(checkpoint, *(found[1:3] if found else (None, None)), state)
+
+
+def build_training_model(
+    cfg: Config, env: DistEnv, amp_dtype: torch.dtype | None, resume: Resume | None, parent: InitSource | None
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, str]:
+    """-> (the plain model, the model the step runs: DDP/FSDP2 under torchrun or the model itself, AdamW,
+    the attention kernel SDPA picks for the run's shape), ready to continue. Every rank seeds alike, so
+    random inits agree; weights (the checkpoint's, else
+    init.from's, its vocabulary grown to the data's) are read on rank 0 and broadcast into the wrapped
+    model, each rank keeping its part."""
+    random.seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg)
+    where = str(resume.checkpoint) if resume else f"init.from={cfg.init.from_}"
+
+    def read_weights() -> (
+        dict | None
+    ):  # the checkpoint's, else init.from's; checked name by name, shape by shape
+        weights = (
+            resume.weights
+            if resume
+            else grow_vocabulary(parent.load(), cfg.model.vocab_size)
+            if parent
+            else None
+        )
+        problem = weights_problem(model, weights, where) if weights is not None else ""
+        if problem:
+            raise UserError(problem)
+        return weights
+
+    weights = on_rank0(read_weights, env, f"{where}: cannot read the weights")
+    model.to(env.device)
+    attention = attention_backend(
+        model, cfg.model.seq_len, env.device, amp_dtype
+    )  # before sharding: on plain tensors
+    model.configure_blocks(
+        cfg.train.activation_checkpointing, cfg.train.compile
+    )  # torchtitan's order: then shard
+    wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
+    optimizer = build_optimizer(model, cfg.optim, env.device.type, compile_step=cfg.train.compile)
+    if resume is not None or parent is not None:  # AdamW moments too when resuming (name-keyed)
+        load_full_state(
+            wrapped,
+            model,
+            optimizer if resume else None,
+            weights,
+            resume.optimizer_state if resume else None,
+            env,
+        )
+    if resume is not None:  # the host copies are in the model and optimizer now: free them
+        resume.weights = resume.optimizer_state = None
+    return model, wrapped, optimizer, attention
+
+
+def run_metadata(cfg: Config, env: DistEnv, hardware: dict, data, parent: dict | None) -> dict:
+    """What produced the checkpoints, saved in every state.json next to the trainer state: the data
+    (tokenizer and split hashes), the run it started from (init.from: checkpoint, weights' sha256,
+    tokens, and that run's parent), the config and its hash, the world, the hardware, the versions."""
+    return {
+        "dataset": data.provenance(),
+        "parent": parent,
+        "tokens_per_step": tokens_per_step(cfg, env.world_size),
+        "world_size": env.world_size,
+        "strategy": cfg.parallel.strategy if env.world_size > 1 else "single",
+        "hardware": hardware,
+        "config": to_dict(cfg),
+        "config_sha256": config_hash(cfg),
+        "pretrainer_version": __version__,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+    }
+
+
+def describe(
+    cfg: Config,
+    model: torch.nn.Module,
+    data,
+    loader: SequenceLoader,
+    env: DistEnv,
+    amp_dtype: torch.dtype | None,
+    resume: Resume | None,
+    start_step: int,
+    attention: str,
+    say,
+) -> None:
+    """The run in four lines: model, data, tokens per step, where it starts; then a line per likely
+    mistake."""
+    counts = count_parameters(model)
+    checkpoint = resume.checkpoint if resume else None
+    init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
+    say(
+        f"model: {cfg.model.arch}, {counts['total']:,} parameters ({counts['non_embedding']:,} "
+        f"non-embedding){init_note}"
+    )
+    say(
+        f"data: {data.path} ({loader.n_sequences:,} train sequences of {cfg.model.seq_len}, tokenizer "
+        f"{data.tokenizer.name}, "
+        f"packing {cfg.data.packing})"
+    )
+    for source in loader.sources:  # what chat data and padding leave out of the loss
+        if source.mask is not None or source.packing == "pad":
+            say(
+                f"  {source.name}: loss on "
+                f"{'assistant tokens only (loss mask)' if source.mask is not None else 'every token'}"
+                + (
+                    f"; padding {source.pad_fraction:.1%} of the sequences, {source.truncated:,} documents "
+                    f"cut at seq_len"
+                    if source.packing == "pad"
+                    else ""
+                )
+            )
+    say(
+        f"tokens per step: {tokens_per_step(cfg, env.world_size):,} = {cfg.train.micro_batch} micro-batch x "
+        f"{cfg.model.seq_len} seq_len x {cfg.train.grad_accum} grad_accum x {env.world_size} ranks; device "
+        f"{env.device}, "
+        f"{'bf16 autocast' if amp_dtype else 'float32'}, attention {attention}"
+        + (", compiled per block" if cfg.train.compile else "")
+        + (", activation checkpointing" if cfg.train.activation_checkpointing else "")
+        + (f", {cfg.parallel.strategy}" if env.world_size > 1 else "")
+    )
+    say(
+        f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
+        f"{cfg.train.max_steps}; run dir {cfg.run.dir}"
+    )
+    for warning in config_warnings(cfg) + data_warnings(
+        cfg, data, env.world_size, resume.state if resume else None
+    ):
+        say(f"warning: {warning}")
+
+
+def training_unigram(data, vocab_size: int) -> UnigramStats:
+    """Token statistics of the train split (cached in the cache dir): spike drills and batch forensics.
+    A mixture's are its sources' frequencies mixed by weight, scaled to its train tokens."""
+    counts = [
+        unigram_counts(part.tokens("train"), vocab_size, part.manifest["splits"]["train"]["sha256"])
+        for part in data.parts
+    ]
+    if len(counts) == 1:
+        return UnigramStats(counts[0])
+    mixed = sum(w * c / max(1, c.sum()) for w, c in zip(data.weights, counts)) / sum(data.weights)
+    return UnigramStats(np.rint(mixed * data.manifest["splits"]["train"]["tokens"]).astype(np.int64))
+
+
+def write_run_dir(cfg: Config, data, unigram: UnigramStats, run_dir: Path, env: DistEnv) -> None:
+    """Rank 0 writes the resolved config, the tokenizer (the run dir is self-contained for sampling
+    and export) and the training unigram distribution (for post-mortems); the others wait for it."""
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.toml")
+        if not data.tokenizer.is_saved_in(run_dir / "tokenizer"):
+            data.tokenizer.save(run_dir / "tokenizer")
+        atomic_write_json(run_dir / "unigram.json", unigram.summary())
+    barrier(env)
