@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0
 QS_DATA := data/stdlib-bpe4k
 QS_RUN  := runs/quickstart
 
-.PHONY: install setup test test-all quickstart eval clean
+.PHONY: install setup lint test test-unit quickstart eval clean
 
 # The venv with the pinned torch, then the package with the extras each target needs.
 $(VENV)/.torch-stamp:
@@ -32,12 +32,19 @@ install: $(VENV)/.dev-stamp
 setup: install
 	$(BIN)/pretrainer fetch-gpt2
 
-# `make test` stays under 8 minutes on 2 cores; `make test-all` adds the tests marked slow (~1.5 min more).
-test: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+# The layers (lint-imports: no upward import, model | data | optim independent), lint and formatting (ruff).
+lint: $(VENV)/.dev-stamp
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/lint-imports
 
-test-all: setup
+# The whole suite: unit, integration and distributed tiers, nothing left out (CI runs this).
+test: setup lint
 	$(BIN)/python -m pytest -q
+
+# The fast tier: no subprocess, no whole training run.
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit
 
 # Prepare the built-in corpus (the Python standard library's .py files) once, train a
 # ~1.3M-parameter model from scratch on CPU, sample from it, and write the run's report.

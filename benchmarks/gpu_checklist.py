@@ -1,4 +1,4 @@
-"""The GPU checks of issue 12 in one command, for whoever gets a GPU; the figures go into
+"""The GPU checks in one command, for whoever gets a GPU; the figures go into
 docs/benchmarks.md with the GPU, the torch version and the date.
 
     python benchmarks/gpu_checklist.py --data DATA_DIR [--nanogpt PATH] [--write docs/benchmarks.md]

@@ -1,4 +1,4 @@
-"""The spike drills of issue 10 on a tiny model: an LR spike (x100 for 3 batches) at step 120 of 200
+"""The spike drills on a tiny model: an LR spike (x100 for 3 batches) at step 120 of 200
 under rollback (checkpoints every 20), the same at step 80 of 100 under skip, and the clean run.
 
     python benchmarks/spike_drills.py OUT_DIR DATA_DIR      # prints final val loss, rollbacks, skips per run

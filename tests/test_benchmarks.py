@@ -97,7 +97,7 @@ def test_gpu_checklist_says_it_needs_a_gpu_on_cpu():
 
 
 def test_task_accuracy_agrees_with_lm_evaluation_harness(stdlib_data, tmp_path):
-    """Issue 14: our multiple-choice accuracies on an exported model equal lm-eval's on the same items
+    """our multiple-choice accuracies on an exported model equal lm-eval's on the same items
     (a local task) within 0.5 points, and each choice's log-likelihood to 1e-3. Needs lm_eval (any
     environment: LM_EVAL=/path/to/lm_eval); docs/benchmarks.md records a run on the quickstart model."""
     import json

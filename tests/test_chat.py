@@ -1,4 +1,4 @@
-"""Issue 16: the chat format, masked loss, document packing, mixtures, stage chaining and chat."""
+"""the chat format, masked loss, document packing, mixtures, stage chaining and chat."""
 
 from __future__ import annotations
 

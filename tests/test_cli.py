@@ -1,4 +1,4 @@
-"""Issue 13: a CLI a newcomer can drive. A run dir is enough after the first command; likely
+"""a CLI a newcomer can drive. A run dir is enough after the first command; likely
 mistakes are said at start; logs read well in a file; outputs land where the layout says."""
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def test_saved_configs_are_completed_by_overrides_then_checked(stopped_run, tmp_
 
 
 def test_eval_runs_in_context_tasks_and_writes_the_results(stopped_run, tmp_path, run_cli):
-    """Issue 14: `eval RUN --tasks FILE` prints the table and the suite score; bpb and tasks go to
+    """`eval RUN --tasks FILE` prints the table and the suite score; bpb and tasks go to
     eval-STEP.json."""
     import json
 

@@ -65,7 +65,7 @@ def settings(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def in_loop_evals(tmp_path_factory) -> dict:
-    """Issue 14: in-loop tasks and probes every 10 steps (a KV-cache prefill and decode through DDP and
+    """in-loop tasks and probes every 10 steps (a KV-cache prefill and decode through DDP and
     FSDP2)."""
     path = tmp_path_factory.mktemp("tasks") / "toy.jsonl"
     path.write_text(
@@ -91,7 +91,7 @@ def single(stdlib_data, tmp_path_factory, in_loop_evals) -> Path:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_data, tmp_path, in_loop_evals):
     run = tmp_path / "run"
-    # logging every 4th step, with the host-sync audit on the 3 steps between (issue 12: none may sync)
+    # logging every 4th step, with the host-sync audit on the 3 steps between (none may sync)
     out = torchrun(
         2,
         *tiny_overrides(

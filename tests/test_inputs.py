@@ -1,4 +1,4 @@
-"""Data in, reports out (issue 11): real-world input accidents are handled and counted, or rejected
+"""Data in, reports out: real-world input accidents are handled and counted, or rejected
 in one line; reports keep divergence visible and never draw a rolled-back run backwards."""
 
 from __future__ import annotations

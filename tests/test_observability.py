@@ -34,9 +34,7 @@ def test_mlflow_store_in_the_run_dir_lists_the_run_and_its_metrics(stdlib_data, 
             stdlib_data, run, **{"train.max_steps": 4, "train.stop_at_step": 2, "mlflow.enabled": True}
         )
     )
-    out, err = (
-        capfd.readouterr()
-    )  # issue 13: mlflow's INFO lines (creating its database) stay out of the run's output
+    out, err = capfd.readouterr()  # mlflow's INFO lines (creating its database) stay out of the run's output
     assert "INFO" not in out + err and "step 2/2 | loss" in out
     train(
         tiny_config(stdlib_data, run, **{"train.max_steps": 4, "mlflow.enabled": True})

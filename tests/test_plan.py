@@ -55,7 +55,7 @@ def test_plan_needs_a_vocab_and_says_where_to_get_one():
 
 
 def test_plan_plans_what_the_config_will_do(run_cli):
-    """Issue 13: the plan's steps are train.max_steps (overrides included), with Chinchilla for reference."""
+    """the plan's steps are train.max_steps (overrides included), with Chinchilla for reference."""
     code, out, _ = run_cli(
         "plan",
         CONFIGS / "gpt2-124m.toml",
@@ -211,7 +211,7 @@ def test_memory_estimate_by_hand():
 
 
 def test_the_1b_config_under_ddp_fits_80gb_with_every_item_counted(run_cli):
-    """Issue 12: 8 x H100 80 GB, micro-batch 8 at seq 2048, DDP: the estimate names every item."""
+    """8 x H100 80 GB, micro-batch 8 at seq 2048, DDP: the estimate names every item."""
     code, out, _ = run_cli("plan", CONFIGS / "llama3-1b.toml", "--gpus", "8", "--gpu", "h100-sxm")
     assert code == 0
     assert "DDP buckets: views, +0" in out and "bf16 weight copies" in out and "(output gradient)" in out

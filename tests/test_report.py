@@ -16,7 +16,7 @@ from pretrainer.train.loop import train
 
 @pytest.fixture(scope="module")
 def finished_run(stdlib_data, tmp_path_factory):
-    """20 steps with validation every 10 and in-loop tasks and probes every 10 (issue 14)."""
+    """20 steps with validation every 10 and in-loop tasks and probes every 10."""
     root = tmp_path_factory.mktemp("report")
     tasks = root / "toy.jsonl"
     tasks.write_text(
@@ -50,7 +50,7 @@ def finished_run(stdlib_data, tmp_path_factory):
 
 
 def test_in_loop_tasks_and_probes_are_logged_and_reported(finished_run, tmp_path, run_cli):
-    """Issue 14: eval.tasks_every scores the task subset (metrics.jsonl) and completes the probes
+    """eval.tasks_every scores the task subset (metrics.jsonl) and completes the probes
     (probes.jsonl) at the start, every N steps and at the end; the report plots the suite score
     against tokens and tables the probes."""
     records = read_metrics(finished_run / "metrics.jsonl")
