@@ -17,18 +17,9 @@ from pathlib import Path
 
 import tomli_w
 
-try:
-    from pretrainer.config.schema import Config, all_keys, key_help, to_dict
-except ImportError:  # before the layered packages
-    from pretrainer.config import Config, all_keys, key_help, to_dict
-try:
-    from pretrainer.cli.parser import build_parser
-except ImportError:
-    from pretrainer.cli_parser import build_parser
-try:
-    from pretrainer.analysis.scaling.ladder import SweepConfig
-except ImportError:
-    from pretrainer.scaling.ladder import SweepConfig
+from pretrainer.analysis.scaling.ladder import SweepConfig
+from pretrainer.cli.parser import build_parser
+from pretrainer.config.schema import Config, all_keys, key_help, to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -102,13 +93,13 @@ def verb_uses(path: Path, verbs: dict) -> list[tuple[int, str, str]]:
     uses = []
     for number, text in commands(path):
         for m in VERB.finditer(text):
-            rest = text[m.end():]
+            rest = text[m.end() :]
             end = SEGMENT_END.search(rest)
-            uses.append((number, m.group(1), rest[:end.start()] if end else rest))
+            uses.append((number, m.group(1), rest[: end.start()] if end else rest))
         first = re.match(r"([a-z][a-z0-9-]*)(\s+--.*)$", text)
         if first and first.group(1) in verbs and not VERB.search(text):
             end = SEGMENT_END.search(first.group(2))
-            uses.append((number, first.group(1), first.group(2)[:end.start()] if end else first.group(2)))
+            uses.append((number, first.group(1), first.group(2)[: end.start()] if end else first.group(2)))
     return uses
 
 
@@ -132,7 +123,7 @@ def anchors(path: Path) -> set[str]:
 
 
 def toml_value(value) -> str:
-    return tomli_w.dumps({"v": value})[len("v = "):].strip()
+    return tomli_w.dumps({"v": value})[len("v = ") :].strip()
 
 
 def key_row(key: str) -> str:
@@ -155,15 +146,21 @@ def test_dotted_options_are_config_keys():
         for m in DOTTED.finditer(text):
             if m.group(1) not in keys:
                 near = difflib.get_close_matches(m.group(1).replace("-", "_"), sorted(keys), n=3)
-                problems.append(f"{rel(path)}:{line_of(text, m.start())}: --{m.group(1)} is not a config key"
-                                + (f" (did you mean {', '.join('--' + k for k in near)}?)" if near else ""))
+                problems.append(
+                    f"{rel(path)}:{line_of(text, m.start())}: --{m.group(1)} is not a config key"
+                    + (f" (did you mean {', '.join('--' + k for k in near)}?)" if near else "")
+                )
     fail_if(problems, "options that name no config key (spell keys as all_keys() does: init.from, max_steps)")
 
 
 def test_verbs_exist():
     verbs = verb_parsers()
-    problems = [f"{rel(path)}:{number}: `pretrainer {verb}`: no such verb (verbs: {', '.join(verbs)})"
-                for path in PAGES for number, verb, _ in verb_uses(path, verbs) if verb not in verbs]
+    problems = [
+        f"{rel(path)}:{number}: `pretrainer {verb}`: no such verb (verbs: {', '.join(verbs)})"
+        for path in PAGES
+        for number, verb, _ in verb_uses(path, verbs)
+        if verb not in verbs
+    ]
     fail_if(problems, "verbs the CLI does not have")
 
 
@@ -178,8 +175,10 @@ def test_flags_belong_to_their_verb():
             for m in FLAG.finditer(rest):
                 if f"--{m.group(1)}" not in options:
                     near = difflib.get_close_matches(f"--{m.group(1)}", sorted(options), n=3)
-                    problems.append(f"{rel(path)}:{number}: `pretrainer {verb}` has no --{m.group(1)}"
-                                    + (f" (did you mean {', '.join(near)}?)" if near else ""))
+                    problems.append(
+                        f"{rel(path)}:{number}: `pretrainer {verb}` has no --{m.group(1)}"
+                        + (f" (did you mean {', '.join(near)}?)" if near else "")
+                    )
     fail_if(problems, "options a verb does not take")
 
 
@@ -209,7 +208,9 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     top = "\n".join(lines[:TOP_LINES])
     problems = []
     if len(lines) > README_MAX_LINES:
-        problems.append(f"README.md has {len(lines)} lines; at most {README_MAX_LINES} (move detail to docs/)")
+        problems.append(
+            f"README.md has {len(lines)} lines; at most {README_MAX_LINES} (move detail to docs/)"
+        )
     for command in ("make quickstart", "make test"):
         if not re.search(re.escape(command) + r"(?![\w-])", top):
             problems.append(f"README.md does not name `{command}` in its first {TOP_LINES} lines")
@@ -218,8 +219,10 @@ def test_readme_is_short_and_starts_with_the_two_commands():
 
 def test_configuration_page_lists_every_key_once():
     text = CONFIG_PAGE.read_text(encoding="utf-8")
-    assert TABLE_START in text and TABLE_END in text, f"{rel(CONFIG_PAGE)}: the markers {TABLE_START} / {TABLE_END} are missing"
-    table = text[text.index(TABLE_START):text.index(TABLE_END)]
+    assert TABLE_START in text and TABLE_END in text, (
+        f"{rel(CONFIG_PAGE)}: the markers {TABLE_START} / {TABLE_END} are missing"
+    )
+    table = text[text.index(TABLE_START) : text.index(TABLE_END)]
     rows = {}
     listed = Counter()
     for line in table.split("\n"):
@@ -236,8 +239,10 @@ def test_configuration_page_lists_every_key_once():
         if key not in rows:
             problems.append(f"`{key}` is missing; its row:\n    {key_row(key)}")
         elif rows[key][1:3] != expected[1:3]:
-            problems.append(f"`{key}`: the page says type {rows[key][1]}, default {rows[key][2]}; the code "
-                            f"{expected[1]}, {expected[2]}; its row:\n    {key_row(key)}")
+            problems.append(
+                f"`{key}`: the page says type {rows[key][1]}, default {rows[key][2]}; the code "
+                f"{expected[1]}, {expected[2]}; its row:\n    {key_row(key)}"
+            )
     fail_if(problems, f"{rel(CONFIG_PAGE)}: the key table between the config-keys markers")
 
 
