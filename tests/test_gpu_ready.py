@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_config, tiny_overrides
 
 from pretrainer.artifacts.metrics import read_metrics
-from pretrainer.train import loop
+from pretrainer.train import loop, step
 from pretrainer.train.loop import train
 
 AUDIT = {"train.audit_syncs": True, "log.every": 5, "train.max_steps": 12, "eval.every": 6, "ckpt.every": 6}
@@ -59,7 +59,7 @@ def test_no_host_sync_outside_logging_steps(action, stdlib_data, tmp_path):
 def test_sync_audit_catches_a_host_read_in_a_step(read, stdlib_data, tmp_path, monkeypatch):
     """The audit is not blind: one `.item()`, `.tolist()` or `bool()` per step (here in the loss
     reduction; `.tolist()` is how the old per-step agreement read its all-reduce) is counted."""
-    real = loop.mean_across_ranks
+    real = step.mean_across_ranks
 
     def with_read(value, env):
         {"item": lambda: value.item(), "tolist": lambda: value.tolist(), "bool": lambda: bool(value > 0)}[
@@ -67,7 +67,7 @@ def test_sync_audit_catches_a_host_read_in_a_step(read, stdlib_data, tmp_path, m
         ]()
         return real(value, env)
 
-    monkeypatch.setattr(loop, "mean_across_ranks", with_read)
+    monkeypatch.setattr(step, "mean_across_ranks", with_read)
     run = tmp_path / "run"
     train(tiny_config(stdlib_data, run, **AUDIT))
     assert audited(run) == [1.0, 1.0, 1.0]
