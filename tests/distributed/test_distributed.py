@@ -1,0 +1,175 @@
+"""2-rank CPU training under torchrun with gloo, checked against single-process runs."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import tiny_config, tiny_overrides, torchrun
+from safetensors.torch import load_file
+
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.core.errors import UserError
+from pretrainer.train.loop import train
+
+STEPS = 20
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    la, lb = losses(a), losses(b)
+    assert list(la) == list(range(1, STEPS + 1)) and la.keys() == lb.keys()
+    for step in la:
+        assert abs(la[step] - lb[step]) < 1e-5, (step, la[step], lb[step])
+    wa, wb = (load_file(latest_checkpoint(r) / "model.safetensors") for r in (a, b))
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert (wa[key] - wb[key]).abs().max().item() < 1e-5, key
+
+
+def settings(**extra) -> dict:
+    return {
+        "train.max_steps": STEPS,
+        "train.micro_batch": 4,
+        "eval.every": 10,
+        "ckpt.every": 10,
+        "log.sequences": True,
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def in_loop_evals(tmp_path_factory) -> dict:
+    """in-loop tasks and probes every 10 steps (a KV-cache prefill and decode through DDP and
+    FSDP2)."""
+    path = tmp_path_factory.mktemp("tasks") / "toy.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"type": "mc", "context": f"x = {i} +", "choices": [" 1", " 22", " 333"], "gold": i % 3}
+            )
+            + "\n"
+            for i in range(9)
+        )
+    )
+    return {"eval.tasks_every": 10, "eval.tasks": str(path), "eval.probe_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def single(stdlib_data, tmp_path_factory, in_loop_evals) -> Path:
+    """One process, micro-batch 4 x grad_accum 2: the reference for every 2-rank run."""
+    run = tmp_path_factory.mktemp("single") / "run"
+    train(tiny_config(stdlib_data, run, **settings(**{"train.grad_accum": 2}, **in_loop_evals)))
+    return run
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_data, tmp_path, in_loop_evals):
+    run = tmp_path / "run"
+    # logging every 4th step, with the host-sync audit on the 3 steps between (none may sync)
+    out = torchrun(
+        2,
+        *tiny_overrides(
+            stdlib_data,
+            run,
+            **settings(
+                **{"parallel.strategy": strategy, "log.every": 4, "train.audit_syncs": True}, **in_loop_evals
+            ),
+        ),
+    )
+    assert "tokens per step: 512 = 4 micro-batch x 64 seq_len x 1 grad_accum x 2 ranks" in out.stdout
+    two_ranks, one = losses(run), losses(single)
+    assert list(two_ranks) == list(range(4, STEPS + 1, 4))
+    for step in two_ranks:
+        assert abs(two_ranks[step] - one[step]) < 1e-5, (step, two_ranks[step], one[step])
+    wa, wb = (load_file(latest_checkpoint(r) / "model.safetensors") for r in (run, single))
+    assert wa.keys() == wb.keys() and all((wa[key] - wb[key]).abs().max().item() < 1e-5 for key in wa)
+    records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert [r["tokens"] for r in records] == [512 * s for s in range(4, STEPS + 1, 4)]
+    assert [r["host_syncs_per_step"] for r in records] == [0.0] * len(records)
+    suite = [
+        {k: v for k, v in r.items() if k not in ("elapsed_s", "tasks_eval_s")}
+        for r in read_metrics(run / "metrics.jsonl")
+        if "suite_score" in r
+    ]
+    assert [r["step"] for r in suite] == [0, 10, 20] and suite == [
+        {k: v for k, v in r.items() if k not in ("elapsed_s", "tasks_eval_s")}
+        for r in read_metrics(single / "metrics.jsonl")
+        if "suite_score" in r
+    ]
+    assert read_metrics(run / "probes.jsonl") == read_metrics(
+        single / "probes.jsonl"
+    )  # rank 0 writes, greedy alike
+
+
+def sequences_seen(run: Path) -> Counter:
+    seen = Counter()
+    for path in run.glob("sequences-rank*.jsonl"):
+        for record in read_metrics(path):
+            seen.update(record["ids"])
+    return seen
+
+
+@pytest.mark.parametrize("first, then", [("fsdp", "single"), ("single", "ddp")])
+def test_checkpoint_moves_between_strategies_and_world_sizes(first, then, single, stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    one_process = {"train.grad_accum": 2}
+    # the saved config has 2
+    two_ranks = lambda strategy: {"parallel.strategy": strategy, "train.grad_accum": 1}
+    for phase, stop in ((first, {"train.stop_at_step": 10}), (then, {})):
+        if phase == "single":
+            train(tiny_config(stdlib_data, run, **settings(**one_process, **stop)))
+        else:
+            torchrun(2, *tiny_overrides(stdlib_data, run, **settings(**two_ranks(phase), **stop)))
+    state = json.loads((latest_checkpoint(run) / "state.json").read_text())
+    assert state["step"] == STEPS and state["tokens"] == STEPS * 512
+    assert_same_run(run, single)
+    assert sequences_seen(run) == sequences_seen(single)  # nothing re-seen, nothing skipped
+    assert sum(sequences_seen(run).values()) == STEPS * 8
+
+
+def test_a_rank_dependent_collective_times_out_instead_of_hanging(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import time, torch\n"
+        "from pretrainer.train.distributed import init_distributed, is_collective_timeout, "
+        "mean_across_ranks\n"
+        "env = init_distributed('cpu', timeout_s=3)\n"
+        "if env.rank == 0:\n"
+        "    try:\n"
+        "        mean_across_ranks(torch.ones(()), env)  # rank 1 never joins: a deadlock without the "
+        "timeout\n"
+        "    except Exception as e:\n"
+        "        print('TIMEOUT' if is_collective_timeout(e) else repr(e), flush=True)\n"
+        "else:\n"
+        "    time.sleep(6)\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=90, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert "TIMEOUT" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_global_batch_must_divide_by_micro_batch_times_world(stdlib_data, tmp_path):
+    with pytest.raises(
+        UserError, match=r"train.global_batch = 10 is not divisible by train.micro_batch x world size = 4 x 1"
+    ):
+        train(
+            tiny_config(stdlib_data, tmp_path / "run", **{"train.micro_batch": 4, "train.global_batch": 10})
+        )
+    result = train(
+        tiny_config(
+            stdlib_data,
+            tmp_path / "ok",
+            **{"train.micro_batch": 4, "train.global_batch": 12, "train.max_steps": 2},
+        )
+    )
+    assert result["tokens"] == 2 * 12 * 64

@@ -1,0 +1,48 @@
+"""What a run shows while it runs: metrics, mlflow, and what it does on SIGTERM."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from helpers import tiny_overrides
+
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.artifacts.metrics import read_metrics
+
+
+def _train_subprocess(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pretrainer", "train", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+# interrupted sweep (one process) and test_cluster's launcher test (every worker)
+def test_sigterm_checkpoints_and_resume_is_bit_exact(stdlib_data, tmp_path):
+    settings = {"train.max_steps": 60, "ckpt.every": 1000, "eval.every": 0}
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    proc = _train_subprocess(tiny_overrides(stdlib_data, stopped, **settings))
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until it is mid-run
+        records = read_metrics(stopped / "metrics.jsonl") if (stopped / "metrics.jsonl").exists() else []
+        if any(r.get("step", 0) >= 5 for r in records):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    checkpoint = latest_checkpoint(stopped)
+    assert checkpoint is not None and (checkpoint / "COMPLETE").is_file()
+    stop_step = int(checkpoint.name.split("-")[1])
+    assert 5 <= stop_step < 60 and "signal SIGTERM: checkpoint written at step" in err
+    # resume the stopped run and run the other straight through, at the same time
+    procs = [_train_subprocess(tiny_overrides(stdlib_data, run, **settings)) for run in (stopped, straight)]
+    assert [proc.wait(timeout=300) for proc in procs] == [0, 0]
+    losses = lambda run: {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
+    assert losses(stopped) == losses(straight) and len(losses(straight)) == 60

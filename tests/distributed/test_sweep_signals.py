@@ -1,0 +1,62 @@
+"""Scaling laws: the fit recovers published laws, refuses what data cannot determine, and a CPU
+sweep runs end to end, resumes after SIGTERM and feeds `plan --fit`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from support.scaling_helpers import read_csv, sweep_args
+
+from pretrainer.analysis.scaling.report import fit_sweep
+from pretrainer.analysis.scaling.sweep import TIMING_COLUMNS
+
+
+def test_interrupted_sweep_resumes_without_redoing_runs_and_equals_an_uninterrupted_one(
+    stdlib_data, tmp_path, run_cli
+):
+    """SIGTERM mid-run, the same command again: the same CSV as a sweep run straight through (here
+    with --parallel-runs 2, separate `pretrainer train` processes: the same numbers as in-process)."""
+    args = lambda out: sweep_args(stdlib_data, out, "1x32,2x64,3x96", "20480", "--log.every=1")  # noqa: E731 (shapes: no search)
+    straight = tmp_path / "straight"
+    code, _, err = run_cli(*args(straight), "--parallel-runs", "2", "--train.device=cpu")
+    assert code == 0, err
+
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pretrainer", *args(stopped)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    second = stopped / "runs" / "l2-d64" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if second.exists() and any(
+            '"loss"' in line and json.loads(line)["step"] >= 10 for line in second.read_text().splitlines()
+        ):
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
+    assert "same command continues the sweep" in out
+    assert [r["run"] for r in read_csv(stopped / "sweep.csv")] == ["l1-d32"]
+    first_exit = (stopped / "runs" / "l1-d32" / "exit.json").read_text()
+
+    code, out, err = run_cli(*args(stopped))
+    assert code == 0, err
+    assert "1 of 3 runs already finished (l1-d32): kept" in out
+    assert "resuming from" in out and (stopped / "runs" / "l1-d32" / "exit.json").read_text() == first_exit
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]  # noqa: E731
+    assert strip(read_csv(stopped / "sweep.csv")) == strip(read_csv(straight / "sweep.csv"))
+    assert len(read_csv(straight / "sweep.csv")) == 3
+
+    fit = fit_sweep(stopped, resamples=1000)  # one token count: the law it supports, and why
+    assert fit["form"] == "n_power" and "same number of tokens" in fit["fallback"]
+    assert fit["predictions"][0]["kind"] == "loss" and "no D-term" in fit["no_compute_optimal"]

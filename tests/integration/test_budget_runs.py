@@ -1,0 +1,115 @@
+"""The $ guard: fake clock, fake budget.json, the training loop's response, and a property test."""
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import tiny_config, tiny_overrides
+from support.budget_helpers import T0, FakeClock, budget_file
+
+from pretrainer.artifacts.checkpoint import latest_checkpoint, list_checkpoints
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.schema import BudgetConfig
+from pretrainer.core.errors import RunStopped
+from pretrainer.train.budget import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, BudgetGuard
+from pretrainer.train.loop import train
+
+
+def guarded(stdlib_data, run, budget: Path | None, **extra):
+    settings_ = {
+        "budget.cap_usd": 35,
+        "budget.warn_usd": 30,
+        "budget.usd_per_gpu_hour": 1.1,
+        "budget.check_every_s": 5,
+        "train.max_steps": 12,
+        "eval.every": 0,
+        **extra,
+    }
+    if budget is not None:
+        settings_["budget.file"] = budget
+    return tiny_config(stdlib_data, run, **settings_)
+
+
+def test_warn_is_logged_once_and_the_run_continues(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    result = train(
+        guarded(stdlib_data, run, budget_file(tmp_path / "b.json", spent=31, projected=34)), clock=FakeClock()
+    )
+    assert result["step"] == 12
+    warnings = [r for r in read_metrics(run / "metrics.jsonl") if "budget_warn" in r]
+    assert len(warnings) == 1 and warnings[0]["spent_usd"] == 31
+
+
+def test_projected_over_cap_checkpoints_then_exits(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(RunStopped) as stopped:
+        train(
+            guarded(stdlib_data, run, budget_file(tmp_path / "b.json", spent=20, projected=36)),
+            clock=FakeClock(),
+        )
+    assert stopped.value.exit_code == EXIT_BUDGET_PROJECTED == 4
+    assert latest_checkpoint(run).name == "step-0000001"  # first check is due at the first step
+    assert any("budget_stop" in r for r in read_metrics(run / "metrics.jsonl"))
+
+
+def test_spent_over_cap_exits_at_once_without_a_checkpoint(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 12, "train.stop_at_step": 10, "eval.every": 0}))
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000010"]
+    with pytest.raises(RunStopped) as stopped:
+        train(
+            guarded(stdlib_data, run, budget_file(tmp_path / "b.json", spent=35.5, projected=40)),
+            clock=FakeClock(),
+        )
+    assert stopped.value.exit_code == EXIT_BUDGET_SPENT == 5
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000010"]  # nothing new written
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "missing"),
+        ("{not json", "malformed"),
+        (json.dumps({"spent_usd": 1}), "malformed (missing rate_usd_per_hr"),
+        ("stale", "stale (last update"),
+    ],
+)
+def test_missing_stale_or_malformed_file_falls_back_to_the_estimate(stdlib_data, tmp_path, content, problem):
+    path = tmp_path / "b.json"
+    if content == "stale":
+        budget_file(path, spent=100, projected=100, updated=T0 - 3600)  # would halt, were it believed
+    elif content is not None:
+        path.write_text(content)
+    run = tmp_path / "run"
+    guard = BudgetGuard(
+        BudgetConfig(cap_usd=35, usd_per_gpu_hour=1.1, file=str(path), stale_after_s=900),
+        gpus=1,
+        clock=FakeClock(),
+    )
+    decision = guard.check(elapsed_s=3600, remaining_s=3600)
+    assert decision.reading.source == "estimate" and problem in decision.reading.problem
+    assert decision.reading.spent_usd == pytest.approx(
+        1.1
+    ) and decision.reading.projected_total_usd == pytest.approx(2.2)
+    result = train(guarded(stdlib_data, run, path), clock=FakeClock())  # the run is not crashed by a bad file
+    assert result["step"] == 12 and any("budget_problem" in r for r in read_metrics(run / "metrics.jsonl"))
+
+
+def test_launch_is_refused_when_the_plan_exceeds_the_cap(stdlib_data, tmp_path, run_cli):
+    overrides = tiny_overrides(
+        stdlib_data,
+        tmp_path / "run",
+        **{
+            "budget.cap_usd": 1,
+            "budget.usd_per_gpu_hour": 100,
+            "budget.peak_tflops": 1e-6,
+            "train.max_steps": 10,
+        },
+    )
+    code, _, err = run_cli("train", *overrides)
+    assert code == 2 and "over budget.cap_usd $1.00" in err and "--budget.allow_over_cap=true" in err
+    assert not (tmp_path / "run").exists()
+    code, out, err = run_cli("train", *overrides, "--budget.allow_over_cap=true")
+    assert (
+        code == 0 and "budget: projected $" in out
+    )  # allowed; the guard's own estimate (measured step time) is tiny

@@ -1,0 +1,160 @@
+"""On CPU: no host syncs outside logging steps, compiled and bf16 training that match eager
+fp32, evaluation that does not recompile, the update/param ratio without a copy of the weights, and
+the throughput watchdog. (GPU-only checks skip cleanly without CUDA.)"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import tiny_config, tiny_overrides
+from support.gpu_ready_helpers import losses
+
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.train import step as step_module
+from pretrainer.train.loop import train
+
+AUDIT = {"train.audit_syncs": True, "log.every": 5, "train.max_steps": 12, "eval.every": 6, "ckpt.every": 6}
+
+
+def audited(run: Path) -> list[float]:
+    return [
+        r["host_syncs_per_step"] for r in read_metrics(run / "metrics.jsonl") if "host_syncs_per_step" in r
+    ]
+
+
+@pytest.mark.parametrize("action", ["log", "skip"])
+def test_no_host_sync_outside_logging_steps(action, stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **AUDIT, **{"spike.action": action}))
+    counts = audited(run)
+    assert len(counts) == 3 and counts == [0.0, 0.0, 0.0], counts  # logging steps 5, 10, 12
+
+
+@pytest.mark.parametrize("read", ["item", "tolist", "bool"])
+def test_sync_audit_catches_a_host_read_in_a_step(read, stdlib_data, tmp_path, monkeypatch):
+    """The audit is not blind: one `.item()`, `.tolist()` or `bool()` per step (here in the loss
+    reduction; `.tolist()` is how the old per-step agreement read its all-reduce) is counted."""
+    real = step_module.mean_across_ranks
+
+    def with_read(value, env):
+        {"item": lambda: value.item(), "tolist": lambda: value.tolist(), "bool": lambda: bool(value > 0)}[
+            read
+        ]()
+        return real(value, env)
+
+    monkeypatch.setattr(step_module, "mean_across_ranks", with_read)
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **AUDIT))
+    assert audited(run) == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CUDA's sync debug mode)")
+def test_no_host_sync_outside_logging_steps_cuda(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **AUDIT, **{"train.device": "cuda"}))
+    assert audited(run) == [0.0, 0.0, 0.0]
+
+
+def test_watchdog_diagnoses_and_stops(stdlib_data, tmp_path, run_cli):
+    """A minimum no CPU reaches: one line of diagnosis after the warm-up, a checkpoint, exit 6."""
+    run = tmp_path / "run"
+    code, out, err = run_cli(
+        "train",
+        *tiny_overrides(
+            stdlib_data,
+            run,
+            **{
+                "train.min_tokens_per_s": 1e12,
+                "train.watchdog_steps": 6,
+                "train.watchdog_action": "stop",
+                "log.every": 3,
+                "train.max_steps": 20,
+                "ckpt.every": 0,
+            },
+        ),
+    )
+    assert code == 6, out + err
+    line = next(line for line in (out + err).splitlines() if line.startswith("watchdog:"))
+    assert "tokens/s < train.min_tokens_per_s" in line and "compile off" in line and "attention " in line
+    assert "data wait" in line and "host syncs per step n/a" in line  # counted for the watchdog on CUDA only
+    assert json.loads((run / "exit.json").read_text())["reason"] == "throughput_stop"
+    assert (
+        run / "checkpoints" / "step-0000006" / "COMPLETE"
+    ).is_file()  # stopped at the check, with a checkpoint
+    records = read_metrics(run / "metrics.jsonl")
+    assert all("data_wait_fraction" in r for r in records if "loss" in r)
+
+
+def test_watchdog_passes_a_fast_enough_run(stdlib_data, tmp_path, run_cli):
+    run = tmp_path / "run"
+    code, out, err = run_cli(
+        "train",
+        *tiny_overrides(
+            stdlib_data,
+            run,
+            **{
+                "train.min_tokens_per_s": 1.0,
+                "train.watchdog_steps": 4,
+                "train.watchdog_action": "stop",
+                "train.max_steps": 8,
+            },
+        ),
+    )
+    assert code == 0 and "watchdog: step 4: throughput ok" in out + err
+
+
+def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(
+    stdlib_data, tmp_path, monkeypatch
+):
+    """train.compile = true (each block compiled, with activation checkpointing around it) against
+    eager over 8 steps; evaluation (eval mode, no grad) compiles its graphs once: later passes, and
+    training between them, add none; nor do the in-loop task scoring and probes, which call the
+    compiled blocks with a KV cache."""
+    import json
+
+    import torch._dynamo.utils
+
+    from pretrainer.eval import inloop
+
+    settings = {"train.max_steps": 8, "eval.every": 2, "ckpt.every": 0, "log.every": 1}
+    train(tiny_config(stdlib_data, tmp_path / "eager", **settings))
+    tasks = tmp_path / "toy.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps({"type": "mc", "context": f"x = {i}", "choices": [" 1", " 22"], "gold": 0}) + "\n"
+            for i in range(4)
+        )
+    )
+    graphs = []
+    real = inloop.evaluate
+
+    def counting(*args, **kwargs):
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        result = real(*args, **kwargs)
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        return result
+
+    monkeypatch.setattr(inloop, "evaluate", counting)
+    train(
+        tiny_config(
+            stdlib_data,
+            tmp_path / "compiled",
+            **settings,
+            **{
+                "train.compile": True,
+                "train.activation_checkpointing": True,
+                "eval.tasks_every": 2,
+                "eval.tasks": str(tasks),
+                "eval.probe_tokens": 2,
+            },
+        )
+    )
+    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    assert eager.keys() == compiled.keys() == set(range(1, 9))
+    for step in eager:
+        assert abs(eager[step] - compiled[step]) < 2e-3, (step, eager[step], compiled[step])
+    # graphs: [before eval 0, after eval 0, before eval 2, after eval 2, ...]: eval 0 compiles the eval
+    # graphs,
+    # step 1 the training graphs; from then on nothing new
+    assert graphs[1] > graphs[0] and len(set(graphs[3:])) == 1, graphs

@@ -1,0 +1,51 @@
+"""What a run shows while it runs: metrics, mlflow, and what it does on SIGTERM."""
+
+import pytest
+from helpers import tiny_config
+
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.core.errors import UserError
+from pretrainer.train.loop import train
+
+
+def test_logged_steps_carry_norms_and_update_ratio(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 6, "budget.usd_per_gpu_hour": 3.6}))
+    records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    for r in records:
+        assert r["param_norm"] > 0 and 0 < r["update_to_param"] < 0.1
+        assert r["spent_usd"] == pytest.approx(3.6 * r["elapsed_s"] / 3600)
+        assert "mfu" not in r  # no trusted peak for a CPU: MFU is not reported rather than guessed
+
+
+def test_mlflow_store_in_the_run_dir_lists_the_run_and_its_metrics(stdlib_data, tmp_path, capfd):
+    from mlflow.tracking import MlflowClient
+
+    run = tmp_path / "run"
+    train(
+        tiny_config(
+            stdlib_data, run, **{"train.max_steps": 4, "train.stop_at_step": 2, "mlflow.enabled": True}
+        )
+    )
+    out, err = capfd.readouterr()  # mlflow's INFO lines (creating its database) stay out of the run's output
+    assert "INFO" not in out + err and "step 2/2 | loss" in out
+    train(
+        tiny_config(stdlib_data, run, **{"train.max_steps": 4, "mlflow.enabled": True})
+    )  # resumes the same mlflow run
+    client = MlflowClient(tracking_uri=f"sqlite:///{run.resolve() / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("pretrainer").experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_id == (run / "mlflow-run-id.txt").read_text().strip()
+    assert runs[0].info.status == "FINISHED" and runs[0].data.params["optim.lr"] == "0.003"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] == [1, 2, 3, 4]
+    assert {m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")} == {0, 4}
+
+
+def test_micro_batch_auto_is_a_clear_error_on_cpu(stdlib_data, tmp_path):
+    with pytest.raises(UserError, match="needs train.global_batch"):
+        tiny_config(stdlib_data, tmp_path / "run", **{"train.micro_batch": "auto"})
+    with pytest.raises(UserError, match="auto searches GPU memory and needs CUDA"):
+        train(
+            tiny_config(
+                stdlib_data, tmp_path / "run", **{"train.micro_batch": "auto", "train.global_batch": 16}
+            )
+        )

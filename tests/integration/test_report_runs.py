@@ -1,0 +1,159 @@
+import csv
+import json
+
+import pytest
+from helpers import tiny_config
+from safetensors.torch import load_file
+from support.report_helpers import modes, umask
+
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.train.loop import train
+
+
+@pytest.fixture(scope="module")
+def finished_run(stdlib_data, tmp_path_factory):
+    """20 steps with validation every 10 and in-loop tasks and probes every 10."""
+    root = tmp_path_factory.mktemp("report")
+    tasks = root / "toy.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps({"type": "mc", "context": f"x = {i} +", "choices": [" 1", " 2", " 3"], "gold": i % 3})
+            + "\n"
+            for i in range(12)
+        )
+    )
+    probes = root / "probes.txt"
+    probes.write_text("def main(\nimport os\\nimport\n")
+    run = root / "run"
+    train(
+        tiny_config(
+            stdlib_data,
+            run,
+            **{
+                "train.max_steps": 20,
+                "eval.every": 10,
+                "mlflow.enabled": True,
+                "budget.usd_per_gpu_hour": 2.0,
+                "eval.tasks_every": 10,
+                "eval.tasks": str(tasks),
+                "eval.tasks_items": 8,
+                "eval.probes": str(probes),
+                "eval.probe_tokens": 6,
+            },
+        )
+    )
+    return run
+
+
+def test_in_loop_tasks_and_probes_are_logged_and_reported(finished_run, tmp_path, run_cli):
+    """eval.tasks_every scores the task subset (metrics.jsonl) and completes the probes
+    (probes.jsonl) at the start, every N steps and at the end; the report plots the suite score
+    against tokens and tables the probes."""
+    records = read_metrics(finished_run / "metrics.jsonl")
+    task_records = [r for r in records if "suite_score" in r]
+    assert [r["step"] for r in task_records] == [0, 10, 20] and [r["tokens"] for r in task_records] == [
+        0,
+        10 * 512,
+        20 * 512,
+    ]
+    assert all(
+        set(r) >= {"acc_norm/toy", "tasks_eval_s", "elapsed_s"} and -0.5 <= r["suite_score"] <= 1
+        for r in task_records
+    )
+    probes = read_metrics(finished_run / "probes.jsonl")
+    assert [(r["step"], r["prompt"]) for r in probes] == [
+        (s, p) for s in (0, 10, 20) for p in ("def main(", "import os\nimport")
+    ]
+    assert all(isinstance(r["completion"], str) for r in probes)
+    code, _, err = run_cli("export", finished_run, "--out", tmp_path / "report")
+    assert code == 0, err
+    table = (tmp_path / "report" / "probes.md").read_text()
+    assert table.count("| 10 | 5,120 |") == 2 and "## `import os\\nimport`" in table
+    manifest = json.loads((tmp_path / "report" / "manifest.json").read_text())
+    assert (
+        manifest["final_suite_score"] == task_records[-1]["suite_score"]
+        and manifest["probes_table"] == "probes.md"
+    )
+    rows = list(csv.DictReader(open(tmp_path / "report" / "metrics.csv")))
+    assert {r["kind"] for r in rows if r["name"] == "suite_score"} == {"tasks"}
+
+
+def test_export_writes_the_x1_report(finished_run, tmp_path, run_cli):
+    out = tmp_path / "report"
+    code, stdout, err = run_cli("export", finished_run, "--out", out)
+    assert code == 0, err
+    assert {p.name for p in out.iterdir()} == {
+        "manifest.json",
+        "metrics.csv",
+        "loss-curve.png",
+        "gradnorm-curve.png",
+        "lr.png",
+        "evals.png",
+        "throughput.png",
+        "final.safetensors",
+        "mlflow-run-uri.txt",
+        "probes.md",
+    }
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["plots"] == [
+        "loss-curve.png",
+        "gradnorm-curve.png",
+        "lr.png",
+        "evals.png",
+        "throughput.png",
+    ]
+    assert manifest["seed"] == 1337 and manifest["steps"] == 20 and manifest["tokens"] == 20 * 8 * 64
+    assert set(manifest["versions"]) >= {"python", "torch", "numpy", "tiktoken", "safetensors", "mlflow"}
+    assert manifest["hardware"]["device_type"] == "cpu" and manifest["hardware"]["cpu_model"]
+    records = read_metrics(finished_run / "metrics.jsonl")
+    assert manifest["final_train_loss"] == [r["loss"] for r in records if "loss" in r][-1]
+    assert manifest["final_val_loss"] == [r["val_loss"] for r in records if "val_loss" in r][-1]
+    assert manifest["final_val_bpb"] == [r["val_bpb"] for r in records if "val_loss" in r][-1]
+    assert manifest["spent_usd"] == pytest.approx(2.0 * manifest["wall_time_s"] / 3600)
+    assert manifest["final_weights"]["reload_resave_byte_identical"] is True
+    weights = load_file(out / "final.safetensors")
+    assert weights.keys() == load_file(latest_checkpoint(finished_run) / "model.safetensors").keys()
+    run_id = (finished_run / "mlflow-run-id.txt").read_text().strip()
+    assert f"run_id: {run_id}" in (out / "mlflow-run-uri.txt").read_text()
+
+
+def test_metrics_csv_is_long_format_with_every_number(finished_run, tmp_path, run_cli):
+    run_cli("export", finished_run, "--out", tmp_path / "report")
+    rows = list(csv.DictReader(open(tmp_path / "report" / "metrics.csv")))
+    records = read_metrics(finished_run / "metrics.jsonl")
+    expected = sum(1 for r in records for k, v in r.items() if k != "step" and isinstance(v, (int, float)))
+    assert len(rows) == expected and set(rows[0]) == {"step", "kind", "name", "value"}
+    losses = [float(r["value"]) for r in rows if r["name"] == "loss"]
+    assert losses == [r["loss"] for r in records if "loss" in r]
+
+
+def test_plots_are_real_pngs_with_data(finished_run, tmp_path, run_cli):
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    run_cli("export", finished_run, "--out", tmp_path / "report")
+    first_line, second_line = (
+        np.array([0x1F, 0x77, 0xB4]) / 255,
+        np.array([0xFF, 0x7F, 0x0E]) / 255,
+    )  # matplotlib C0, C1
+    for name, lines in (
+        ("loss-curve.png", 2),
+        ("gradnorm-curve.png", 2),
+        ("lr.png", 1),
+        ("evals.png", 1),
+        ("throughput.png", 1),
+    ):
+        image = mpimg.imread(tmp_path / "report" / name)[..., :3]
+        assert image.shape[0] > 300 and image.shape[1] > 500
+        for colour in (first_line, second_line)[:lines]:  # the data lines are drawn, not just axes
+            assert (np.abs(image - colour).max(axis=-1) < 0.05).sum() > 200, name
+
+
+def test_exported_files_get_the_umask_mode(finished_run, tmp_path, run_cli):
+    with umask(0o022):
+        for fmt in ("report", "hf", "safetensors"):
+            assert run_cli("export", finished_run, "--format", fmt, "--out", tmp_path / fmt)[0] == 0
+    found = modes(tmp_path)
+    assert {"hf/model.safetensors", "report/final.safetensors", "safetensors"} <= set(found)
+    assert found == {name: 0o755 if (tmp_path / name).is_dir() else 0o644 for name in found}

@@ -1,0 +1,197 @@
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import run_subprocess, tiny_config, tiny_overrides
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from pretrainer.artifacts.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_model_weights,
+    model_weights,
+)
+from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.load import from_dict
+from pretrainer.data.tokenizers.bpe import Tokenizer
+from pretrainer.data.tokenizers.load import load_tokenizer
+from pretrainer.model import Transformer
+from pretrainer.model.generate import generate
+from pretrainer.train.loop import train
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    steps = [r["step"] for r in records]
+    assert len(steps) == len(set(steps)), "each step is logged exactly once"
+    return {r["step"]: r["loss"] for r in records}
+
+
+def test_loss_falls_on_the_stdlib_corpus(stdlib_data, tmp_path):
+    settings = {"train.max_steps": 60, "train.micro_batch": 16, "optim.lr": 1e-2, "eval.every": 0}
+    result = train(tiny_config(stdlib_data, tmp_path / "run", **settings))
+    vals = [r["val_loss"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r]
+    assert vals[0] == pytest.approx(math.log(1024), abs=0.15)
+    assert vals[-1] < vals[0] - 1.0, vals  # 30K tokens: past unigram statistics
+    assert result["step"] == 60
+
+
+def test_resume_is_bit_exact(stdlib_data, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(tiny_config(stdlib_data, straight))
+    train(tiny_config(stdlib_data, split, **{"train.stop_at_step": 20}))
+    assert max(losses(split)) == 20 and latest_checkpoint(split).name == "step-0000020"
+    train(tiny_config(stdlib_data, split))  # same run dir, resume = auto
+    expected, got = losses(straight), losses(split)
+    assert list(expected) == list(range(1, 41))
+    assert got == expected  # identical floats at every step, not merely close
+    final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()
+    assert final(straight) == final(split)
+
+
+def test_checkpoint_weights_reload_and_resave_byte_identically(stdlib_data, tmp_path):
+    train(tiny_config(stdlib_data, tmp_path / "run", **{"train.max_steps": 10}))
+    path = latest_checkpoint(tmp_path / "run") / "model.safetensors"
+    state = json.loads((path.parent / "state.json").read_text())
+    fresh = Transformer(from_dict(state["config"], "state.json").model)
+    load_model_weights(fresh, load_file(path), str(path))
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    save_file(model_weights(fresh), tmp_path / "again.safetensors", metadata=metadata)
+    assert (tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+    # and from another process (hash-map ordering differs between processes)
+    script = (
+        "import sys; from safetensors.torch import load_file, save_file; "
+        "save_file(load_file(sys.argv[1]), sys.argv[2], metadata={'format': 'pt'})"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, path, tmp_path / f"other{i}.safetensors"])
+        for i in range(3)
+    ]
+    assert [proc.wait(timeout=120) for proc in procs] == [
+        0,
+        0,
+        0,
+    ]  # three processes at once: torch's import dominates
+    for i in range(3):
+        assert (tmp_path / f"other{i}.safetensors").read_bytes() == path.read_bytes()
+
+
+def test_checkpoints_are_complete_kept_to_n_and_torn_ones_ignored(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 30, "ckpt.keep": 2}))
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000020", "step-0000030"]
+    for ckpt in list_checkpoints(run):
+        assert {p.name for p in ckpt.iterdir()} == {
+            "model.safetensors",
+            "optimizer.pt",
+            "state.json",
+            "COMPLETE",
+        }
+    torn = run / "checkpoints" / "step-0000040"
+    shutil.copytree(latest_checkpoint(run), torn)
+    (torn / "COMPLETE").unlink()
+    assert latest_checkpoint(run).name == "step-0000030"
+
+
+def test_metrics_have_the_contract_keys_and_exact_tokens(stdlib_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 12, "train.grad_accum": 2, "log.every": 4}))
+    records = read_metrics(run / "metrics.jsonl")
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [4, 8, 12]
+    for r in steps:
+        assert {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s"} <= set(r)
+        assert r["tokens"] == r["step"] * 8 * 64 * 2  # micro_batch x seq_len x grad_accum x 1 rank
+    assert any("val_loss" in r and r["step"] == 12 for r in records)
+    assert (run / "config.toml").is_file() and load_tokenizer(run / "tokenizer").vocab_size == 1024
+
+
+def test_grad_accumulation_matches_a_larger_micro_batch(stdlib_data, tmp_path):
+    train(tiny_config(stdlib_data, tmp_path / "a", **{"train.max_steps": 6, "train.micro_batch": 8}))
+    train(
+        tiny_config(
+            stdlib_data,
+            tmp_path / "b",
+            **{"train.max_steps": 6, "train.micro_batch": 4, "train.grad_accum": 2},
+        )
+    )
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert a.keys() == b.keys()
+    for step in a:
+        assert a[step] == pytest.approx(b[step], abs=1e-5)
+
+
+def test_sample_cli_is_deterministic_and_greedy_matches_the_model(stdlib_data, tmp_path, run_cli):
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 10}))
+    args = (
+        "sample",
+        run,
+        "--prompt",
+        "def main(",
+        "--max-new-tokens",
+        "30",
+        "--seed",
+        "3",
+        "--device",
+        "cpu",
+    )
+    first, second = run_cli(*args), run_cli(*args)
+    assert first[0] == 0 and first[1] == second[1] and "def main(" in first[1]
+    code, out, _ = run_cli(*args, "--temperature", "0")
+    tok = load_tokenizer(run / "tokenizer")
+    ckpt = latest_checkpoint(run)
+    model = Transformer(from_dict(json.loads((ckpt / "state.json").read_text())["config"], "").model)
+    load_model_weights(model, load_file(ckpt / "model.safetensors"), "")
+    greedy = generate(model, torch.tensor([tok.encode("def main(")]), 30, temperature=0)
+    assert tok.decode(greedy[0].tolist()) in out
+
+
+# --- bad input to train: one line, exit code 2 ---
+
+
+def test_missing_data_dir_and_unknown_key_are_one_line_errors(tmp_path, run_cli):
+    result = run_subprocess(
+        "train", *tiny_overrides(tmp_path / "nope", tmp_path / "run")
+    )  # the whole process's stderr
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+    assert "nope: data dir not found; run `pretrainer prepare" in result.stderr
+    code, _, err = run_cli("train", "--optim.lrr=1")
+    assert (
+        code == 2 and "unknown config key 'optim.lrr'; did you mean 'optim.lr' (peak learning rate)?" in err
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_vocab_mismatches_are_caught(stdlib_data, tmp_path, run_cli):
+    code, _, err = run_cli(
+        "train", *tiny_overrides(stdlib_data, tmp_path / "run", **{"model.vocab_size": 512})
+    )
+    assert code == 2 and "tokenizer/shard vocab mismatch" in err and "model.vocab_size = 512" in err
+    swapped = tmp_path / "swapped"
+    shutil.copytree(stdlib_data, swapped)
+    other = Tokenizer("bpe:300", load_tokenizer(stdlib_data).pattern, {bytes([i]): i for i in range(256)})
+    other.save(swapped)
+    code, _, err = run_cli("train", *tiny_overrides(swapped, tmp_path / "run"))
+    assert code == 2 and "tokenizer.json: tokenizer/shard vocab mismatch" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_activation_checkpointing_run_matches_a_plain_run(stdlib_data, tmp_path):
+    train(tiny_config(stdlib_data, tmp_path / "plain", **{"train.max_steps": 5}))
+    train(
+        tiny_config(
+            stdlib_data, tmp_path / "ckpt", **{"train.max_steps": 5, "train.activation_checkpointing": True}
+        )
+    )
+    plain, checkpointed = losses(tmp_path / "plain"), losses(tmp_path / "ckpt")
+    assert plain.keys() == checkpointed.keys()
+    for step in plain:
+        assert plain[step] == pytest.approx(checkpointed[step], abs=1e-5)

@@ -1,0 +1,192 @@
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from pretrainer.cli.main import main
+from pretrainer.config.doc import config_text_with_help, keys_reference
+from pretrainer.config.load import load_config, parse_overrides
+from pretrainer.config.schema import all_keys, config_hash, key_help, save_config
+from pretrainer.core.errors import UserError
+
+
+def test_toml_and_dotted_overrides(tmp_path: Path):
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\narch = "gpt2"\nd_model = 96\n[optim]\nlr = 1\n')
+    cfg = load_config(path, ["--optim.lr=3e-4", "--train.max_steps", "1e3", "--train.compile=true"])
+    assert cfg.model.arch == "gpt2" and cfg.model.d_model == 96
+    assert cfg.optim.lr == 3e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.train.max_steps == 1000 and isinstance(cfg.train.max_steps, int)
+    assert cfg.train.compile is True
+
+
+def test_unknown_key_in_file_names_key_and_suggests(tmp_path: Path):
+    path = tmp_path / "c.toml"
+    path.write_text("[optim]\nlrr = 0.1\n")
+    with pytest.raises(
+        UserError,
+        match=r"c\.toml: unknown config key 'optim\.lrr'; did you mean 'optim\.lr' \(peak learning rate\)\?",
+    ):
+        load_config(path)
+
+
+def test_unknown_override_suggests_closest():
+    with pytest.raises(
+        UserError, match=r"unknown config key 'train\.max_step'; did you mean 'train\.max_steps'"
+    ):
+        load_config(None, ["--train.max_step=5"])
+
+
+def test_wrong_type_is_an_error():
+    with pytest.raises(UserError, match=r"'train\.micro_batch' must be int, got '2\.5'"):
+        load_config(None, ["--train.micro_batch=2.5"])
+    with pytest.raises(UserError, match="must be bool"):
+        load_config(None, ["--train.compile=maybe"])
+
+
+def test_invalid_values_are_errors():
+    with pytest.raises(UserError, match="ckpt.keep must be >= 2"):
+        load_config(None, ["--ckpt.keep=1"])
+    with pytest.raises(UserError, match="divisible by model.n_kv_head"):
+        load_config(None, ["--model.n_head=4", "--model.n_kv_head=3"])
+
+
+def test_resolved_config_round_trips_through_toml(tmp_path: Path):
+    cfg = load_config(None, ["--optim.lr=1e-3", "--model.arch=gpt2", "--data.dir=some/dir"])
+    save_config(cfg, tmp_path / "config.toml")
+    again = load_config(tmp_path / "config.toml")
+    assert again == cfg and config_hash(again) == config_hash(cfg)
+
+
+def test_hash_ignores_only_stop_resume_and_run_dir_keys():
+    base = load_config(None, [])
+    assert config_hash(base) == config_hash(
+        load_config(None, ["--train.stop_at_step=20", "--train.resume=never", "--run.dir=moved/elsewhere"])
+    )
+    assert config_hash(base) != config_hash(load_config(None, ["--optim.lr=1e-2"]))
+
+
+# --- discoverable config: each key's help in its field's metadata ---
+
+
+def test_every_key_has_help():
+    helps = key_help()
+    assert list(helps) == list(all_keys()) and "init.from" in helps
+    assert all(isinstance(h, str) and h.strip() for h in helps.values())
+
+
+def test_config_text_with_help_parses_back_to_the_same_config(tmp_path: Path):
+    cfg = load_config(
+        "configs/tiny-cpu.toml", ["--optim.lr=1e-3", "--init.from=hf:x", "--train.compile=true"]
+    )
+    text = config_text_with_help(cfg)
+    assert all(f"# {h}" in text for h in key_help().values())
+    assert tomllib.loads(text)["optim"]["lr"] == 1e-3
+    (tmp_path / "c.toml").write_text(text)
+    assert load_config(tmp_path / "c.toml") == cfg
+
+
+def test_keys_reference_lists_every_key_with_type_default_and_help():
+    text = keys_reference()
+    assert "--optim.lr  (float, default 0.0003)" in text and "peak learning rate" in text
+    assert all(f"--{key} " in text for key in all_keys())
+
+
+def test_bare_boolean_flag_means_true():
+    assert parse_overrides(["--train.compile"]) == [("train.compile", "true")]
+    assert parse_overrides(["--train.compile", "--log.sequences", "off"]) == [
+        ("train.compile", "true"),
+        ("log.sequences", "off"),
+    ]
+    assert load_config(None, ["--train.compile", "--optim.lr=1"]).train.compile is True
+    assert load_config(None, ["--train.compile", "false"]).train.compile is False
+    with pytest.raises(UserError, match=r"'--train\.max_steps' needs a value"):
+        load_config(None, ["--train.max_steps"])
+
+
+def test_hyphens_and_underscores_are_the_same_in_keys(tmp_path: Path):
+    assert load_config(None, ["--train.max-steps=5"]).train.max_steps == 5
+    (tmp_path / "c.toml").write_text("[train]\nmax-steps = 7\n")
+    assert load_config(tmp_path / "c.toml").train.max_steps == 7
+
+
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        ("optim.learning_rate", ["optim.lr"]),
+        ("train.batch_size", ["train.micro_batch", "train.global_batch"]),
+        ("model.hidden_size", ["model.d_model"]),
+        ("model.num_layers", ["model.n_layer"]),
+        ("train.steps", ["train.max_steps"]),
+        ("train.lr", ["optim.lr"]),
+        ("optim.warmup", ["optim.warmup_steps"]),
+        ("optim.lrr", ["optim.lr"]),
+    ],
+)
+def test_unknown_keys_suggest_by_words_and_letters(typed: str, meant: list[str]):
+    with pytest.raises(UserError) as e:
+        load_config(None, [f"--{typed}=1"])
+    message = str(e.value)
+    assert message.startswith(f"command line: unknown config key '{typed}'; did you mean '{meant[0]}' (")
+    assert all(f"'{k}' (" in message for k in meant) and "\n" not in message
+
+
+def test_unknown_key_far_from_any_lists_sections_or_the_sections_keys():
+    with pytest.raises(UserError, match=r"unknown config key 'foo\.bar'; valid sections: model, init, data"):
+        load_config(None, ["--foo.bar=1"])
+    with pytest.raises(
+        UserError, match=r"unknown config key 'model\.xyz'; keys of \[model\]: arch, vocab_size"
+    ):
+        load_config(None, ["--model.xyz=1"])
+
+
+# --- `pretrainer config`, `train --help`, and the command line's bare flags ---
+
+
+def test_config_verb_prints_commented_toml_with_overrides(capsys):
+    assert main(["config", "configs/tiny-cpu.toml", "--optim.lr", "2e-3", "--train.compile"]) == 0
+    out = capsys.readouterr().out
+    raw = tomllib.loads(out)
+    assert raw["optim"]["lr"] == 2e-3 and raw["train"]["compile"] is True and raw["train"]["max_steps"] == 360
+    assert "# peak learning rate" in out
+
+
+def test_config_verb_takes_the_vocab_from_the_data(capsys, tmp_path: Path):
+    from pretrainer.data.prepare import prepare
+    from pretrainer.data.sources import Corpus
+
+    prepare(
+        Corpus(["stdlib"]), "bpe:300", tmp_path / "data", val_fraction=0.1, seed=0, workers=1, max_docs=40
+    )
+    capsys.readouterr()  # prepare's own report
+    assert main(["config", f"--data.dir={tmp_path / 'data'}"]) == 0
+    assert tomllib.loads(capsys.readouterr().out)["model"]["vocab_size"] == 300
+
+
+def test_config_verb_without_data_dir_notes_it_and_keeps_vocab_0(capsys, tmp_path: Path):
+    assert main(["config", f"--data.dir={tmp_path / 'nope'}"]) == 0
+    captured = capsys.readouterr()
+    assert tomllib.loads(captured.out)["model"]["vocab_size"] == 0 and "note:" in captured.err
+
+
+def test_train_help_lists_every_key_with_its_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert (
+        "--optim.lr  (float, default 0.0003)" in out
+        and "peak learning rate" in out
+        and "pretrainer config" in out
+    )
+    assert all(f"--{key} " in out for key in all_keys())
+
+
+def test_bare_boolean_flag_on_the_command_line(capsys):
+    """Before the positional config path it is a flag, not that path taken as its value."""
+    assert main(["config", "--train.compile", "configs/tiny-cpu.toml", "--mlflow.enabled", "false"]) == 0
+    raw = tomllib.loads(capsys.readouterr().out)
+    assert (
+        raw["train"]["compile"] is True
+        and raw["mlflow"]["enabled"] is False
+        and raw["train"]["max_steps"] == 360
+    )

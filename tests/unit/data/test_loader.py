@@ -1,0 +1,80 @@
+
+from collections import Counter
+import numpy as np
+import pytest
+from pretrainer.core.errors import UserError
+from pretrainer.data.loader import SequenceLoader, validation_batches
+
+
+TOKENS = np.arange(10_001, dtype=np.uint16) % 5000  # 10,001 tokens -> 1000 windows of 10 (+1)
+
+
+def ids_of(loader: SequenceLoader, steps: int) -> list[list[list[int]]]:
+    out = []
+    for _ in range(steps):
+        out.append(loader.step_sequence_ids())
+        loader.next_step()
+    return out
+
+
+def test_windows_are_inputs_and_shifted_targets():
+    loader = SequenceLoader(TOKENS, seq_len=10, micro_batch=4, grad_accum=1, seed=0)
+    [(x, y)] = loader.next_step()
+    assert x.shape == (4, 10) and y.shape == (4, 10)
+    assert (y[:, :-1] == x[:, 1:]).all() and (x[:, 0] % 10 == 0).all()
+
+
+def test_every_window_once_per_epoch_and_order_depends_on_seed():
+    loader = SequenceLoader(TOKENS, seq_len=10, micro_batch=10, grad_accum=2, seed=1)
+    seen = [i for step in ids_of(loader, 50) for micro in step for i in micro]
+    assert sorted(seen) == list(range(1000))
+    assert seen != sorted(seen)
+    second = SequenceLoader(TOKENS, seq_len=10, micro_batch=10, grad_accum=2, seed=2)
+    assert [i for step in ids_of(second, 50) for m in step for i in m] != seen
+    assert Counter(i for step in ids_of(loader, 50) for m in step for i in m) == Counter(
+        range(1000)
+    )  # epoch 2
+
+
+def test_resume_from_state_continues_the_stream_exactly():
+    straight = SequenceLoader(TOKENS, seq_len=10, micro_batch=8, grad_accum=3, seed=5)
+    expected = ids_of(straight, 90)  # crosses the epoch boundary at ~41.7 steps
+    first = SequenceLoader(TOKENS, seq_len=10, micro_batch=8, grad_accum=3, seed=5)
+    part = ids_of(first, 37)
+    resumed = SequenceLoader(TOKENS, seq_len=10, micro_batch=8, grad_accum=3, seed=5)
+    resumed.load_state_dict(first.state_dict())
+    assert part + ids_of(resumed, 53) == expected
+
+
+def test_two_ranks_read_what_one_process_with_grad_accum_reads():
+    single = SequenceLoader(TOKENS, seq_len=10, micro_batch=4, grad_accum=2, world_size=1, rank=0, seed=9)
+    ranks = [
+        SequenceLoader(TOKENS, seq_len=10, micro_batch=4, grad_accum=1, world_size=2, rank=r, seed=9)
+        for r in (0, 1)
+    ]
+    for _ in range(30):
+        one = single.step_sequence_ids()
+        two = [r.step_sequence_ids()[0] for r in ranks]
+        assert one == two
+        for loader in (single, *ranks):
+            loader.next_step()
+
+
+def test_mismatched_state_is_refused_and_small_data_is_an_error():
+    loader = SequenceLoader(TOKENS, seq_len=10, micro_batch=4, grad_accum=1, seed=0)
+    other = SequenceLoader(TOKENS, seq_len=20, micro_batch=4, grad_accum=1, seed=0)
+    with pytest.raises(UserError, match="resume with the same data dir"):
+        other.load_state_dict(loader.state_dict())
+    with pytest.raises(UserError, match="fewer than one step needs"):
+        SequenceLoader(TOKENS[:100], seq_len=10, micro_batch=8, grad_accum=2)
+    with pytest.raises(
+        UserError, match=r"fewer than one step needs \(2 x 1 x 8 ranks\)"
+    ):  # world size larger than the data
+        SequenceLoader(TOKENS[:100], seq_len=10, micro_batch=2, grad_accum=1, world_size=8, rank=3)
+
+
+def test_validation_batches_are_fixed_and_in_order():
+    batches = validation_batches(TOKENS, seq_len=10, micro_batch=4, n_batches=3)
+    assert len(batches) == 3 and batches[0][0][0, 0] == 0 and batches[2][0][-1, 0] == 110
+    with pytest.raises(UserError, match="shorter than one sequence"):
+        validation_batches(TOKENS[:5], seq_len=10, micro_batch=4, n_batches=3)
