@@ -32,9 +32,8 @@ def main() -> None:
     cfg = resolve(load_config(args.config))
     model = Transformer(cfg.model)
     optimizer = build_optimizer(model, cfg.optim, "cpu")
-    for (
-        p
-    ) in model.parameters():  # one step with zero gradients: the AdamW moments exist, as in a real checkpoint
+    # one step with zero gradients: the AdamW moments exist, as in a real checkpoint
+    for p in model.parameters():
         p.grad = torch.zeros_like(p)
     optimizer.step()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

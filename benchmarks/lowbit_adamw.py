@@ -57,9 +57,8 @@ def main() -> None:
             records = read_metrics(run / "metrics.jsonl")
             state = json.loads((latest_checkpoint(run) / "state.json").read_text())
             planned = make_plan(load_config(args.config, overrides), data=open_training_data(args.data, []))
-            speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r][
-                1:
-            ]  # the first interval includes warm-up
+            # the first interval includes warm-up
+            speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r][1:]
             rows.append(
                 {
                     "name": name,

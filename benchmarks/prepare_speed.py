@@ -109,10 +109,11 @@ def raw_tiktoken(path: Path, out: Path, workers: int) -> int:
 
 def pretrainer_prepare(path: Path, out: Path, workers: int) -> int:
     """`pretrainer prepare --corpus PATH --tokenizer gpt2 --workers N`. -> tokens written (both splits)."""
+    # its progress bar
     with (
         contextlib.redirect_stdout(io.StringIO()),
         contextlib.redirect_stderr(io.StringIO()),
-    ):  # its progress bar
+    ):
         manifest = prepare(Corpus([str(path)], txt_docs="blank-lines"), "gpt2", out, workers=workers)
     return sum(split["tokens"] for split in manifest["splits"].values())
 

@@ -111,13 +111,14 @@ SMOKE_SETTINGS = {
     "variants": "config,ac+sdpa-math,sdpa-efficient",
     "micro_batches": "2,4",
 }
+# without --smoke
 SETTINGS = {
     "steps": 50,
     "warmup": 10,
     "repeats": 3,
     "variants": "config",
     "micro_batches": "",
-}  # without --smoke
+}
 
 LOOPS = ("bare loop", "pretrainer", "nanoGPT")
 
@@ -360,9 +361,8 @@ def nanogpt_loop(
             f"output:\n{tail(log)}"
         )
     seconds = sum(times_ms[i] for i in range(warmup, warmup + steps)) / 1000
-    memory = (
-        (usage.ru_maxrss * 1024, "RSS") if device.type == "cpu" else (None, "")
-    )  # its GPU memory is not visible here
+    # its GPU memory is not visible here
+    memory = (usage.ru_maxrss * 1024, "RSS") if device.type == "cpu" else (None, "")
     return steps * tokens_per_step(cfg, 1) / seconds, *memory
 
 
@@ -403,9 +403,8 @@ def backend_problem(backend: SDPBackend, cfg: Config, device: torch.device) -> s
     )
     try:
         with warnings.catch_warnings(), sdpa_kernel(backend):
-            warnings.simplefilter(
-                "ignore"
-            )  # torch explains each missing kernel in a warning; the error says enough
+            # torch explains each missing kernel in a warning; the error says enough
+            warnings.simplefilter("ignore")
             F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
     except RuntimeError as e:
         return f"{backend.name} not available on {device.type} for {dtype} ({str(e).splitlines()[0]})"
@@ -589,9 +588,8 @@ def main() -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.smoke:
-        torch.set_num_threads(
-            1
-        )  # a tiny model gains nothing from threads, and they spin badly on a busy CI machine
+        # a tiny model gains nothing from threads, and they spin badly on a busy CI machine
+        torch.set_num_threads(1)
         overrides = [*SMOKE_OVERRIDES, *overrides]
     overrides = [*overrides, f"--data.dir={args.data}"]
     try:
@@ -621,9 +619,8 @@ def main() -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    warmup = (
-        math.ceil(max(args.warmup, 1) / base.log.every) * base.log.every
-    )  # the trainer's window starts on a logging step
+    # the trainer's window starts on a logging step
+    warmup = math.ceil(max(args.warmup, 1) / base.log.every) * base.log.every
     device = resolve_device(base.train.device)
     hardware = (
         torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"

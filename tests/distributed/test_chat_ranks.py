@@ -46,9 +46,8 @@ def test_masked_mean_over_a_step_is_over_all_counted_targets_and_two_ranks_match
         losses, _ = model(x, y, per_token=True, doc_separator=data.eot_id)
         total, count = total + losses.sum().item(), count + int((y != IGNORE_INDEX).sum())
     local_counts, step_count = loader.last_step_counts
-    assert (
-        len(set(local_counts)) == 2 and step_count == count
-    )  # uneven micro-batches; the loader counts what the loss counts
+    # uneven micro-batches; the loader counts what the loss counts
+    assert len(set(local_counts)) == 2 and step_count == count
     logged = {r["step"]: r for r in read_metrics(single / "metrics.jsonl") if "loss" in r}
     assert logged[1]["loss"] == pytest.approx(total / count, rel=1e-5)
     assert logged[1]["trained_tokens"] == count < logged[1]["tokens"]

@@ -62,9 +62,8 @@ def test_two_ranks_compiled_in_bf16_match_one_process_in_fp32(
     assert "bf16 autocast" in out.stdout and "compiled per block" in out.stdout
     two_ranks = losses(run)
     assert two_ranks.keys() == one_process_fp32.keys() == {2, 4, 6, 8}
-    for (
-        step
-    ) in two_ranks:  # bf16 keeps ~3 significant digits; over 8 steps the losses stay within a few hundredths
+    # bf16 keeps ~3 significant digits; over 8 steps the losses stay within a few hundredths
+    for step in two_ranks:
         assert abs(two_ranks[step] - one_process_fp32[step]) < 5e-2, (
             step,
             two_ranks[step],

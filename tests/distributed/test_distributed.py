@@ -104,9 +104,8 @@ def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_da
         for r in read_metrics(single / "metrics.jsonl")
         if "suite_score" in r
     ]
-    assert read_metrics(run / "probes.jsonl") == read_metrics(
-        single / "probes.jsonl"
-    )  # rank 0 writes, greedy alike
+    # rank 0 writes, greedy alike
+    assert read_metrics(run / "probes.jsonl") == read_metrics(single / "probes.jsonl")
 
 
 def sequences_seen(run: Path) -> Counter:

@@ -110,6 +110,5 @@ def test_launch_is_refused_when_the_plan_exceeds_the_cap(stdlib_data, tmp_path, 
     assert code == 2 and "over budget.cap_usd $1.00" in err and "--budget.allow_over_cap=true" in err
     assert not (tmp_path / "run").exists()
     code, out, err = run_cli("train", *overrides, "--budget.allow_over_cap=true")
-    assert (
-        code == 0 and "budget: projected $" in out
-    )  # allowed; the guard's own estimate (measured step time) is tiny
+    # allowed; the guard's own estimate (measured step time) is tiny
+    assert code == 0 and "budget: projected $" in out

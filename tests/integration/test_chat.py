@@ -118,7 +118,6 @@ def test_a_mixture_of_text_and_chat_resumes_the_identical_stream_and_logs_shares
     ]  # noqa: E731
     assert reads(straight) == reads(stopped)
     last = [r for r in a if "loss" in r][-1]
-    assert (
-        abs(last[f"mix_share/{text_data.parent.name}/{text_data.name}"] - 0.7) < 0.05
-    )  # 96 sequences; the 1,000-sequence bound is above
+    # 96 sequences; the 1,000-sequence bound is above
+    assert abs(last[f"mix_share/{text_data.parent.name}/{text_data.name}"] - 0.7) < 0.05
     assert last["trained_tokens"] < last["tokens"]

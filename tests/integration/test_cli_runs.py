@@ -40,9 +40,8 @@ def stopped_run(tmp_path_factory, stdlib_data):
         assert main(["train", *overrides]) == 0
     finally:
         os.chdir(cwd)
-    assert (
-        sorted(os.listdir(stdlib_data)) == data_files
-    )  # problem 6: no cache written into the input data dir
+    # problem 6: no cache written into the input data dir
+    assert sorted(os.listdir(stdlib_data)) == data_files
     return base / "runs" / "tiny"
 
 
@@ -50,9 +49,8 @@ def test_a_run_dir_is_enough_to_resume_from_anywhere(stopped_run, tmp_path, monk
     """Problem 1: `train --run.dir=R` resumes with R's saved config, no override retyped, from another
     directory."""
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(
-        "train", f"--run.dir={stopped_run}"
-    )  # the first launch's stop_at_step = 3 is not the run's
+    # the first launch's stop_at_step = 3 is not the run's
+    code, out, err = run_cli("train", f"--run.dir={stopped_run}")
     assert code == 0 and "resuming from" in out and "finished at step 6" in out
     assert "warning: optim.warmup_steps = 50 > train.max_steps = 6: the LR never reaches" in out  # problem 3
     saved = load_config(stopped_run / "config.toml")
@@ -68,9 +66,8 @@ def test_resume_reports_only_real_changes_and_refuses_a_new_model_with_the_old_v
 ):
     code, out, _ = run_cli("train", f"--run.dir={stopped_run}", "--optim.lr=0.001")
     assert code == 0 and "changed config keys: optim.lr: 0.003 -> 0.001" in out
-    assert (
-        "data.dir" not in out.split("changed config keys")[1].splitlines()[0]
-    )  # relative then, absolute now: the same dir
+    # relative then, absolute now: the same dir
+    assert "data.dir" not in out.split("changed config keys")[1].splitlines()[0]
     overrides = tiny_overrides(
         stdlib_data, stopped_run, **{"train.max_steps": 6, "model.n_head": 2, "model.n_kv_head": 1}
     )
@@ -128,9 +125,8 @@ def test_saved_configs_are_completed_by_overrides_then_checked(stopped_run, tmp_
     save_config(
         load_config(None, ["--budget.usd_per_gpu_hour=2", "--train.stop_at_step=5"]), run / "config.toml"
     )
-    cfg = load_train_config(
-        None, [f"--run.dir={run}", "--budget.cap_usd=50"]
-    )  # the defaults have no price: invalid alone
+    # the defaults have no price: invalid alone
+    cfg = load_train_config(None, [f"--run.dir={run}", "--budget.cap_usd=50"])
     assert (cfg.budget.cap_usd, cfg.budget.usd_per_gpu_hour, cfg.train.stop_at_step) == (50, 2, 0)
     checkpoint = sorted((stopped_run / "checkpoints").iterdir())[0]
     cfg = load_train_config(None, [f"--run.dir={tmp_path / 'branch'}", f"--train.resume={checkpoint}"])

@@ -79,9 +79,8 @@ def test_watchdog_diagnoses_and_stops(stdlib_data, tmp_path, run_cli):
     assert "tokens/s < train.min_tokens_per_s" in line and "compile off" in line and "attention " in line
     assert "data wait" in line and "host syncs per step n/a" in line  # counted for the watchdog on CUDA only
     assert json.loads((run / "exit.json").read_text())["reason"] == "throughput_stop"
-    assert (
-        run / "checkpoints" / "step-0000006" / "COMPLETE"
-    ).is_file()  # stopped at the check, with a checkpoint
+    # stopped at the check, with a checkpoint
+    assert (run / "checkpoints" / "step-0000006" / "COMPLETE").is_file()
     records = read_metrics(run / "metrics.jsonl")
     assert all("data_wait_fraction" in r for r in records if "loss" in r)
 

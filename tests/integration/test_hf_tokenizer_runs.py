@@ -74,9 +74,8 @@ def test_an_hf_tokenizer_prepares_trains_samples_and_exports(source, tmp_path, c
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == original  # unchanged
     exported = AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "def function_7(x):"
-    assert exported.encode(text) == bos + tok.encode(
-        text
-    )  # transformers' default is what the model was trained on
+    # transformers' default is what the model was trained on
+    assert exported.encode(text) == bos + tok.encode(text)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["bos_token_id"], config["eos_token_id"]) == ((bos or [tok.eot_id])[0], tok.eot_id)
 

@@ -29,9 +29,8 @@ def test_mlflow_store_in_the_run_dir_lists_the_run_and_its_metrics(stdlib_data, 
     )
     out, err = capfd.readouterr()  # mlflow's INFO lines (creating its database) stay out of the run's output
     assert "INFO" not in out + err and "step 2/2 | loss" in out
-    train(
-        tiny_config(stdlib_data, run, **{"train.max_steps": 4, "mlflow.enabled": True})
-    )  # resumes the same mlflow run
+    # resumes the same mlflow run
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 4, "mlflow.enabled": True}))
     client = MlflowClient(tracking_uri=f"sqlite:///{run.resolve() / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("pretrainer").experiment_id])
     assert len(runs) == 1 and runs[0].info.run_id == (run / "mlflow-run-id.txt").read_text().strip()

@@ -66,14 +66,12 @@ def test_serve_cost_tables_memory_and_quality_on_cpu(tiny_run, run_cli):
 
     fp32, int8, int4 = by_name["fp32"], by_name["int8"], by_name["int4"]
     q8 = int8["weights"]["quantised"]
-    assert (
-        q8["layers"] == 14 and q8["bytes"] <= 0.30 * q8["fp32_bytes"]
-    )  # 2 layers x (q, k, v, o, gate, up, down)
+    # 2 layers x (q, k, v, o, gate, up, down)
+    assert q8["layers"] == 14 and q8["bytes"] <= 0.30 * q8["fp32_bytes"]
     assert int4["weights"]["quantised"]["bytes"] < q8["bytes"]  # packed two to a byte
     assert fp32["weights"]["ratio_to_fp32"] == 1.0
-    assert (
-        q8["ratio_to_fp32"] < int8["weights"]["ratio_to_fp32"] < 1.0
-    )  # the embedding stays fp32: the whole model shrinks less
+    # the embedding stays fp32: the whole model shrinks less
+    assert q8["ratio_to_fp32"] < int8["weights"]["ratio_to_fp32"] < 1.0
     unquantised = {g["what"]: g for g in int8["weights"]["unquantised"]}
     assert unquantised["token embedding (= lm_head, tied)"]["dtype"] == "float32"
     assert "token embedding" in table and "int8 per output row" in table

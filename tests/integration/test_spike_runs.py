@@ -39,13 +39,14 @@ def test_rare_token_drill_is_detected_classified_and_recovers(stdlib_data, tmp_p
     run = tmp_path / "run"
     train(drill(stdlib_data, run, **{"spike.inject_kind": "rare"}))
     records = read_metrics(run / "metrics.jsonl")
+    # logged explicitly
     assert [r["step"] for r in records if r.get("spike_injected")] == [
         40,
         41,
         42,
         43,
         44,
-    ]  # logged explicitly
+    ]
     assert N <= spikes(run)[0] <= N + 2
     code, out, _ = run_cli("postmortem", run)
     assert code == 0 and "step 40: rare-token gradient" in out
@@ -140,12 +141,10 @@ def test_rollback_ends_close_to_an_uninjected_run(kind, flagged, clean_run, stdl
     )
     records = read_metrics(rolled / "metrics.jsonl")
     rollback = [r for r in records if r.get("rollback")]
-    assert (
-        rollback and rollback[0]["step"] == flagged and rollback[0]["to_step"] == 30
-    )  # from before the onset
-    assert not [
-        r for r in records if r.get("spike_injected") and r["step"] > flagged
-    ]  # the bad window was skipped
+    # from before the onset
+    assert rollback and rollback[0]["step"] == flagged and rollback[0]["to_step"] == 30
+    # the bad window was skipped
+    assert not [r for r in records if r.get("spike_injected") and r["step"] > flagged]
     assert abs(final_val(rolled) - final_val(clean_run)) < 0.1, (final_val(rolled), final_val(clean_run))
     write_postmortem(rolled)
     text = (rolled / "spike-postmortem.md").read_text()
@@ -201,10 +200,11 @@ def test_postmortem_figures_are_real_plots(stdlib_data, tmp_path):
     write_postmortem(run)
     image = mpimg.imread(run / "spike-1.png")[..., :3]
     assert image.shape[1] > 1000
+    # C0, C3
     loss_line, flagged_batch = (
         np.array([0x1F, 0x77, 0xB4]) / 255,
         np.array([0xD6, 0x27, 0x28]) / 255,
-    )  # C0, C3
+    )
     for colour in (loss_line, flagged_batch):
         assert (np.abs(image - colour).max(axis=-1) < 0.05).sum() > 200
 
@@ -279,9 +279,8 @@ def test_rollback_lr_window_survives_an_interruption(stdlib_data, tmp_path):
 
     cfg = drill(stdlib_data, straight, **settings)
     lrs = last_of(straight, "lr")
-    assert all(
-        lrs[s] == pytest.approx(0.3 * lr_at(s - 1, cfg.optim, 80)) for s in range(46, 56)
-    )  # inside the window
+    # inside the window
+    assert all(lrs[s] == pytest.approx(0.3 * lr_at(s - 1, cfg.optim, 80)) for s in range(46, 56))
     assert all(lrs[s] == pytest.approx(lr_at(s - 1, cfg.optim, 80)) for s in range(56, 81))  # after it
     assert last_of(split, "lr") == lrs
     assert last_of(split, "loss") == last_of(straight, "loss")  # identical floats at every step

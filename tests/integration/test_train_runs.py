@@ -74,11 +74,12 @@ def test_checkpoint_weights_reload_and_resave_byte_identically(stdlib_data, tmp_
         subprocess.Popen([sys.executable, "-c", script, path, tmp_path / f"other{i}.safetensors"])
         for i in range(3)
     ]
+    # three processes at once: torch's import dominates
     assert [proc.wait(timeout=120) for proc in procs] == [
         0,
         0,
         0,
-    ]  # three processes at once: torch's import dominates
+    ]
     for i in range(3):
         assert (tmp_path / f"other{i}.safetensors").read_bytes() == path.read_bytes()
 
@@ -158,9 +159,8 @@ def test_sample_cli_is_deterministic_and_greedy_matches_the_model(stdlib_data, t
 
 
 def test_missing_data_dir_and_unknown_key_are_one_line_errors(tmp_path, run_cli):
-    result = run_subprocess(
-        "train", *tiny_overrides(tmp_path / "nope", tmp_path / "run")
-    )  # the whole process's stderr
+    # the whole process's stderr
+    result = run_subprocess("train", *tiny_overrides(tmp_path / "nope", tmp_path / "run"))
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "nope: data dir not found; run `pretrainer prepare" in result.stderr
     code, _, err = run_cli("train", "--optim.lrr=1")

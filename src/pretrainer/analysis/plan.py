@@ -156,9 +156,8 @@ def make_plan(
     with torch.device("meta"):
         model = Transformer(cfg.model)
         counts, matmul_params = count_parameters(model), matmul_parameter_count(model)
-        param_shapes = [
-            tuple(p.shape) for p in model.parameters()
-        ]  # tied weights once, as the optimizer holds them
+        # tied weights once, as the optimizer holds them
+        param_shapes = [tuple(p.shape) for p in model.parameters()]
     flops = flops_per_token(cfg.model, counts["non_embedding"])
     per_token = flops["total"] if flops_convention == "full" else flops_per_token_6n(counts["non_embedding"])
     step_tokens = tokens_per_step(cfg, gpus)

@@ -52,9 +52,8 @@ from pretrainer.core.device import import_torchao, tensor_bytes
 from pretrainer.core.errors import UserError
 
 VARIANTS = ("fp32", "bf16", "int8", "int4")
-DEFAULT_USD_PER_HOUR = (
-    1.0  # when neither --usd-per-hour nor the run's budget.usd_per_gpu_hour says (stated as assumed)
-)
+# when neither --usd-per-hour nor the run's budget.usd_per_gpu_hour says (stated as assumed)
+DEFAULT_USD_PER_HOUR = 1.0
 
 
 @dataclass
@@ -384,9 +383,8 @@ def serve_cost(settings: ServeSettings) -> dict:
         f"${usd_per_hour:g}/hour ({price_source})",
         flush=True,
     )
-    build_model(
-        cfg, run.load_weights, str(run.checkpoint)
-    )  # untimed: every variant's load_s is then a warm-cache load
+    # untimed: every variant's load_s is then a warm-cache load
+    build_model(cfg, run.load_weights, str(run.checkpoint))
     results, baseline, baseline_top1 = [], None, None
     for variant in variants:
         entry = {

@@ -122,9 +122,8 @@ def save_checkpoint(
         # One metadata key only: safetensors writes __metadata__ in hash-map order, so two or more keys
         # can come out in a different order in another process and break byte-identical re-saves.
         save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-        torch.save(
-            state_for_file(optimizer_state), tmp / "optimizer.pt"
-        )  # quantised moments as plain tensors
+        # quantised moments as plain tensors
+        torch.save(state_for_file(optimizer_state), tmp / "optimizer.pt")
         atomic_write_json(tmp / "state.json", trainer_state)
         for name in ("model.safetensors", "optimizer.pt"):
             _fsync_file(tmp / name)

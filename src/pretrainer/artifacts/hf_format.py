@@ -211,9 +211,8 @@ def unsupported(hf: dict) -> list[str]:
                 f"hidden_act '{hf['hidden_act']}' is not supported (the llama MLP is SwiGLU with silu)"
             )
         hidden, heads = hf.get("hidden_size"), hf.get("num_attention_heads")
-        if (
-            hidden and heads and (hf.get("head_dim") or hidden // heads) != hidden // heads
-        ):  # null: the default
+        # null: the default
+        if hidden and heads and (hf.get("head_dim") or hidden // heads) != hidden // heads:
             problems.append(
                 f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported"
             )

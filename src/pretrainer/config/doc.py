@@ -13,9 +13,8 @@ from pretrainer.config.schema import Config, all_keys, flatten, key_help, to_dic
 
 
 def _toml_value(value: Any) -> str:
-    return tomli_w.dumps({"v": value})[
-        len("v = ") :
-    ].strip()  # tomli_w's quoting and number format, for one value
+    # tomli_w's quoting and number format, for one value
+    return tomli_w.dumps({"v": value})[len("v = ") :].strip()
 
 
 def config_text_with_help(cfg: Config) -> str:

@@ -80,9 +80,8 @@ def data_warnings(cfg: Config, data, world_size: int, resumed: dict | None = Non
             f"x {world_size} "
             f"ranks): set train.global_batch to keep the batch when the world size changes"
         )
-    if (
-        resumed_dataset is not None
-    ):  # the tokenizer's and the splits' sha256 (the manifest also holds its creation time)
+    # the tokenizer's and the splits' sha256 (the manifest also holds its creation time)
+    if resumed_dataset is not None:
         now = data.provenance()
         changed = [
             name for name in ("tokenizer", "splits", "mixture") if resumed_dataset.get(name) != now.get(name)

@@ -157,12 +157,10 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
     different model is refused, naming each key with the value the checkpoint was trained with, and
     `resume_command`, which continues with the saved config."""
     saved_cfg = absolute_paths(from_dict(saved, f"{where}/state.json"))  # older runs saved relative paths
-    saved_cfg.model.d_ff = resolve_d_ff(
-        saved_cfg.model
-    )  # checkpoints written before d_ff was resolved hold 0
-    if (
-        saved_cfg.data.packing == "auto"
-    ):  # checkpoints written before data.packing existed: they packed by concatenation
+    # checkpoints written before d_ff was resolved hold 0
+    saved_cfg.model.d_ff = resolve_d_ff(saved_cfg.model)
+    # checkpoints written before data.packing existed: they packed by concatenation
+    if saved_cfg.data.packing == "auto":
         saved_cfg.data.packing = "concat"
     old, new = flatten(saved_cfg), flatten(cfg)
     changed = diff_keys(saved_cfg, cfg)

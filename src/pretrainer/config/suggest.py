@@ -123,9 +123,8 @@ def _score(key: str, candidate: str, help: str) -> tuple[float, bool]:
     section, _, name = key.partition(".") if "." in key else ("", "", key)
     c_section, _, c_name = candidate.partition(".")
     typed = expand(name)
-    c_words = {_singular(w) for w in words(c_name) if len(w) > 1} or {
-        c_name
-    }  # 'n' of n_head is not a word to match
+    # 'n' of n_head is not a word to match
+    c_words = {_singular(w) for w in words(c_name) if len(w) > 1} or {c_name}
     name_hits = len(typed & c_words) / len(c_words)  # how much of the candidate's name the typed key explains
     help_hits = min(1.0, len(typed & (_help_words(help) - c_words)) / 2)
     same_section = float(c_section in expand(section)) if section else 0.0

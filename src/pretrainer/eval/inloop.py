@@ -51,9 +51,8 @@ class LoopEvals:
         self.separator = data.eot_id if cfg.data.packing == "document" else None
         self.token_bytes = token_bytes_tensor(data.tokenizer, cfg.model.vocab_size)  # for bits per byte
         self.batch_tokens = micro_batch * seq_len  # what fits a training micro-batch fits a scoring batch
-        on = (
-            cfg.eval.tasks_every > 0
-        )  # a bad task or probes file fails the launch, before the run dir is touched
+        # a bad task or probes file fails the launch, before the run dir is touched
+        on = cfg.eval.tasks_every > 0
         self.tasks = (
             load_tasks(cfg.eval.tasks.split(","), cfg.eval.num_fewshot, cfg.eval.tasks_items) if on else []
         )

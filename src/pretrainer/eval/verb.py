@@ -51,9 +51,8 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, Weigh
     cfg = None
     if target and target.endswith(".toml"):
         cfg = load_config(target, overrides)
-        saved_in_run = Path(
-            target
-        ).parent  # RUN/config.toml: that run's newest checkpoint, wherever it is now
+        # RUN/config.toml: that run's newest checkpoint, wherever it is now
+        saved_in_run = Path(target).parent
         spec = str(saved_in_run) if latest_checkpoint(saved_in_run) else cfg.init.from_ or cfg.run.dir
     else:
         given = load_config(None, overrides, validated=False)
@@ -75,9 +74,8 @@ def eval_config(target: str | None, overrides: list[str]) -> tuple[Config, Weigh
     model_overrides = [
         f"--{key}={value}" for key, value in parse_overrides(overrides) if key.startswith("model.")
     ]
-    cfg.model = with_overrides(
-        Config(model=copy.deepcopy(weights.model)), model_overrides
-    ).model  # the weights' shape
+    # the weights' shape
+    cfg.model = with_overrides(Config(model=copy.deepcopy(weights.model)), model_overrides).model
     return cfg, weights
 
 
@@ -123,9 +121,8 @@ def evaluate_target(
     device = resolve_device(cfg.train.device)
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
     cfg = resolve(cfg, data=data, source=weights.model, source_where=spec)
-    tasks = load_tasks(
-        tasks_to_run(cfg), cfg.eval.num_fewshot, SUITE_ITEMS if limit is None else limit
-    )  # read before the model: a bad name fails fast
+    # read before the model: a bad name fails fast
+    tasks = load_tasks(tasks_to_run(cfg), cfg.eval.num_fewshot, SUITE_ITEMS if limit is None else limit)
     prompts = read_probes(cfg.eval.probes)
     model = build_model(cfg, weights.load, spec).to(device)
     batches = data_validation_batches(data, cfg)

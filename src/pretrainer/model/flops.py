@@ -14,9 +14,8 @@ from pretrainer.config.schema import ModelConfig
 
 
 def flops_per_token(cfg: ModelConfig, non_embedding_params: int) -> dict:
-    output_projection = (
-        cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0
-    )  # untied: already non-embedding
+    # untied: already non-embedding
+    output_projection = cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0
     n_matmul = non_embedding_params + output_projection
     head_dim = cfg.d_model // cfg.n_head
     attention = 12 * cfg.n_layer * cfg.n_head * head_dim * cfg.seq_len

@@ -39,9 +39,8 @@ def _chunked(
     `per_token` (tokens,), if given, receives each target's loss (0 where ignored): evaluation's bits per
     byte."""
     chunk = loss_chunk_tokens(weight.size(0))
-    with torch.autocast(
-        hidden.device.type, enabled=False
-    ):  # the casts are explicit: autocast's dtype, made once
+    # the casts are explicit: autocast's dtype, made once
+    with torch.autocast(hidden.device.type, enabled=False):
         h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
         grad_hidden = torch.empty_like(h) if grads else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads else None
@@ -110,8 +109,7 @@ def linear_cross_entropy(
         with torch.no_grad():
             mean = _chunked(hidden, weight, targets, compute_dtype, grads=False, per_token=losses)[0]
         return mean, losses.view(shape)
-    if not (
-        torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    ):  # evaluation: the loss alone
+    # evaluation: the loss alone
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
         return _chunked(hidden, weight, targets, compute_dtype, grads=False)[0]
     return _LinearCrossEntropy.apply(hidden, weight, targets, compute_dtype)

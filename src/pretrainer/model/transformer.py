@@ -108,9 +108,8 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         gqa = self.n_kv_head != self.n_head  # each kv head serves n_head/n_kv_head query heads
-        if gqa and (
-            start > 0 or not self.native_gqa or attn_mask is not None
-        ):  # masked paths, or no flash: repeat K/V
+        # masked paths, or no flash: repeat K/V
+        if gqa and (start > 0 or not self.native_gqa or attn_mask is not None):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             gqa = False
@@ -193,9 +192,8 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.arch == "gpt2" else None
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.checkpoint_blocks = (
-            False  # activation checkpointing: keep block inputs only, recompute in backward
-        )
+        # activation checkpointing: keep block inputs only, recompute in backward
+        self.checkpoint_blocks = False
         self.norm = _norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:

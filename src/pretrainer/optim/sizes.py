@@ -18,10 +18,11 @@ QMAP_ENTRIES = {8: 256, 4: 16}
 MIN_QUANTISED_NUMEL = 4096
 
 
+# torchao's; by name, so no torchao import here
 QUANTISED_STATE_CLASSES = (
     "OptimState8bit",
     "OptimState4bit",
-)  # torchao's; by name, so no torchao import here
+)
 
 
 def is_quantised(tensor) -> bool:

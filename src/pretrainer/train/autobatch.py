@@ -107,13 +107,11 @@ def find_micro_batch(
             "train.micro_batch = auto is not supported with parallel.strategy = fsdp; set train.micro_batch"
         )
     candidates = [b for b in range(1, per_rank_batch + 1) if per_rank_batch % b == 0]
-    with torch.random.fork_rng(
-        devices=[device] if device.type == "cuda" else []
-    ):  # the run's initialisation is unchanged
+    # the run's initialisation is unchanged
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         found = largest_that_fits(candidates, fits or (lambda b: trial_fits(cfg, b, device, amp_dtype, say)))
-    if (
-        cfg.train.compile
-    ):  # the tries' graphs (a batch dimension made dynamic by several sizes) are not the run's
+    # the tries' graphs (a batch dimension made dynamic by several sizes) are not the run's
+    if cfg.train.compile:
         torch._dynamo.reset()
     if not found:
         raise UserError(

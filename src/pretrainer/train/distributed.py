@@ -66,9 +66,8 @@ def init_distributed(device_name: str, timeout_s: float) -> DistEnv:
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     control_group = None
-    if (
-        world_size > 1 and device.type == "cuda"
-    ):  # flags agreed on the host: no CUDA stream, so no device sync
+    # flags agreed on the host: no CUDA stream, so no device sync
+    if world_size > 1 and device.type == "cuda":
         control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     return DistEnv(rank, world_size, local_rank, device, control_group)
 
@@ -247,7 +246,6 @@ def agree_max(values: list[int], env: DistEnv) -> list[int]:
     if env.world_size == 1:
         return [int(v) for v in values]
     flags = np.asarray(values, dtype=np.int64)
-    dist.all_reduce(
-        torch.from_numpy(flags), op=dist.ReduceOp.MAX, group=env.control_group
-    )  # in place, into `flags`
+    # in place, into `flags`
+    dist.all_reduce(torch.from_numpy(flags), op=dist.ReduceOp.MAX, group=env.control_group)
     return flags.tolist()

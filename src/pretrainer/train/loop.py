@@ -65,9 +65,8 @@ def train(cfg: Config, clock=time.time) -> dict:
     """Train cfg's model on cfg's data in cfg.run.dir, resuming from its newest checkpoint.
     `clock` is the budget guard's (tests pass a fake one). -> the final step, tokens and losses."""
     run_dir = Path(cfg.run.dir)
-    env = init_distributed(
-        cfg.train.device, cfg.parallel.timeout_s
-    )  # rank, world size, device (torchrun or not)
+    # rank, world size, device (torchrun or not)
+    env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)
     device, strategy = env.device, cfg.parallel.strategy
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
     signals = StopSignal()
@@ -75,13 +74,11 @@ def train(cfg: Config, clock=time.time) -> dict:
     run_log = sequences = evals = progress = state = failure = start_step = speed = None
     try:
         # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
-        data = open_training_data(
-            cfg.data.dir, cfg.data.mixture
-        )  # a prepared dir, or several mixed by weight
+        # a prepared dir, or several mixed by weight
+        data = open_training_data(cfg.data.dir, cfg.data.mixture)
         amp_dtype = autocast_dtype(cfg.train.dtype, device)
-        cfg, parent = resolve_for_training(
-            cfg, data, env, amp_dtype, say
-        )  # parent: init.from's weights and lineage
+        # parent: init.from's weights and lineage
+        cfg, parent = resolve_for_training(cfg, data, env, amp_dtype, say)
         resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
 
         # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---
@@ -103,12 +100,10 @@ def train(cfg: Config, clock=time.time) -> dict:
             pin_memory=device.type == "cuda",
             weights=weights,
         )
-        separator = (
-            data.eot_id if cfg.data.packing == "document" else None
-        )  # attention stops at each document's end
-        evals = LoopEvals(
-            cfg, data, device, amp_dtype
-        )  # val batches (bits per byte); eval.tasks read and tokenized once
+        # attention stops at each document's end
+        separator = data.eot_id if cfg.data.packing == "document" else None
+        # val batches (bits per byte); eval.tasks read and tokenized once
+        evals = LoopEvals(cfg, data, device, amp_dtype)
 
         # --- what the run will do; refuse a launch the budget cannot pay for ---
         model_flops_per_token = flops_per_token(cfg.model, count_parameters(model)["non_embedding"])["total"]
@@ -116,9 +111,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         max_steps = cfg.train.max_steps
         end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
         start_step, elapsed_before = (resume.state["step"], resume.state["elapsed_s"]) if resume else (0, 0.0)
-        describe(
-            cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say
-        )  # and likely mistakes
+        # and likely mistakes
+        describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say)
         if start_step >= end_step:
             say(f"nothing to do: the run is already at step {start_step}")
             return {"step": start_step, "tokens": resume.state["tokens"] if resume else 0}
@@ -133,9 +127,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         )
 
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
-        run_log = RunLog(
-            cfg, run_dir, start_step if resume else -1, env.is_main, say
-        )  # cut back to the checkpoint's step
+        # cut back to the checkpoint's step
+        run_log = RunLog(cfg, run_dir, start_step if resume else -1, env.is_main, say)
         run_clock = RunClock()
         spikes = SpikeGuard(
             cfg.spike,
@@ -160,12 +153,10 @@ def train(cfg: Config, clock=time.time) -> dict:
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
             state.load_state_dict(resume.state)
-        lineage = (
-            resume.state.get("parent") if resume else parent.lineage if parent else None
-        )  # the weights actually loaded
-        run_info = run_metadata(
-            cfg, env, hardware_info(device, env.world_size), data, lineage
-        )  # state.json: what produced the run
+        # the weights actually loaded
+        lineage = resume.state.get("parent") if resume else parent.lineage if parent else None
+        # state.json: what produced the run
+        run_info = run_metadata(cfg, env, hardware_info(device, env.world_size), data, lineage)
         run_info["optimizer"] = describe_optimizer(optimizer, cfg.optim.name)
 
         def save() -> None:  # a collective: every rank gathers, rank 0 writes
@@ -186,10 +177,11 @@ def train(cfg: Config, clock=time.time) -> dict:
             state.saved_step = state.step
 
         run_clock.start()
+        # step 0's, once per run
         last_loss, last_val = (
             None,
             evals.validate(wrapped, 0, 0) if resume is None else None,
-        )  # step 0's, once per run
+        )
         if cfg.eval.tasks_every and resume is None:
             evals.in_context(wrapped, model, 0, 0)
         progress = tqdm(
@@ -245,9 +237,8 @@ def train(cfg: Config, clock=time.time) -> dict:
             request = stopper.request(state.step, budget_action, signum, slow, speed.watchdog.message)
             if request is not None:  # this batch was not trained on: a resume reads it first
                 stop_run(request, speed, loader, cursor, save if state.saved_step != state.step else None)
-            if (
-                out_of_vocab
-            ):  # ids outside the vocabulary never reach the embedding: an error, or the batch is dropped
+            # ids outside the vocabulary never reach the embedding: an error, or the batch is dropped
+            if out_of_vocab:
                 speed.end_step()
                 spikes.reject(step, cursor)
                 continue
@@ -283,13 +274,13 @@ def train(cfg: Config, clock=time.time) -> dict:
                 sequences.write({"step": step, "ids": [i for micro in loader.last_step_ids for i in micro]})
 
             if logging_step:  # the same steps on every rank: the norms below may be collectives
-                last_loss, last_grad_norm = torch.stack(
-                    [step_loss, grad_norm]
-                ).tolist()  # the host waits for the device: logging steps only
+                # the host waits for the device: logging steps only
+                last_loss, last_grad_norm = torch.stack([step_loss, grad_norm]).tolist()
+                # after the wait: the work is done
                 elapsed, figures = (
                     run_clock.elapsed(),
                     speed.interval(state.tokens),
-                )  # after the wait: the work is done
+                )
                 spikes.flush()  # the flagged steps since the last log
                 record = {
                     "step": step,

@@ -136,9 +136,8 @@ def _probe_attention(
             return func(*args, **(kwargs or {}))
 
     block = model.layers[0]
-    x = torch.zeros(
-        1, seq_len, model.cfg.d_model, device=device, requires_grad=True
-    )  # kernels differ with grad on
+    # kernels differ with grad on
+    x = torch.zeros(1, seq_len, model.cfg.d_model, device=device, requires_grad=True)
     rope = (model.rope_cos, model.rope_sin) if model.cfg.arch == "llama" else None
     with autocast(device, amp_dtype), Record():
         block.attn(block.attn_norm(x), rope, None)

@@ -124,12 +124,10 @@ def build_training_model(
 
     weights = on_rank0(read_weights, env, f"{where}: cannot read the weights")
     model.to(env.device)
-    attention = attention_backend(
-        model, cfg.model.seq_len, env.device, amp_dtype
-    )  # before sharding: on plain tensors
-    model.configure_blocks(
-        cfg.train.activation_checkpointing, cfg.train.compile
-    )  # torchtitan's order: then shard
+    # before sharding: on plain tensors
+    attention = attention_backend(model, cfg.model.seq_len, env.device, amp_dtype)
+    # torchtitan's order: then shard
+    model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)
     wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
     optimizer = build_optimizer(model, cfg.optim, env.device.type, compile_step=cfg.train.compile)
     if resume is not None or parent is not None:  # AdamW moments too when resuming (name-keyed)

@@ -104,9 +104,8 @@ class UnigramStats:
     def __init__(self, counts: np.ndarray):
         self.counts = counts
         self.vocab_size = len(counts)
-        self.log_prob = np.log(
-            (counts + 1) / (counts.sum() + len(counts))
-        )  # add-one smoothing: unseen ids are finite
+        # add-one smoothing: unseen ids are finite
+        self.log_prob = np.log((counts + 1) / (counts.sum() + len(counts)))
         seen = np.flatnonzero(counts > 0)
         order = seen[np.argsort(counts[seen], kind="stable")]  # rarest first
         self.rare_ids = order[: max(1, int(round(RARE_FRACTION * len(seen))))]
@@ -213,9 +212,8 @@ class SpikeMonitor:
         self.max_consecutive = min(max_consecutive, window)  # 0: never re-baseline
         self.values = torch.zeros(2, window, device=device)  # row 0 loss, row 1 grad norm
         self.count = torch.zeros((), dtype=torch.long, device=device)
-        self.required = torch.full(
-            (), min_values, dtype=torch.long, device=device
-        )  # values before detection is on
+        # values before detection is on
+        self.required = torch.full((), min_values, dtype=torch.long, device=device)
         self.position = torch.zeros((), dtype=torch.long, device=device)
         self.recent = torch.zeros(2, window, device=device)  # the current run of flagged (finite) values
         self.consecutive = torch.zeros((), dtype=torch.long, device=device)
@@ -251,9 +249,8 @@ class SpikeMonitor:
         self.values.copy_(torch.where(regime, self.recent, self.values))
         self.count.copy_(torch.where(regime, torch.clamp(self.consecutive, max=self.window), self.count))
         self.position.copy_(torch.where(regime, self.count % self.window, self.position))
-        self.required.copy_(
-            torch.where(regime, self.count, self.required)
-        )  # detection stays on in the new regime
+        # detection stays on in the new regime
+        self.required.copy_(torch.where(regime, self.count, self.required))
         self.consecutive.copy_(torch.where(regime, 0, self.consecutive))
         return Flags(spike=spike, nonfinite=nonfinite, regime=regime)
 
@@ -400,9 +397,8 @@ class SpikeGuard:
         same on every rank, so every rank takes the same decision."""
         flags = self.monitor.update(loss, grad_norm)
         logged = False
-        if self.cfg.action == "rollback" and bool(
-            flags.spike
-        ):  # rollback decides at once: a host sync per step
+        # rollback decides at once: a host sync per step
+        if self.cfg.action == "rollback" and bool(flags.spike):
             self.log(
                 {
                     "step": step,
@@ -416,9 +412,8 @@ class SpikeGuard:
                     **self.batch_forensics(self.batch),
                 }
             )
-            target = broadcast_object(
-                self.rollback_target(step) if self.env.is_main else None, self.env
-            )  # rank 0 decides
+            # rank 0 decides
+            target = broadcast_object(self.rollback_target(step) if self.env.is_main else None, self.env)
             if target is not None:
                 return Verdict(roll_back_to=target)
             logged = True  # no checkpoint to go back to: the update is skipped instead
@@ -518,8 +513,7 @@ class SpikeGuard:
     def load_state_dict(self, state: dict) -> None:
         self.monitor.load_state_dict(state["monitor"])
         self.rollbacks = state["rollbacks"]
-        self.rollback_lr_until = state.get(
-            "rollback_lr_until", -1
-        )  # absent in checkpoints before it was saved
+        # absent in checkpoints before it was saved
+        self.rollback_lr_until = state.get("rollback_lr_until", -1)
         if self.injector is not None:
             self.injector.start_cursor = state["injector_start_cursor"]

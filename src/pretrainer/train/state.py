@@ -43,13 +43,11 @@ class TrainerState:
         self, loader: SequenceLoader, spikes: SpikeGuard, clock: RunClock, spent_usd: Callable[[float], float]
     ):
         self.step, self.tokens, self.trained_tokens = 0, 0, 0
-        self.saved_step = (
-            -1
-        )  # the step of the newest checkpoint this run wrote or restored (not itself saved)
+        # the step of the newest checkpoint this run wrote or restored (not itself saved)
+        self.saved_step = -1
         self.loader, self.spikes, self.clock = loader, spikes, clock
-        self.spent_usd = (
-            spent_usd  # $ spent after a number of seconds (the budget guard's reading or estimate)
-        )
+        # $ spent after a number of seconds (the budget guard's reading or estimate)
+        self.spent_usd = spent_usd
 
     def advance(self, tokens: int, trained_tokens: int) -> None:
         self.step += 1
@@ -71,9 +69,8 @@ class TrainerState:
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.tokens, self.clock.before = state["step"], state["tokens"], state["elapsed_s"]
-        self.trained_tokens = state.get(
-            "trained_tokens", self.tokens
-        )  # older checkpoints: every token was trained
+        # older checkpoints: every token was trained
+        self.trained_tokens = state.get("trained_tokens", self.tokens)
         self.saved_step = self.step
         self.loader.load_state_dict(state["data"])
         set_rng_state(state["rng"])
@@ -84,7 +81,6 @@ class TrainerState:
         """Back to a checkpoint's step, tokens and RNG; the data cursor and the clock go on."""
         self.step, self.tokens = state["step"], state["tokens"]
         self.trained_tokens = state.get("trained_tokens", self.tokens)
-        self.saved_step = (
-            -1
-        )  # the data cursor and spike state move on from the checkpoint's: a stop must save again
+        # the data cursor and spike state move on from the checkpoint's: a stop must save again
+        self.saved_step = -1
         set_rng_state(state["rng"])

@@ -31,9 +31,8 @@ def forward_backward(
     micro-batch k's mean is weighted by count_k x world size / step count (ranks average gradients).
     When every target counts this is 1 / grad_accum for each. -> the step's loss, the same on every rank."""
     local, step_count = counts
-    uniform = (
-        len(set(local)) == 1
-    )  # every micro-batch counts the same targets: mean / grad_accum, as plain pretraining
+    # every micro-batch counts the same targets: mean / grad_accum, as plain pretraining
+    uniform = len(set(local)) == 1
     loss_sum = torch.zeros((), device=env.device)
     for micro_step, (x, y) in enumerate(micro_batches):
         x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)

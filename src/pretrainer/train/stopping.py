@@ -64,9 +64,8 @@ class StopSignal:
         self.signum, self.first_at, self.previous = 0, 0.0, {}
 
     def install(self) -> None:
-        if (
-            threading.current_thread() is threading.main_thread()
-        ):  # signal handlers live in the main thread only
+        # signal handlers live in the main thread only
+        if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.previous[sig] = signal.signal(sig, self._handle)
 
@@ -164,9 +163,8 @@ class Stopper:
             self.hang()  # the drill: this rank stops answering before the agreement
         budget_action = ACTION_CODES["ok"]
         self.polls += 1
-        if (
-            self.guard is not None and self.polls > 1
-        ):  # after a step of this process: its time projects the rest
+        # after a step of this process: its time projects the rest
+        if self.guard is not None and self.polls > 1:
             step_time = (time.time() - self.started) / max(step - self.first_step, 1)
             decision = self.guard.check(elapsed_s, (max_steps - step) * step_time)
             if decision is not None:

@@ -20,8 +20,9 @@ class MlflowLogger:
     def __init__(self, run_dir: Path, uri: str, experiment: str, params: dict[str, object], config_text: str):
         import logging
 
+        # importing mlflow configures its loggers: quieten them after
         from mlflow.tracking import (
-            MlflowClient,  # importing mlflow configures its loggers: quieten them after
+            MlflowClient,
         )
 
         for name in ("mlflow", "alembic"):  # their INFO lines (database migrations) would land mid-output

@@ -182,12 +182,10 @@ def test_memory_estimate_by_hand():
     plan = make_plan(cfg, gpus=4, gpu="h100-sxm")
     m, params = plan["memory_per_gpu_bytes"], 88_942_080
     assert (m["weights"], m["gradients"]) == (4 * params // 4, 4 * params // 4)
-    assert m["optimizer"] == pytest.approx(
-        8 * params / 4, rel=1e-3
-    )  # + a 4-byte step count per tensor, shards rounded up
-    per_layer = (
-        30 * 768 + 4 * 256 + 8 * 2048 + 4 * 12 + 8
-    )  # bytes per token per layer (bf16 activations, fp32 residual)
+    # + a 4-byte step count per tensor, shards rounded up
+    assert m["optimizer"] == pytest.approx(8 * params / 4, rel=1e-3)
+    # bytes per token per layer (bf16 activations, fp32 residual)
+    per_layer = 30 * 768 + 4 * 256 + 8 * 2048 + 4 * 12 + 8
     per_token = 8 * per_layer + 10 * 768 + 12
     assert m["activations"] == 2 * 1024 * per_token
     assert m["loss_gradient"] == 4 * 50257 * 768 and m["ddp_buckets"] == 0

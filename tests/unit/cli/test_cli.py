@@ -48,10 +48,11 @@ def test_warnings_for_likely_mistakes(stdlib_data, tmp_path):
     assert any("fewer than eval.batches x train.micro_batch" in line for line in said)
     same = {"dataset": data.provenance(), "tokens_per_step": 8 * 64, "world_size": 1}
     assert not any("change" in line for line in data_warnings(cfg, data, 1, same))
+    # re-prepared: a new created_utc
     recreated = {
         **same,
         "dataset": {**data.provenance(), "manifest_sha256": "0" * 64},
-    }  # re-prepared: a new created_utc
+    }
     assert not any("changed" in line for line in data_warnings(cfg, data, 1, recreated))
     other_split = {**data.provenance()["splits"], "train": {"sha256": "0" * 64, "tokens": 1, "documents": 1}}
     changed = {**same, "dataset": {**data.provenance(), "splits": other_split}}
@@ -59,9 +60,8 @@ def test_warnings_for_likely_mistakes(stdlib_data, tmp_path):
         "the data changed since the checkpoint (its splits differ" in line
         for line in data_warnings(cfg, data, 1, changed)
     )
-    said = data_warnings(
-        cfg, data, 2, same
-    )  # resumed on two ranks without train.global_batch: twice the batch
+    # resumed on two ranks without train.global_batch: twice the batch
+    said = data_warnings(cfg, data, 2, same)
     assert any(
         "tokens per step change from 512 at the checkpoint (world size 1) to 1,024" in line for line in said
     )

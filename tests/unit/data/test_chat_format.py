@@ -52,9 +52,10 @@ def test_template_mask_and_special_tokens(chat_data, text_data):
     start = ids.index(tok.special_tokens[ASSISTANT_START]) + 1
     assert ids[0] == tok.special_tokens[BOS] and ids[-1] == tok.eot_id
     assert ids[start : start + len(hello) + 1] == hello + [tok.special_tokens[ASSISTANT_END]]
+    # the answer and its end only
     assert [i for i, m in enumerate(mask) if m] == list(
         range(start, start + len(hello) + 1)
-    )  # the answer and its end only
+    )
     assert ids.count(tok.special_tokens[USER_START]) == 1  # typed special-token text stays text
     info = data.manifest["splits"]["train"]
     masks = np.fromfile(chat_data / info["mask_file"], dtype=np.uint8)
@@ -160,13 +161,15 @@ def test_document_packing_equals_each_document_alone(arch):
     for doc in docs:
         doc_losses, _ = model(doc[None, :-1], doc[None, 1:], per_token=True)
         alone.append(doc_losses[0])
+    # each separator's target: ignored
     expected = torch.cat([torch.cat([a, torch.zeros(1)]) for a in alone])[
         : x.size(1)
-    ]  # each separator's target: ignored
+    ]
     assert (losses[0] - expected).abs().max().item() < 1e-5
+    # without document masking the later documents see the earlier ones
     plain, _ = model(
         x, y, per_token=True
-    )  # without document masking the later documents see the earlier ones
+    )
     assert (plain[0] - expected).abs().max().item() > 1e-3
 
 

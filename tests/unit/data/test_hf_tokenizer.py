@@ -262,10 +262,11 @@ def test_the_files_truncation_and_padding_are_off_and_an_ordinary_token_cannot_e
     tok = load_hf_tokenizer(f"hf:{directory}")
     expected = plain.encode(DOCS[7], add_special_tokens=False).ids
     assert len(expected) > 3 and tok.encode(DOCS[7]) == expected and tok.encode_batch([DOCS[7]]) == [expected]
+    # the template, not the padding
     assert (tok.eot_name, tok.bos_name) == (
         "<|end_of_text|>",
         "<|begin_of_text|>",
-    )  # the template, not the padding
+    )
     assert tok.data == (directory / "tokenizer.json").read_bytes()
     ordinary = plain.id_to_token(300)
     with pytest.raises(UserError, match=f"--eot-token {re.escape(ordinary)}: not a special token of"):

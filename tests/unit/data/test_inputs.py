@@ -264,9 +264,10 @@ CODE = "".join(f"import m{i}\nx{i} = {i}\ndef f{i}(x):\n    return  x  *  {i}\n\
 PROSE = "".join(
     f"alpha beta gamma {i}\n\nbeta\n \t\u3000mixed\r\nx\n\n\ny {i}\n\tindented\nlast\n" for i in range(300)
 )
+# no blank line
 LOG = "".join(
     f"2026-11-21 12:00:{i % 60:02d} INFO step {i}\n  detail {i}\nwarn\n" for i in range(600)
-)  # no blank line
+)
 
 
 @pytest.mark.parametrize("which", ["gpt2", "bpe"])

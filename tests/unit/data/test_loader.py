@@ -31,9 +31,10 @@ def test_every_window_once_per_epoch_and_order_depends_on_seed():
     assert seen != sorted(seen)
     second = SequenceLoader(TOKENS, seq_len=10, micro_batch=10, grad_accum=2, seed=2)
     assert [i for step in ids_of(second, 50) for m in step for i in m] != seen
+    # epoch 2
     assert Counter(i for step in ids_of(loader, 50) for m in step for i in m) == Counter(
         range(1000)
-    )  # epoch 2
+    )
 
 
 def test_resume_from_state_continues_the_stream_exactly():
@@ -67,9 +68,10 @@ def test_mismatched_state_is_refused_and_small_data_is_an_error():
         other.load_state_dict(loader.state_dict())
     with pytest.raises(UserError, match="fewer than one step needs"):
         SequenceLoader(TOKENS[:100], seq_len=10, micro_batch=8, grad_accum=2)
+    # world size larger than the data
     with pytest.raises(
         UserError, match=r"fewer than one step needs \(2 x 1 x 8 ranks\)"
-    ):  # world size larger than the data
+    ):
         SequenceLoader(TOKENS[:100], seq_len=10, micro_batch=2, grad_accum=1, world_size=8, rank=3)
 
 

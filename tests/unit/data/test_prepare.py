@@ -203,13 +203,15 @@ def test_invalid_utf8_is_replaced_and_counted_by_default(tmp_path: Path):
     _latin1(tmp_path / "docs")
     (tmp_path / "docs" / "ok.txt").write_text("plain ascii document\n")
     out = tmp_path / "out"
+    # seed 19 splits the two
     prepare(
         Corpus([str(tmp_path / "docs")]), "bpe:260", out, val_fraction=0.5, seed=19, workers=1
-    )  # seed 19 splits the two
+    )
     manifest = json.loads((out / "manifest.json").read_text())
+    # (by content: see is_val_document)
     assert manifest["utf8"] == {
         "errors": "replace",
         "replaced_documents": 1,
-    }  # (by content: see is_val_document)
+    }
     texts = split_documents(out, "train") + split_documents(out, "val")
     assert "caf\ufffd cr\ufffdme\n" in texts

@@ -37,9 +37,8 @@ def test_token_bytes_are_the_utf8_bytes_of_exactly_the_scored_text(make_tokenize
     lengths = tok.token_byte_lengths()
     doc_a, doc_b = TEXTS[0], TEXTS[1]
     ids = tok.encode(doc_a) + [tok.eot_id] + tok.encode(doc_b)
-    assert sum(lengths[i] for i in ids) == len(doc_a.encode()) + len(
-        doc_b.encode()
-    )  # the separator has no bytes
+    # the separator has no bytes
+    assert sum(lengths[i] for i in ids) == len(doc_a.encode()) + len(doc_b.encode())
     pieces = [tok.encoding.decode_single_token_bytes(i) if i != tok.eot_id else b"" for i in ids]
     split_chars = 0
     for start in range(0, len(ids), 7):  # spans cut anywhere: mid-document, mid-character

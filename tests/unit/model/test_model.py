@@ -123,9 +123,8 @@ def test_fused_chunked_loss_matches_cross_entropy_of_full_logits(dtype, monkeypa
 
     from pretrainer.model import loss as fused
 
-    monkeypatch.setattr(
-        fused, "LOSS_CHUNK_ELEMENTS", 7 * 50
-    )  # 7 tokens per chunk at vocab 50: 5 chunks of 32 tokens
+    # 7 tokens per chunk at vocab 50: 5 chunks of 32 tokens
+    monkeypatch.setattr(fused, "LOSS_CHUNK_ELEMENTS", 7 * 50)
     torch.manual_seed(0)
     hidden = torch.randn(2, 16, 24, requires_grad=True)
     weight = (0.3 * torch.randn(50, 24)).requires_grad_()
@@ -145,8 +144,7 @@ def test_fused_chunked_loss_matches_cross_entropy_of_full_logits(dtype, monkeypa
         assert g.dtype == e.dtype
         torch.testing.assert_close(g, 2.0 * e, **tolerance)
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-        evaluated = fused.linear_cross_entropy(
-            hidden, weight, targets
-        )  # evaluation: the same loss, no gradient work
+        # evaluation: the same loss, no gradient work
+        evaluated = fused.linear_cross_entropy(hidden, weight, targets)
     assert evaluated.grad_fn is None
     torch.testing.assert_close(evaluated, got.detach(), rtol=1e-6, atol=1e-6)

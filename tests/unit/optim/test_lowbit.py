@@ -69,16 +69,13 @@ def test_found_inf_skips_the_whole_update_and_state_round_trips_through_a_file(n
     torch.save(saved, tmp_path / "optimizer.pt")
     step(1.0)  # flagged: nothing may change, not even the step count
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    on_file = torch.load(
-        tmp_path / "optimizer.pt", weights_only=True
-    )  # plain tensors only: no pickled classes
-    assert same(
-        on_file, state_for_file(optimizer.state_dict())
-    )  # every code, scale, table, fp32 moment, step and lr
+    # plain tensors only: no pickled classes
+    on_file = torch.load(tmp_path / "optimizer.pt", weights_only=True)
+    # every code, scale, table, fp32 moment, step and lr
+    assert same(on_file, state_for_file(optimizer.state_dict()))
     loaded = state_from_file(on_file)
-    assert (
-        sum(is_quantised(v) for s in loaded["state"].values() for v in s.values()) >= 2
-    )  # rebuilt as torchao's moments
+    # rebuilt as torchao's moments
+    assert sum(is_quantised(v) for s in loaded["state"].values() for v in s.values()) >= 2
     assert same(state_for_file(loaded), on_file)
     step(0.0)
     assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -87,9 +84,8 @@ def test_found_inf_skips_the_whole_update_and_state_round_trips_through_a_file(n
 def test_without_torchao_the_error_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.optim", None)
     monkeypatch.delitem(sys.modules, "pretrainer.optim.lowbit", raising=False)
-    monkeypatch.delattr(
-        pretrainer.optim, "lowbit", raising=False
-    )  # else `from pretrainer.optim import lowbit` finds it
+    # else `from pretrainer.optim import lowbit` finds it
+    monkeypatch.delattr(pretrainer.optim, "lowbit", raising=False)
     cfg = load_config(None, ["--model.vocab_size=256", "--optim.name=adamw8bit"])
     with pytest.raises(UserError, match=r"pip install 'pretrainer\[lowbit\]'"):
         build_optimizer(Transformer(cfg.model), cfg.optim, "cpu")

@@ -67,9 +67,8 @@ def test_micro_batch_auto_under_a_simulated_memory_limit(stdlib_data, tmp_path, 
 
     def tracked(model_cfg):
         model = real_transformer(model_cfg)
-        model.register_forward_pre_hook(
-            lambda *_: saved.update(bytes=0)
-        )  # each step starts with nothing saved
+        # each step starts with nothing saved
+        model.register_forward_pre_hook(lambda *_: saved.update(bytes=0))
         built.append(weakref.ref(model))
         return model
 

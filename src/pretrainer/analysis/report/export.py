@@ -63,11 +63,12 @@ def weights_round_trip(path: Path, scratch: Path) -> dict:
     return {"file": path.name, "sha256": sha256_file(path), "reload_resave_byte_identical": identical}
 
 
+# as older metrics.jsonl wrote them
 NON_FINITE = {
     "nan": float("nan"),
     "inf": float("inf"),
     "-inf": float("-inf"),
-}  # as older metrics.jsonl wrote them
+}
 
 
 def number(value) -> float | None:
@@ -215,9 +216,8 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
             ("suite_score", "suite score (mean centered accuracy)"),
         )
     ]
-    panels = [
-        panel for panel in panels if panel[2][0]
-    ]  # runs from before bits per byte, or without tasks, have fewer
+    # runs from before bits per byte, or without tasks, have fewer
+    panels = [panel for panel in panels if panel[2][0]]
     if panels:
         fig, axes = plt.subplots(
             len(panels), 1, figsize=(8, 2.6 * len(panels)), dpi=110, sharex=True, squeeze=False
@@ -319,9 +319,8 @@ def export_report(run, out: Path) -> dict:
         probes = read_metrics(run_dir / "probes.jsonl") if (run_dir / "probes.jsonl").is_file() else []
         if probes:
             write_probes_table(probes, tmp / "probes.md")
-        suite_scores = _series(records, "suite_score")[
-            1
-        ]  # the final trajectory's (a rollback's abandoned ones left out)
+        # the final trajectory's (a rollback's abandoned ones left out)
+        suite_scores = _series(records, "suite_score")[1]
         train_losses = [r for r in records if "loss" in r]
         val_losses = [r for r in records if "val_loss" in r]
         config_path = run_dir / "config.toml"

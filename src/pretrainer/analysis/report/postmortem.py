@@ -109,9 +109,8 @@ def classify(event: Event, records: list[dict], cfg) -> None:
         return
     top = max((r.get("top_token_fraction", 0.0) for r in event.spikes), default=0.0)
     shares = [r["top_token_fraction"] for r in before if "top_token_fraction" in r]
-    typical_top = (
-        float(np.median(shares)) if shares else 0.0
-    )  # code: a space token can be ~40% of every batch
+    # code: a space token can be ~40% of every batch
+    typical_top = float(np.median(shares)) if shares else 0.0
     top_threshold = typical_top + (1.0 - typical_top) / 2
     if top >= top_threshold:
         event.classification = "data corruption"

@@ -46,13 +46,14 @@ RESAMPLES = 1000
 MAX_EXPONENT = 3.0  # an exponent beyond this (or <= 0) says the runs showed no power law in that variable
 START_POINTS = 32  # L-BFGS starts taken from the initialisation grid (its best-scoring points)
 BOOTSTRAP_STARTS = 4  # grid starts per bootstrap refit, beside the point fit
+# a law as stored: the prefactors in logs (they overflow otherwise)
 NAMES = (
     "E",
     "log_A",
     "alpha",
     "log_B",
     "beta",
-)  # a law as stored: the prefactors in logs (they overflow otherwise)
+)
 GRID = {
     "e": (-1.0, -0.5, 0.0, 0.5, 1.0),
     "a": (0.0, 5.0, 10.0, 15.0, 20.0, 25.0),
@@ -110,9 +111,8 @@ def choose_form(points: Points, wanted: str = "auto") -> tuple[str, str]:
         raise UserError(f"fit: --form must be auto, nd, n or d, got '{wanted}'")
     if wanted in ("auto", "nd") and sizes >= 2 and budgets >= 2 and n > 5:
         return "nd", ""
-    if (
-        wanted == "auto" and sizes >= 2 and budgets >= 2
-    ):  # D varies: a fixed-D form would be wrong, the full one is short
+    # D varies: a fixed-D form would be wrong, the full one is short
+    if wanted == "auto" and sizes >= 2 and budgets >= 2:
         raise UserError(
             f"fit: {n} runs for the 5 constants of {FORM_TEXT['nd']}: add runs (at least 6, several sizes at "
             f"several token counts), or fit the runs of one token count alone (a CSV with those rows)"

@@ -233,9 +233,8 @@ def with_shape(base: Config, n_layer: int, d_model: int, head_dim: int) -> Confi
     cfg = copy.deepcopy(base)
     m = cfg.model
     heads = d_model // head_dim
-    group = max(
-        1, base.model.n_head // (base.model.n_kv_head or base.model.n_head)
-    )  # the base's heads per KV head
+    # the base's heads per KV head
+    group = max(1, base.model.n_head // (base.model.n_kv_head or base.model.n_head))
     m.n_layer, m.d_model, m.n_head = n_layer, d_model, heads
     m.n_kv_head = heads // group if heads % group == 0 and m.arch == "llama" else 0
     m.d_ff = 0  # the architecture's rule for the new width
@@ -347,9 +346,8 @@ def plan_runs(sweep: SweepConfig, base: Config, sweep_dir: Path) -> list[RunSpec
                         f"per step); at least {MIN_STEPS} are needed: raise its tokens or budget, or drop "
                         f"the size"
                     )
-                fraction = (
-                    steps / base.train.max_steps
-                )  # warmup, eval and checkpoints keep the base's fractions
+                # warmup, eval and checkpoints keep the base's fractions
+                fraction = steps / base.train.max_steps
                 cfg.train.max_steps = steps
                 cfg.optim.warmup_steps = min(steps - 1, round(base.optim.warmup_steps * fraction))
                 cfg.eval.every = max(1, round(base.eval.every * fraction)) if base.eval.every else 0

@@ -439,9 +439,8 @@ def plot_fit(fit: dict, points: F.Points, laws: list[dict], out: Path) -> list[s
     import matplotlib.pyplot as plt
 
     law, written = fit["law"], []
-    asked = [
-        p["params"] for p in fit["predictions"] if isinstance(p.get("params"), float)
-    ]  # curves reach the predictions
+    # curves reach the predictions
+    asked = [p["params"] for p in fit["predictions"] if isinstance(p.get("params"), float)]
     grid = np.geomspace(points.params.min() / 2, max([points.params.max() * 2, *asked]), 100)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     token_counts = np.unique(points.tokens)
