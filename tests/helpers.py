@@ -7,10 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from pretrainer.config.load import load_config
-from pretrainer.data.loader import open_data_dir
 
 # Distinct documents with varied content, so splits and boundaries can be checked one by one.
 DOCS = [f"def function_{i}(x):\n    # document {i}\n    return x * {i} + {i * i}\n" for i in range(200)]
@@ -58,29 +55,98 @@ def run_subprocess(
     )
 
 
-def torchrun(nproc: int, *args, timeout: int = 240) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "pretrainer",
-        "train",
-        *map(str, args),
+def train_ranks(nproc: int, *args, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`pretrainer train ARGS` as `nproc` gloo ranks, each a fork of this process with torchrun's
+    environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and one thread, as torchrun's workers
+    with OMP_NUM_THREADS=1 would run it, minus the start-up: torch and the package are imported
+    already. Where the launcher itself is under test (signals, exit codes), tests start
+    `pretrainer train --nproc` instead. -> the ranks' output (rank 0 prints) and their exit code."""
+    import multiprocessing
+    import socket
+    import tempfile
+
+    import pretrainer.train.loop  # noqa: F401 (imported once here, not in every rank)
+
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(nproc)]
+    context = multiprocessing.get_context("fork")
+    ranks = [
+        context.Process(target=_rank, args=(rank, nproc, port, logs[rank].fileno(), [str(a) for a in args]))
+        for rank in range(nproc)
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout)
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    codes = [process.exitcode for process in ranks]
+    result = subprocess.CompletedProcess(
+        ["train", *map(str, args)], max(codes, key=abs), "".join(outputs), ""
+    )
+    assert codes == [0] * nproc, f"exit codes {codes}\n" + result.stdout[-6000:]
     return result
 
 
-def split_documents(data_dir: Path, split: str) -> list[str]:
-    data = open_data_dir(data_dir)
-    tokens = np.asarray(data.tokens(split))
-    eot = data.tokenizer.eot_id
-    assert tokens[-1] == eot, "every document, including the last, ends with the end-of-text token"
-    bounds = np.flatnonzero(tokens == eot)
-    starts = np.concatenate([[0], bounds[:-1] + 1])
-    return [data.tokenizer.decode(tokens[s:e].tolist()) for s, e in zip(starts, bounds)]
+def _rank(rank: int, world: int, port: int, log_fd: int, args: list[str]) -> None:
+    """One forked rank: torchrun's environment, then `pretrainer train ARGS` (never returns)."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    _train_and_exit(log_fd, args)
+
+
+def fork_train(*args, log: Path):
+    """`pretrainer train ARGS` in a forked child process with one thread, its output in `log`: a
+    real process to signal or kill, without a fresh interpreter's start-up. -> the child
+    (multiprocessing.Process: pid, is_alive(), join(), exitcode)."""
+    import multiprocessing
+
+    import pretrainer.train.loop  # noqa: F401 (imported once here, not in every child)
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    child = multiprocessing.get_context("fork").Process(
+        target=_train_and_exit, args=(fd, [str(a) for a in args])
+    )
+    child.start()
+    os.close(fd)
+    return child
+
+
+def _train_and_exit(log_fd: int, args: list[str]) -> None:
+    """In a forked child: output to `log_fd`, one thread, `pretrainer train ARGS`, exit with its code."""
+    import traceback
+
+    import torch
+
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    code = 1
+    try:
+        from pretrainer.cli.main import main
+
+        code = main(["train", *args])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -16,7 +16,7 @@ from pretrainer.train.loop import train
 
 
 def test_masked_mean_over_a_step_is_over_all_counted_targets_and_two_ranks_match(chat_data, tmp_path):
-    from helpers import torchrun
+    from helpers import train_ranks
 
     steps = {
         "train.max_steps": 3,
@@ -53,7 +53,7 @@ def test_masked_mean_over_a_step_is_over_all_counted_targets_and_two_ranks_match
     assert logged[1]["trained_tokens"] == count < logged[1]["tokens"]
     # 2 gloo ranks x 1 micro-batch read what 1 process x 2 micro-batches reads: the same losses and weights
     two = tmp_path / "two"
-    torchrun(
+    train_ranks(
         2,
         *[
             f"--{k}={v}"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import tiny_overrides
+from helpers import fork_train, tiny_overrides, train_ranks
 from support.cluster_helpers import exit_record, losses
 
 from pretrainer.artifacts.checkpoint import list_checkpoints
@@ -66,22 +66,23 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+def wait_for_step(run: Path, step: int, proc, timeout: float = 120) -> None:
+    """Until the run has logged `step` (proc: a Popen or a forked multiprocessing.Process)."""
+    running = proc.is_alive if hasattr(proc, "is_alive") else lambda: proc.poll() is None
     deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
+    while time.time() < deadline and running():
         records = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
         if any(r.get("step", 0) >= step and "loss" in r for r in records):
             return
         time.sleep(0.05)
-    raise AssertionError(f"{run}: step {step} not reached (process exited {proc.poll()})")
+    raise AssertionError(f"{run}: step {step} not reached (the process ended: {not running()})")
 
 
 @pytest.fixture(scope="module")
 def straight(stdlib_data, tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank run to compare with (forked ranks: the launcher is not under test here)."""
     run = tmp_path_factory.mktemp("straight") / "run"
-    code, out = finish(start(*nproc_args(stdlib_data, run)))
-    assert code == 0, out[-3000:]
-    assert "x 2 ranks" in out and "run ended: finished (exit 0)" in out
+    train_ranks(2, *nproc_args(stdlib_data, run)[3:])
     assert exit_record(run)["reason"] == "finished" and len(losses(run)) == STEPS
     return run
 
@@ -178,23 +179,25 @@ def test_kill_9_at_many_random_points_continues_identically(stdlib_data, tmp_pat
         "eval.every": 20,
         "mlflow.enabled": False,
     }
-    args = lambda run: ["train", *tiny_overrides(stdlib_data, run, **settings)]  # noqa: E731
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    code, out = finish(start(*args(straight)))
-    assert code == 0, out[-2000:]
+    args = lambda run: tiny_overrides(stdlib_data, run, **settings)  # noqa: E731
+    straight, killed, log = tmp_path / "straight", tmp_path / "killed", tmp_path / "train.log"
+    first = fork_train(*args(straight), log=log)
+    first.join(240)
+    assert first.exitcode == 0, log.read_text()[-2000:]
     rng = random.Random(0)
     for target in sorted(rng.sample(range(2, 54), 3)):  # three kills, each once the run is past a random step
-        proc = start(*args(killed))
-        wait_for_step(killed, target, proc)
+        child = fork_train(*args(killed), log=log)
+        wait_for_step(killed, target, child)
         time.sleep(rng.uniform(0.0, 0.05))  # then mid-step, mid-checkpoint, mid-metrics write, ...
-        assert proc.poll() is None, finish(proc)[1][-2000:]
+        assert child.is_alive(), log.read_text()[-2000:]
         logged = max(losses(killed), default=0)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
         resumed = max((int(c.name.split("-")[1]) for c in list_checkpoints(killed)), default=0)
         assert logged - resumed <= settings["ckpt.every"], (logged, resumed)  # lost at most ckpt.every steps
-    code, out = finish(start(*args(killed)))  # the same command, once more, to the end
-    assert code == 0, out[-2000:]
+    last = fork_train(*args(killed), log=log)  # the same command, once more, to the end
+    last.join(240)
+    assert last.exitcode == 0, log.read_text()[-2000:]
     records = read_metrics(killed / "metrics.jsonl")
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == list(range(1, 61))  # no duplicated or missing rows

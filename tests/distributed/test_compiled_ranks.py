@@ -1,35 +1,10 @@
-"""On CPU: no host syncs outside logging steps, compiled and bf16 training that match eager
-fp32, evaluation that does not recompile, the update/param ratio without a copy of the weights, and
-the throughput watchdog. (GPU-only checks skip cleanly without CUDA.)"""
-
-import os
-import subprocess
-import sys
+"""Two gloo ranks, each block compiled, in bf16 autocast (DDP and FSDP2), against one process in fp32."""
 
 import pytest
-from helpers import tiny_config, tiny_overrides
+from helpers import tiny_config, tiny_overrides, train_ranks
 from support.gpu_ready_helpers import losses
 
 from pretrainer.train.loop import train
-
-
-def torchrun(nproc: int, *args, timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "pretrainer",
-        "train",
-        *map(str, args),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
 
 TWO_RANKS = {"train.max_steps": 8, "train.micro_batch": 4, "eval.every": 4, "ckpt.every": 4, "log.every": 2}
 
@@ -50,7 +25,7 @@ def test_two_ranks_compiled_in_bf16_match_one_process_in_fp32(
     (Compiled fp32 against eager fp32 is checked tightly in one process above; no host sync under
     two ranks in tests/test_distributed.py.)"""
     run = tmp_path / "run"
-    out = torchrun(
+    out = train_ranks(
         2,
         *tiny_overrides(
             stdlib_data,

@@ -1,4 +1,5 @@
-"""2-rank CPU training under torchrun with gloo, checked against single-process runs."""
+"""2-rank CPU training with gloo (forked ranks: helpers.train_ranks), checked against single-process runs;
+a collective that one rank never joins times out (under torchrun)."""
 
 import json
 import os
@@ -8,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import tiny_config, tiny_overrides, torchrun
+from helpers import tiny_config, tiny_overrides, train_ranks
 from safetensors.torch import load_file
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
@@ -74,7 +75,7 @@ def single(stdlib_data, tmp_path_factory, in_loop_evals) -> Path:
 def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_data, tmp_path, in_loop_evals):
     run = tmp_path / "run"
     # logging every 4th step, with the host-sync audit on the 3 steps between (none may sync)
-    out = torchrun(
+    out = train_ranks(
         2,
         *tiny_overrides(
             stdlib_data,
@@ -126,7 +127,7 @@ def test_checkpoint_moves_between_strategies_and_world_sizes(first, then, single
         if phase == "single":
             train(tiny_config(stdlib_data, run, **settings(**one_process, **stop)))
         else:
-            torchrun(2, *tiny_overrides(stdlib_data, run, **settings(**two_ranks(phase), **stop)))
+            train_ranks(2, *tiny_overrides(stdlib_data, run, **settings(**two_ranks(phase), **stop)))
     state = json.loads((latest_checkpoint(run) / "state.json").read_text())
     assert state["step"] == STEPS and state["tokens"] == STEPS * 512
     assert_same_run(run, single)

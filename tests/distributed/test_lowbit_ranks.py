@@ -13,7 +13,7 @@ pytest.importorskip("torchao")
 def test_two_rank_ddp_resume_of_adamw8bit_is_bit_exact(stdlib_data, tmp_path):
     """The quantised moments cannot be broadcast as tensors: rank 0 sends their plain parts
     (distributed.py)."""
-    from helpers import torchrun
+    from helpers import train_ranks
 
     settings = {
         "optim.name": "adamw8bit",
@@ -23,9 +23,9 @@ def test_two_rank_ddp_resume_of_adamw8bit_is_bit_exact(stdlib_data, tmp_path):
         "ckpt.every": 4,
         "eval.every": 0,
     }
-    torchrun(2, *tiny_overrides(stdlib_data, tmp_path / "straight", **settings))
-    torchrun(2, *tiny_overrides(stdlib_data, tmp_path / "split", **settings, **{"train.stop_at_step": 4}))
-    torchrun(2, *tiny_overrides(stdlib_data, tmp_path / "split", **settings))
+    train_ranks(2, *tiny_overrides(stdlib_data, tmp_path / "straight", **settings))
+    train_ranks(2, *tiny_overrides(stdlib_data, tmp_path / "split", **settings, **{"train.stop_at_step": 4}))
+    train_ranks(2, *tiny_overrides(stdlib_data, tmp_path / "split", **settings))
     loss = lambda run: {r["step"]: r["loss"] for r in records(run) if "loss" in r}
     assert loss(tmp_path / "split") == loss(tmp_path / "straight") and len(loss(tmp_path / "straight")) == 8
     final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()
