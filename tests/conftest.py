@@ -94,3 +94,11 @@ def chat_data(tmp_path_factory, text_data) -> Path:
     ]
     records += [conversation(q, a) for q, a in sum_items()]
     return prepare_chat(write_jsonl(root / "chat.jsonl", records), root / "data", tokenizer_from=text_data)
+
+
+# A small corpus for the Hugging Face tokenizer tests
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    return path

@@ -1,10 +1,8 @@
 """Helpers shared by the tests split from test_hf_tokenizer.py."""
 
-import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 from helpers import DOCS
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
@@ -42,13 +40,6 @@ def byte_level_bpe(directory: Path, bos: bool = True, vocab_size: int = 400) -> 
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     return directory
-
-
-@pytest.fixture
-def corpus(tmp_path) -> Path:
-    path = tmp_path / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
-    return path
 
 
 def documents_of(data_dir: Path, split: str) -> list[list[int]]:

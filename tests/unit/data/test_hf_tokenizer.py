@@ -25,7 +25,7 @@ from pretrainer.data.tokenizers.chat_format import (
 from pretrainer.data.tokenizers.hf import HFTokenizer, load_hf_tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer
 from pretrainer.train.loop import train
-from support.hf_tokenizer_helpers import TEXTS, byte_level_bpe, corpus, documents_of
+from support.hf_tokenizer_helpers import TEXTS, byte_level_bpe, documents_of
 
 
 
