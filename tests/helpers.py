@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from pretrainer.config.load import load_config
+from pretrainer.data.loader import open_data_dir
 
 # Distinct documents with varied content, so splits and boundaries can be checked one by one.
 DOCS = [f"def function_{i}(x):\n    # document {i}\n    return x * {i} + {i * i}\n" for i in range(200)]
@@ -56,11 +59,20 @@ def run_subprocess(
 
 
 def train_ranks(nproc: int, *args, timeout: int = 240) -> subprocess.CompletedProcess:
-    """`pretrainer train ARGS` as `nproc` gloo ranks, each a fork of this process with torchrun's
-    environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and one thread, as torchrun's workers
-    with OMP_NUM_THREADS=1 would run it, minus the start-up: torch and the package are imported
-    already. Where the launcher itself is under test (signals, exit codes), tests start
-    `pretrainer train --nproc` instead. -> the ranks' output (rank 0 prints) and their exit code."""
+    """`pretrainer train ARGS` as `nproc` gloo ranks (run_in_ranks): what torchrun's workers run with
+    OMP_NUM_THREADS=1, minus their start-up. Where the launcher itself is under test (signals, exit
+    codes), tests start `pretrainer train --nproc` instead. -> the ranks' output; all must exit 0."""
+    result = run_in_ranks(nproc, _cli_train, [str(a) for a in args], timeout=timeout)
+    assert result.returncode == 0, f"exit codes {result.args}\n" + result.stdout[-6000:]
+    return result
+
+
+def run_in_ranks(nproc: int, target, *args, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`target(*args)` in `nproc` processes forked from this one, each with torchrun's environment
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and one thread: real ranks of a gloo group,
+    without a fresh interpreter's start-up (torch and the package are imported already). A rank's
+    exit code is target's return value (None: 0). -> CompletedProcess(args=the ranks' exit codes,
+    returncode=the one furthest from 0, stdout=the ranks' output in rank order)."""
     import multiprocessing
     import socket
     import tempfile
@@ -72,12 +84,18 @@ def train_ranks(nproc: int, *args, timeout: int = 240) -> subprocess.CompletedPr
         port = probe.getsockname()[1]
     logs = [tempfile.TemporaryFile(mode="w+") for _ in range(nproc)]
     context = multiprocessing.get_context("fork")
-    ranks = [
-        context.Process(target=_rank, args=(rank, nproc, port, logs[rank].fileno(), [str(a) for a in args]))
-        for rank in range(nproc)
-    ]
-    for process in ranks:
-        process.start()
+    ranks = []
+    for rank in range(nproc):
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        ranks.append(context.Process(target=_child, args=(logs[rank].fileno(), env, target, args)))
+        ranks[-1].start()
     for process in ranks:
         process.join(timeout)
     for process in ranks:
@@ -90,24 +108,7 @@ def train_ranks(nproc: int, *args, timeout: int = 240) -> subprocess.CompletedPr
         outputs.append(log.read())
         log.close()
     codes = [process.exitcode for process in ranks]
-    result = subprocess.CompletedProcess(
-        ["train", *map(str, args)], max(codes, key=abs), "".join(outputs), ""
-    )
-    assert codes == [0] * nproc, f"exit codes {codes}\n" + result.stdout[-6000:]
-    return result
-
-
-def _rank(rank: int, world: int, port: int, log_fd: int, args: list[str]) -> None:
-    """One forked rank: torchrun's environment, then `pretrainer train ARGS` (never returns)."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    _train_and_exit(log_fd, args)
+    return subprocess.CompletedProcess(codes, max(codes, key=abs), "".join(outputs), "")
 
 
 def fork_train(*args, log: Path):
@@ -119,16 +120,21 @@ def fork_train(*args, log: Path):
     import pretrainer.train.loop  # noqa: F401 (imported once here, not in every child)
 
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    child = multiprocessing.get_context("fork").Process(
-        target=_train_and_exit, args=(fd, [str(a) for a in args])
-    )
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=_child, args=(fd, {}, _cli_train, ([str(a) for a in args],)))
     child.start()
     os.close(fd)
     return child
 
 
-def _train_and_exit(log_fd: int, args: list[str]) -> None:
-    """In a forked child: output to `log_fd`, one thread, `pretrainer train ARGS`, exit with its code."""
+def _cli_train(args: list[str]) -> int:
+    from pretrainer.cli.main import main
+
+    return main(["train", *args])
+
+
+def _child(log_fd: int, env: dict, target, args) -> None:
+    """In a forked child: output to `log_fd`, `env` set, one thread, then exit with target(*args)."""
     import traceback
 
     import torch
@@ -137,16 +143,24 @@ def _train_and_exit(log_fd: int, args: list[str]) -> None:
     os.dup2(log_fd, 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
-    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.update(env, OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     code = 1
     try:
-        from pretrainer.cli.main import main
-
-        code = main(["train", *args])
+        code = target(*args) or 0
     except BaseException:
         traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def split_documents(data_dir: Path, split: str) -> list[str]:
+    data = open_data_dir(data_dir)
+    tokens = np.asarray(data.tokens(split))
+    eot = data.tokenizer.eot_id
+    assert tokens[-1] == eot, "every document, including the last, ends with the end-of-text token"
+    bounds = np.flatnonzero(tokens == eot)
+    starts = np.concatenate([[0], bounds[:-1] + 1])
+    return [data.tokenizer.decode(tokens[s:e].tolist()) for s, e in zip(starts, bounds)]

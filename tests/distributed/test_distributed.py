@@ -2,14 +2,13 @@
 a collective that one rank never joins times out (under torchrun)."""
 
 import json
-import os
-import subprocess
-import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import tiny_config, tiny_overrides, train_ranks
+import torch
+from helpers import run_in_ranks, tiny_config, tiny_overrides, train_ranks
 from safetensors.torch import load_file
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
@@ -135,27 +134,23 @@ def test_checkpoint_moves_between_strategies_and_world_sizes(first, then, single
     assert sum(sequences_seen(run).values()) == STEPS * 8
 
 
-def test_a_rank_dependent_collective_times_out_instead_of_hanging(tmp_path):
-    script = tmp_path / "hang.py"
-    script.write_text(
-        "import time, torch\n"
-        "from pretrainer.train.distributed import init_distributed, is_collective_timeout, "
-        "mean_across_ranks\n"
-        "env = init_distributed('cpu', timeout_s=3)\n"
-        "if env.rank == 0:\n"
-        "    try:\n"
-        "        mean_across_ranks(torch.ones(()), env)  # rank 1 never joins: a deadlock without the "
-        "timeout\n"
-        "    except Exception as e:\n"
-        "        print('TIMEOUT' if is_collective_timeout(e) else repr(e), flush=True)\n"
-        "else:\n"
-        "    time.sleep(6)\n"
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    result = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=90, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
-    assert "TIMEOUT" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+def _collective_rank_1_never_joins() -> int:
+    from pretrainer.train.distributed import init_distributed, is_collective_timeout, mean_across_ranks
+
+    env = init_distributed("cpu", timeout_s=3)
+    if env.rank == 1:
+        time.sleep(6)
+        return 0
+    try:
+        mean_across_ranks(torch.ones(()), env)  # a deadlock without the timeout
+    except Exception as e:
+        print("TIMEOUT" if is_collective_timeout(e) else repr(e), flush=True)
+    return 0
+
+
+def test_a_rank_dependent_collective_times_out_instead_of_hanging():
+    result = run_in_ranks(2, _collective_rank_1_never_joins, timeout=60)
+    assert "TIMEOUT" in result.stdout, result.stdout[-2000:]
 
 
 def test_global_batch_must_divide_by_micro_batch_times_world(stdlib_data, tmp_path):
