@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import io
 import json
-import subprocess
-import sys
 
 from chat_tasks import split_reversal
 from helpers import tiny_config
@@ -31,7 +30,9 @@ def held_out_accuracy(model, tokenizer) -> float:
     return right / len(held_out)
 
 
-def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(text_data, chat_data, tmp_path):
+def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(
+    text_data, chat_data, tmp_path, run_cli, monkeypatch
+):
     from safetensors.torch import load_file
 
     from pretrainer.artifacts.checkpoint import latest_checkpoint
@@ -81,15 +82,10 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(text_dat
     # base rows of the embedding moved on from the base model's; the rows the chat tokens added exist
     assert load_file(run.checkpoint / "model.safetensors")["wte.weight"].shape[0] == chat_tokenizer.vocab_size
 
-    result = subprocess.run(
-        [sys.executable, "-m", "pretrainer", "chat", str(sft), "--max-new-tokens", "20"],
-        input="What is 2+3?\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert len(result.stdout.strip().splitlines()) == 1 and result.stdout.strip()
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is 2+3?\n"))  # piped, not a terminal
+    code, out, err = run_cli("chat", sft, "--max-new-tokens", "20")
+    assert code == 0, err[-2000:]
+    assert len(out.strip().splitlines()) == 1 and out.strip()
 
 
 def test_a_mixture_of_text_and_chat_resumes_the_identical_stream_and_logs_shares(
