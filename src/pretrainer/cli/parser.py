@@ -1,5 +1,5 @@
 """The command line's grammar: every verb's arguments and help (`pretrainer VERB --help`), and the
-joining of `--section.key VALUE` into `--section.key=VALUE`. What each verb does is in cli/main.py."""
+joining of `--section.key VALUE` into `--section.key=VALUE`. What each verb does is in cli/verbs_*.py."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from pretrainer.data.loader import SequenceLoader
 from pretrainer.model import count_parameters
 from pretrainer.optim.adamw import build_optimizer
 from pretrainer.train.autobatch import find_micro_batch
+from pretrainer.train.console import resume_command
 from pretrainer.train.distributed import (
     DistEnv,
     agree_max,
@@ -34,7 +35,6 @@ from pretrainer.train.distributed import (
     on_rank0,
     wrap_model,
 )
-from pretrainer.train.loop import resume_command
 from pretrainer.train.perf import attention_backend
 from pretrainer.train.spikes import UnigramStats, unigram_counts
 

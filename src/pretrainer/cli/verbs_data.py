@@ -1,0 +1,41 @@
+"""The data verbs: `prepare` (corpus -> tokenizer -> token files + manifest) and `fetch-gpt2`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+
+def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
+    from pretrainer.data.prepare import prepare
+    from pretrainer.data.sources import Corpus
+
+    corpus = Corpus(
+        args.corpus,
+        txt_docs=args.txt_docs,
+        utf8_errors=args.utf8_errors,
+        column="messages" if args.format == "chat" else "text",
+        on_bad=args.on_bad,
+    )
+    prepare(
+        corpus,
+        args.tokenizer,
+        Path(args.out),
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        workers=args.workers,
+        max_docs=args.max_docs,
+        force=args.force,
+        command="pretrainer " + shlex.join(argv),
+        fmt=args.format,
+        tokenizer_from=args.tokenizer_from or "",
+        eot_token=args.eot_token,
+    )
+
+
+def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
+    from pretrainer.data.tokenizers.bpe import fetch_gpt2_ranks
+
+    path = fetch_gpt2_ranks(Path(args.dest) if args.dest else None)
+    print(f"GPT-2 ranks ready at {path} (sha256 verified)")

@@ -1,0 +1,137 @@
+"""The verbs that use a trained model: `eval`, `sample`, `chat`, `export`, `serve-cost`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pretrainer.cli.output import print_to_stdout
+from pretrainer.core.errors import (
+    UserError,
+)
+
+
+def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
+    from pretrainer.eval.verb import evaluate_target
+
+    # the flags are shorthands for config keys (one source of truth), given before any explicit override
+    shorthands = ([f"--eval.tasks={args.tasks}"] if args.tasks is not None else []) + (
+        [f"--eval.num_fewshot={args.num_fewshot}"] if args.num_fewshot is not None else []
+    )
+    evaluate_target(args.target, shorthands + overrides, args.out, args.limit)
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from pretrainer.analysis.report.export import export_report, export_weights
+    from pretrainer.artifacts.runs import open_run
+
+    run = open_run(args.run)
+    default_out = {
+        "report": run.run_dir / "report",
+        "hf": run.run_dir / "hf",
+        "safetensors": run.run_dir / "model.safetensors",
+    }
+    out = Path(args.out) if args.out else default_out[args.format]
+    if out.exists() and not args.force:
+        raise UserError(
+            f"{out}: already exists; pass --force to replace it (only once the new export is complete), "
+            f"or --out elsewhere"
+        )
+    if args.format == "report":
+        manifest = export_report(run, out)
+        check = (
+            "reloads byte-identically"
+            if manifest["final_weights"]["reload_resave_byte_identical"]
+            else "CHANGED on reload"
+        )
+        tables = [manifest["probes_table"]] if manifest["probes_table"] else []
+        print(
+            f"report: {out}/ (manifest.json, metrics.csv, {', '.join(manifest['plots'] + tables)}, "
+            f"final.safetensors: {check})"
+        )
+        return
+    if args.format == "hf":
+        from pretrainer.artifacts import hf_format as hf
+
+        hf.export_hf(run.cfg.model, run.load_weights(), run.tokenizer(), out, args.dtype)
+    else:
+        export_weights(run, out, args.dtype)
+    print(f"exported {run.checkpoint} (step {run.step}) as {args.format} ({args.dtype}) to {out}")
+
+
+def cmd_sample(args: argparse.Namespace) -> None:
+    import torch
+
+    from pretrainer.model.generate import generate
+
+    run, model, device = model_for_generation(args)
+    tokenizer = run.tokenizer()
+
+    # documents start after an end-of-text, or with the tokenizer's BOS where the data has one (hf:
+    # tokenizers)
+    prefix = [tokenizer.bos_id] if tokenizer.bos_id is not None else [] if args.prompt else [tokenizer.eot_id]
+    prompt_ids = prefix + tokenizer.encode(args.prompt)
+    prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator)
+    print(
+        f"# {run.checkpoint} (step {run.step}), temperature {args.temperature}, top-k {args.top_k}, seed "
+        f"{args.seed}"
+    )
+    for i, row in enumerate(out.tolist()):
+        text = tokenizer.decode(row[len(prefix) :]).replace(tokenizer.eot_name, f"\n{tokenizer.eot_name}\n")
+        print(f"--- sample {i + 1} ---\n{text}")
+
+
+def model_for_generation(args: argparse.Namespace):
+    """sample and chat: -> (the run, its newest intact checkpoint's model in eval mode on --device, the
+    device)."""
+    from pretrainer.artifacts.runs import build_model, open_run
+    from pretrainer.core.device import resolve_device
+
+    run = open_run(args.run)
+    device = resolve_device(args.device)
+    return run, build_model(run.cfg, run.load_weights, str(run.checkpoint)).to(device).eval(), device
+
+
+def cmd_chat(args: argparse.Namespace) -> None:
+    from pretrainer.cli.chat import ChatSession, run_chat
+
+    run, model, _ = model_for_generation(args)
+    session = ChatSession(
+        model, run.tokenizer(), args.temperature, args.top_k, args.max_new_tokens, args.seed, args.system
+    )
+    run_chat(session)
+
+
+def cmd_serve_cost(args: argparse.Namespace) -> None:
+    from pretrainer.analysis.serve_cost import ServeSettings, serve_cost
+
+    def listed(text: str) -> list[str]:
+        return [item.strip() for item in text.split(",") if item.strip()]
+
+    try:
+        batch_sizes = [int(b) for b in listed(args.batch_sizes)]
+    except ValueError:
+        raise UserError(f"--batch-sizes: comma-separated integers, got '{args.batch_sizes}'") from None
+    result = serve_cost(
+        ServeSettings(
+            args.run,
+            variants=listed(args.variants or ""),
+            batch_sizes=batch_sizes,
+            prompt_tokens=args.prompt_tokens,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            val_batches=args.val_batches,
+            group_size=args.group_size,
+            usd_per_hour=args.usd_per_hour,
+            tasks=args.tasks,
+            task_limit=args.limit,
+            device=args.device,
+            threads=args.threads,
+            data_dir=args.data_dir,
+            out=args.out or "",
+        )
+    )
+    print_to_stdout(Path(result["written"][1]).read_text() + f"\nwrote {', '.join(result['written'])}")

@@ -1,0 +1,129 @@
+"""The verbs that plan and scale: `plan`, `sweep`, `fit`, and `config` (the config with every key's help)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pretrainer.cli.output import print_to_stdout
+from pretrainer.core.errors import (
+    UserError,
+)
+
+
+def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
+    import json
+
+    from pretrainer.analysis.plan import format_plan, make_plan
+    from pretrainer.config.load import load_config
+
+    cfg = load_config(args.config, overrides)
+    plan = make_plan(
+        cfg,
+        tokens=args.tokens,
+        tokens_per_param=args.tokens_per_param,
+        gpus=args.gpus,
+        gpu=args.gpu,
+        peak_tflops=args.peak_tflops,
+        gpu_memory_gb=args.gpu_memory_gb,
+        gpu_watts=args.gpu_watts,
+        mfu=args.mfu,
+        usd_per_gpu_hour=args.usd_per_gpu_hour,
+        flops_convention=args.flops,
+        data=data_for_vocab(cfg),
+    )
+    if args.fit:
+        from pretrainer.analysis.scaling.report import predict_for_plan, read_fit
+
+        plan["predicted_loss"] = predict_for_plan(
+            read_fit(Path(args.fit)),
+            plan["params_total"],
+            plan["params_non_embedding"],
+            plan["tokens_trained"],
+        )
+    print_to_stdout(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+
+
+def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> int:
+    from pretrainer.analysis.scaling.ladder import load_sweep
+    from pretrainer.analysis.scaling.sweep import run_sweep
+
+    # the flags are shorthands for sweep keys (one source of truth), given before any explicit override
+    flags = {
+        "sizes": args.sizes,
+        "mode": args.mode,
+        "tokens": args.tokens,
+        "tokens_per_param": args.tokens_per_param,
+        "budgets": args.budgets,
+        "dir": args.out,
+        "parallel_runs": args.parallel_runs,
+        "gpu": args.gpu,
+    }
+    shorthands = [f"--sweep.{key}={value}" for key, value in flags.items() if value is not None]
+    sweep, base = load_sweep(args.config, shorthands + overrides)
+    if args.dry_run:
+        from pretrainer.analysis.scaling.sweep import cost_rows, format_plan, prepare_plan
+
+        _, runs = prepare_plan(sweep, base)
+        print_to_stdout(format_plan(sweep, base, runs, *cost_rows(sweep, base, runs)))
+        return 0
+    return run_sweep(sweep, base)
+
+
+def cmd_fit(args: argparse.Namespace) -> None:
+    from pretrainer.analysis.scaling.ladder import listed, number
+    from pretrainer.analysis.scaling.report import fit_sweep
+
+    fit = fit_sweep(
+        Path(args.sweep),
+        Path(args.out) if args.out else None,
+        params=args.params,
+        form=args.form,
+        resamples=args.resamples,
+        seed=args.seed,
+        predict_params=[number(n, "--predict-params") for n in listed(args.predict_params)],
+        predict_compute=[number(c, "--predict-compute") for c in listed(args.predict_compute or "")],
+    )
+    out = Path(args.out) if args.out else Path(fit["source"]).parent
+    print_to_stdout(
+        (out / "fit.md").read_text() + f"\nwrote {out}/fit.json, fit.md, {', '.join(fit['plots'])}"
+    )
+
+
+def data_for_vocab(cfg):
+    """The data dir that supplies the vocabulary, if data.dir names one; a missing one is fine when
+    model.vocab_size is set (plans are made before the data is prepared)."""
+    from pretrainer.data.loader import open_training_data
+
+    if not cfg.data.dir and not cfg.data.mixture:
+        return None
+    try:
+        return open_training_data(cfg.data.dir, cfg.data.mixture)
+    except UserError:
+        if not cfg.model.vocab_size:
+            raise
+        print(
+            f"note: data.dir = {cfg.data.dir} is not a prepared data dir yet; planning with model.vocab_size "
+            f"= "
+            f"{cfg.model.vocab_size}",
+            file=sys.stderr,
+        )
+        return None
+
+
+def cmd_config(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Print the resolved config as TOML, each key's help as a comment: a starting point for a config file."""
+    from pretrainer.config.doc import config_text_with_help
+    from pretrainer.config.load import load_config
+
+    cfg = load_config(args.config, overrides)
+    try:  # the data decides model.vocab_size (and checks it); without the data it stays 0
+        from pretrainer.config.resolve import resolve
+
+        data = data_for_vocab(cfg)
+        cfg = resolve(cfg, data=data) if data else cfg
+    except UserError as e:
+        print(f"note: shown unresolved ({e})", file=sys.stderr)
+    source = " ".join([args.config or "defaults", *overrides])
+    print_to_stdout(f"# pretrainer config {source}\n\n{config_text_with_help(cfg)}")
