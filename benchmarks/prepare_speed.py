@@ -110,10 +110,7 @@ def raw_tiktoken(path: Path, out: Path, workers: int) -> int:
 def pretrainer_prepare(path: Path, out: Path, workers: int) -> int:
     """`pretrainer prepare --corpus PATH --tokenizer gpt2 --workers N`. -> tokens written (both splits)."""
     # its progress bar
-    with (
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-    ):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         manifest = prepare(Corpus([str(path)], txt_docs="blank-lines"), "gpt2", out, workers=workers)
     return sum(split["tokens"] for split in manifest["splits"].values())
 

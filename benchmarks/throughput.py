@@ -112,13 +112,7 @@ SMOKE_SETTINGS = {
     "micro_batches": "2,4",
 }
 # without --smoke
-SETTINGS = {
-    "steps": 50,
-    "warmup": 10,
-    "repeats": 3,
-    "variants": "config",
-    "micro_batches": "",
-}
+SETTINGS = {"steps": 50, "warmup": 10, "repeats": 3, "variants": "config", "micro_batches": ""}
 
 LOOPS = ("bare loop", "pretrainer", "nanoGPT")
 

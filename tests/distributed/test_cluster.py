@@ -165,8 +165,7 @@ def test_each_exit_reason_is_the_exit_code_of_nproc(
     assert bool(list_checkpoints(run)) == (case == "budget_stop")  # halt and a dead rank write none
 
 
-# --- kill -9 at random moments: at most ckpt.every steps lost, metrics.jsonl exact, continuation identical
-# ---
+# --- kill -9 at random moments: at most ckpt.every steps lost, metrics.jsonl exact, the rest identical ---
 
 
 def test_kill_9_at_many_random_points_continues_identically(stdlib_data, tmp_path):

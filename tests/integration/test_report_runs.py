@@ -134,10 +134,7 @@ def test_plots_are_real_pngs_with_data(finished_run, tmp_path, run_cli):
 
     run_cli("export", finished_run, "--out", tmp_path / "report")
     # matplotlib C0, C1
-    first_line, second_line = (
-        np.array([0x1F, 0x77, 0xB4]) / 255,
-        np.array([0xFF, 0x7F, 0x0E]) / 255,
-    )
+    first_line, second_line = (np.array([0x1F, 0x77, 0xB4]) / 255, np.array([0xFF, 0x7F, 0x0E]) / 255)
     for name, lines in (
         ("loss-curve.png", 2),
         ("gradnorm-curve.png", 2),

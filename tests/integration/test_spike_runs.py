@@ -40,13 +40,7 @@ def test_rare_token_drill_is_detected_classified_and_recovers(stdlib_data, tmp_p
     train(drill(stdlib_data, run, **{"spike.inject_kind": "rare"}))
     records = read_metrics(run / "metrics.jsonl")
     # logged explicitly
-    assert [r["step"] for r in records if r.get("spike_injected")] == [
-        40,
-        41,
-        42,
-        43,
-        44,
-    ]
+    assert [r["step"] for r in records if r.get("spike_injected")] == [40, 41, 42, 43, 44]
     assert N <= spikes(run)[0] <= N + 2
     code, out, _ = run_cli("postmortem", run)
     assert code == 0 and "step 40: rare-token gradient" in out
@@ -201,10 +195,7 @@ def test_postmortem_figures_are_real_plots(stdlib_data, tmp_path):
     image = mpimg.imread(run / "spike-1.png")[..., :3]
     assert image.shape[1] > 1000
     # C0, C3
-    loss_line, flagged_batch = (
-        np.array([0x1F, 0x77, 0xB4]) / 255,
-        np.array([0xD6, 0x27, 0x28]) / 255,
-    )
+    loss_line, flagged_batch = (np.array([0x1F, 0x77, 0xB4]) / 255, np.array([0xD6, 0x27, 0x28]) / 255)
     for colour in (loss_line, flagged_batch):
         assert (np.abs(image - colour).max(axis=-1) < 0.05).sum() > 200
 

@@ -17,10 +17,7 @@ def test_cpu_sweep_then_fit_writes_csv_plots_and_a_prediction_with_an_interval(
 ):
     sweep = tmp_path / "sweep"
     # validation at the start and the end, one checkpoint per run
-    quick = (
-        "--eval.every=0",
-        "--ckpt.every=0",
-    )
+    quick = ("--eval.every=0", "--ckpt.every=0")
     code, out, err = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k,300k", "5120,10240,20480"), *quick)
     assert code == 0, err
     assert "l1-d32-t5.12e03" in out and "15,456" in out  # the plan names the shapes and their exact counts

@@ -75,11 +75,7 @@ def test_checkpoint_weights_reload_and_resave_byte_identically(stdlib_data, tmp_
         for i in range(3)
     ]
     # three processes at once: torch's import dominates
-    assert [proc.wait(timeout=120) for proc in procs] == [
-        0,
-        0,
-        0,
-    ]
+    assert [proc.wait(timeout=120) for proc in procs] == [0, 0, 0]
     for i in range(3):
         assert (tmp_path / f"other{i}.safetensors").read_bytes() == path.read_bytes()
 

@@ -6,9 +6,7 @@ import argparse
 from pathlib import Path
 
 from pretrainer.cli.output import print_to_stdout
-from pretrainer.core.errors import (
-    UserError,
-)
+from pretrainer.core.errors import UserError
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:

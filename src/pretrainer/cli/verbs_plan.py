@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 
 from pretrainer.cli.output import print_to_stdout
-from pretrainer.core.errors import (
-    UserError,
-)
+from pretrainer.core.errors import UserError
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:

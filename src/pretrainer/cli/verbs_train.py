@@ -6,9 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pretrainer.core.errors import (
-    UserError,
-)
+from pretrainer.core.errors import UserError
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:

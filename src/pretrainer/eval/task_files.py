@@ -51,7 +51,7 @@ SUITES = {
         "openbookqa",
         "socialiqa",
         "sciq",
-    ],
+    ]
 }
 DEFAULT_SUITE = "olmes"
 

@@ -108,12 +108,7 @@ def evaluate_target(
     RUN_DIR/eval-STEP.json for a run's checkpoint, or to `out`."""
     from pretrainer.eval.probes import format_probes, read_probes, run_probes
     from pretrainer.eval.task_files import SUITE_ITEMS, load_tasks
-    from pretrainer.eval.tasks import (
-        continuation_scorer,
-        print_task_table,
-        score_task,
-        suite_score,
-    )
+    from pretrainer.eval.tasks import continuation_scorer, print_task_table, score_task, suite_score
 
     cfg, weights = eval_config(target, overrides)
     spec, run = weights.spec, weights.run

@@ -19,10 +19,7 @@ MIN_QUANTISED_NUMEL = 4096
 
 
 # torchao's; by name, so no torchao import here
-QUANTISED_STATE_CLASSES = (
-    "OptimState8bit",
-    "OptimState4bit",
-)
+QUANTISED_STATE_CLASSES = ("OptimState8bit", "OptimState4bit")
 
 
 def is_quantised(tensor) -> bool:

@@ -7,9 +7,7 @@ from pathlib import Path
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
 from pretrainer.config.schema import Config
-from pretrainer.train.distributed import (
-    DistEnv,
-)
+from pretrainer.train.distributed import DistEnv
 
 # --- the console ---
 

@@ -178,10 +178,7 @@ def train(cfg: Config, clock=time.time) -> dict:
 
         run_clock.start()
         # step 0's, once per run
-        last_loss, last_val = (
-            None,
-            evals.validate(wrapped, 0, 0) if resume is None else None,
-        )
+        last_loss, last_val = (None, evals.validate(wrapped, 0, 0) if resume is None else None)
         if cfg.eval.tasks_every and resume is None:
             evals.in_context(wrapped, model, 0, 0)
         progress = tqdm(
@@ -277,10 +274,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 # the host waits for the device: logging steps only
                 last_loss, last_grad_norm = torch.stack([step_loss, grad_norm]).tolist()
                 # after the wait: the work is done
-                elapsed, figures = (
-                    run_clock.elapsed(),
-                    speed.interval(state.tokens),
-                )
+                elapsed, figures = (run_clock.elapsed(), speed.interval(state.tokens))
                 spikes.flush()  # the flagged steps since the last log
                 record = {
                     "step": step,

@@ -8,11 +8,7 @@ import torch
 from pretrainer.core.device import autocast
 from pretrainer.core.errors import RunStopped
 from pretrainer.data.loader import SequenceLoader
-from pretrainer.train.distributed import (
-    DistEnv,
-    gradient_sync,
-    mean_across_ranks,
-)
+from pretrainer.train.distributed import DistEnv, gradient_sync, mean_across_ranks
 from pretrainer.train.perf import SpeedMonitor
 
 

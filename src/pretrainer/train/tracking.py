@@ -21,9 +21,7 @@ class MlflowLogger:
         import logging
 
         # importing mlflow configures its loggers: quieten them after
-        from mlflow.tracking import (
-            MlflowClient,
-        )
+        from mlflow.tracking import MlflowClient
 
         for name in ("mlflow", "alembic"):  # their INFO lines (database migrations) would land mid-output
             logging.getLogger(name).setLevel(logging.WARNING)

@@ -15,13 +15,7 @@ from pretrainer.core.errors import UserError
 
 HOFFMANN = {"E": 1.69, "A": 406.4, "alpha": 0.34, "B": 410.7, "beta": 0.28}
 # Besiroglu et al. 2024's refit
-EPOCH = {
-    "E": 1.8172,
-    "A": 482.01,
-    "alpha": 0.3478,
-    "B": 2085.43,
-    "beta": 0.3658,
-}
+EPOCH = {"E": 1.8172, "A": 482.01, "alpha": 0.3478, "B": 2085.43, "beta": 0.3658}
 
 
 def law(constants: dict) -> dict:

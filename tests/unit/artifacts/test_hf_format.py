@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from support.hf_tokenizer_helpers import TEXTS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pretrainer.artifacts import hf_format as hf
@@ -108,14 +109,6 @@ def test_import_round_trips_weights_exactly():
 
 
 # --- tokenizers ---
-
-TEXTS = [
-    "Hello world",
-    "def main(argv):\n\treturn 0\n",
-    "naïve café — 日本語 🙂",
-    "   spaces   \n\n\n  x",
-    "1234567 + 89",
-]
 
 
 def tokenizers_under_test():

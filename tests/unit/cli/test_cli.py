@@ -49,10 +49,7 @@ def test_warnings_for_likely_mistakes(stdlib_data, tmp_path):
     same = {"dataset": data.provenance(), "tokens_per_step": 8 * 64, "world_size": 1}
     assert not any("change" in line for line in data_warnings(cfg, data, 1, same))
     # re-prepared: a new created_utc
-    recreated = {
-        **same,
-        "dataset": {**data.provenance(), "manifest_sha256": "0" * 64},
-    }
+    recreated = {**same, "dataset": {**data.provenance(), "manifest_sha256": "0" * 64}}
     assert not any("changed" in line for line in data_warnings(cfg, data, 1, recreated))
     other_split = {**data.provenance()["splits"], "train": {"sha256": "0" * 64, "tokens": 1, "documents": 1}}
     changed = {**same, "dataset": {**data.provenance(), "splits": other_split}}

@@ -64,11 +64,7 @@ def weights_round_trip(path: Path, scratch: Path) -> dict:
 
 
 # as older metrics.jsonl wrote them
-NON_FINITE = {
-    "nan": float("nan"),
-    "inf": float("inf"),
-    "-inf": float("-inf"),
-}
+NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 
 
 def number(value) -> float | None:

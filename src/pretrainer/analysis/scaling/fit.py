@@ -47,13 +47,7 @@ MAX_EXPONENT = 3.0  # an exponent beyond this (or <= 0) says the runs showed no 
 START_POINTS = 32  # L-BFGS starts taken from the initialisation grid (its best-scoring points)
 BOOTSTRAP_STARTS = 4  # grid starts per bootstrap refit, beside the point fit
 # a law as stored: the prefactors in logs (they overflow otherwise)
-NAMES = (
-    "E",
-    "log_A",
-    "alpha",
-    "log_B",
-    "beta",
-)
+NAMES = ("E", "log_A", "alpha", "log_B", "beta")
 GRID = {
     "e": (-1.0, -0.5, 0.0, 0.5, 1.0),
     "a": (0.0, 5.0, 10.0, 15.0, 20.0, 25.0),
