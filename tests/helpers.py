@@ -68,25 +68,17 @@ def train_ranks(nproc: int, *args, timeout: int = 240) -> subprocess.CompletedPr
 
 
 def run_in_ranks(nproc: int, target, *args, timeout: int = 240) -> subprocess.CompletedProcess:
-    """`target(*args)` in `nproc` processes forked from this one, each with torchrun's environment
-    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and one thread: real ranks of a gloo group,
-    without a fresh interpreter's start-up (torch and the package are imported already). A rank's
-    exit code is target's return value (None: 0). -> CompletedProcess(args=the ranks' exit codes,
-    returncode=the one furthest from 0, stdout=the ranks' output in rank order)."""
-    import multiprocessing
+    """`target(*args)` in `nproc` forked processes (run_forked), each with torchrun's environment
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): real ranks of a gloo group, without a fresh
+    interpreter's start-up. -> CompletedProcess(args=the ranks' exit codes, returncode=the one
+    furthest from 0, stdout=the ranks' output in rank order)."""
     import socket
-    import tempfile
-
-    import pretrainer.train.loop  # noqa: F401 (imported once here, not in every rank)
 
     with socket.socket() as probe:  # a free port for the rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(nproc)]
-    context = multiprocessing.get_context("fork")
-    ranks = []
-    for rank in range(nproc):
-        env = {
+    envs = [
+        {
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(nproc),
@@ -94,20 +86,44 @@ def run_in_ranks(nproc: int, target, *args, timeout: int = 240) -> subprocess.Co
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
         }
-        ranks.append(context.Process(target=_child, args=(logs[rank].fileno(), env, target, args)))
-        ranks[-1].start()
-    for process in ranks:
-        process.join(timeout)
-    for process in ranks:
-        if process.is_alive():
-            process.kill()
-            process.join()
+        for rank in range(nproc)
+    ]
+    return run_forked(target, *args, envs=envs, timeout=timeout)
+
+
+def run_forked(
+    target, *args, envs: list[dict] | None = None, timeout: int = 240
+) -> subprocess.CompletedProcess:
+    """`target(*args)` in processes forked from this one (one per entry of `envs`, each with that
+    environment added; default one), with one thread each: a real process, without a fresh
+    interpreter's start-up (torch and the package are imported already). A process's exit code is
+    target's return value (None: 0; SystemExit's code). -> CompletedProcess(args=the exit codes,
+    returncode=the one furthest from 0, stdout=their output (stdout and stderr) in order)."""
+    import multiprocessing
+    import tempfile
+
+    import pretrainer.train.loop  # noqa: F401 (imported once here, not in every child)
+
+    envs = envs or [{}]
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in envs]
+    context = multiprocessing.get_context("fork")
+    children = [
+        context.Process(target=_child, args=(log.fileno(), env, target, args)) for log, env in zip(logs, envs)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout)
+    for child in children:
+        if child.is_alive():
+            child.kill()
+            child.join()
     outputs = []
     for log in logs:
         log.seek(0)
         outputs.append(log.read())
         log.close()
-    codes = [process.exitcode for process in ranks]
+    codes = [child.exitcode for child in children]
     return subprocess.CompletedProcess(codes, max(codes, key=abs), "".join(outputs), "")
 
 
@@ -148,6 +164,8 @@ def _child(log_fd: int, env: dict, target, args) -> None:
     code = 1
     try:
         code = target(*args) or 0
+    except SystemExit as e:  # a script's exit
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     except BaseException:
         traceback.print_exc()
     finally:

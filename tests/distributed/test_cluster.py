@@ -132,32 +132,27 @@ def budget_file(path: Path, spent: float, projected: float) -> Path:
     return path
 
 
-@pytest.mark.parametrize(
-    "case, expected_code, expected_reason",
-    [
-        (
-            "budget_stop",
-            4,
-            "budget_stop",
-        ),  # (budget_halt, exit 5, takes the same path to the launcher: test_budget.py)
-        ("hang", 3, "collective_timeout"),
-    ],
-)
-def test_each_exit_reason_is_the_exit_code_of_nproc(
-    case, expected_code, expected_reason, stdlib_data, tmp_path
-):
-    run = tmp_path / "run"
+EXIT_CASES = {"budget_stop": (4, "budget_stop"), "hang": (3, "collective_timeout")}
+
+
+@pytest.fixture(scope="module")
+def exit_cases(stdlib_data, tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
+    """A budget stop and a hung collective under `--nproc 2`, launched at once (the hang waits out
+    its 3 s timeout meanwhile). (budget_halt, exit 5, takes the same path to the launcher:
+    test_budget_runs.py.) -> case: (run dir, exit code, output)."""
+    root = tmp_path_factory.mktemp("exits")
     budget = {"budget.cap_usd": 10, "budget.usd_per_gpu_hour": 1.0, "budget.check_every_s": 0.01}
-    if case == "hang":
-        extra = {"parallel.hang_drill_step": 3, "parallel.timeout_s": 3}
-    else:
-        extra = {
-            **budget,
-            "budget.file": budget_file(
-                tmp_path / "b.json", spent=1 if case == "budget_stop" else 11, projected=20
-            ),
-        }
-    code, out = finish(start(*nproc_args(stdlib_data, run, **extra)))
+    extra = {
+        "budget_stop": {**budget, "budget.file": budget_file(root / "b.json", spent=1, projected=20)},
+        "hang": {"parallel.hang_drill_step": 3, "parallel.timeout_s": 3},
+    }
+    procs = {case: start(*nproc_args(stdlib_data, root / case, **extra[case])) for case in EXIT_CASES}
+    return {case: (root / case, *finish(proc)) for case, proc in procs.items()}
+
+
+@pytest.mark.parametrize("case", list(EXIT_CASES))
+def test_each_exit_reason_is_the_exit_code_of_nproc(case, exit_cases):
+    (run, code, out), (expected_code, expected_reason) = exit_cases[case], EXIT_CASES[case]
     assert code == expected_code, out[-3000:]
     record = exit_record(run)
     assert record["reason"] == expected_reason and record["exit_code"] == expected_code

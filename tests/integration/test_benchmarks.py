@@ -4,9 +4,12 @@ checked)."""
 from __future__ import annotations
 
 import importlib.util
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers import run_forked
 
 from pretrainer.config.load import load_config
 from pretrainer.config.resolve import resolve
@@ -27,9 +30,13 @@ for i in range(int(settings["max_iters"]) + 1):
 
 
 def run_script(name: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCHMARKS / name), *map(str, args)], capture_output=True, text=True, timeout=300
-    )
+    """A benchmark script as `python SCRIPT ARGS` runs it, in a process forked from this one."""
+    return run_forked(_script_main, BENCHMARKS / name, [str(a) for a in args], timeout=300)
+
+
+def _script_main(script, args: list[str]):
+    sys.argv = [str(script), *args]
+    runpy.run_path(str(script), run_name="__main__")
 
 
 def test_throughput_smoke(stdlib_data, tmp_path):
@@ -86,12 +93,7 @@ def test_gpu_checklist_says_it_needs_a_gpu_on_cpu():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: run the checklist itself")
-    result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu_checklist.py"), "--data", "unused"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_script("gpu_checklist.py", "--data", "unused")
     assert result.returncode == 2 and "no CUDA device" in result.stdout
 
 

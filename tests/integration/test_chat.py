@@ -60,7 +60,8 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(
             **quiet,
             **{
                 "init.from": base,
-                "train.max_steps": 800,
+                # held-out accuracy after 250 steps: 0.27; 320: 0.98; 400 and 800: 1.0
+                "train.max_steps": 500,
                 "train.micro_batch": 32,
                 "optim.lr": 4e-3,
                 "optim.warmup_steps": 20,
@@ -69,7 +70,8 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(
     )
     run = open_run(sft)
     assert run.cfg.model.vocab_size == chat_tokenizer.vocab_size > base_run.cfg.model.vocab_size
-    assert held_out_accuracy(build_model(run.cfg, run.load_weights), run.tokenizer()) >= 0.8
+    accuracy = held_out_accuracy(build_model(run.cfg, run.load_weights), run.tokenizer())
+    assert accuracy >= 0.8, accuracy
     # the chain is traceable from the final run: the parent checkpoint and the hash of its weights
     parent = run.state["parent"]
     base_checkpoint = latest_checkpoint(base)

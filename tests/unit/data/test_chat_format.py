@@ -76,17 +76,17 @@ def test_template_mask_and_special_tokens(chat_data, text_data):
         ([{"role": "assistant", "content": "a"}], "where 'user' was expected"),
     ],
 )
-def test_malformed_conversations_name_file_and_line_or_are_skipped(tmp_path, messages, problem):
+def test_malformed_conversations_name_file_and_line_or_are_skipped(tmp_path, messages, problem, text_data):
     good = conversation("hi", "hello")
     path = write_jsonl(tmp_path / "c.jsonl", [good, {"messages": messages}, good])
     with pytest.raises(UserError, match=rf"c.jsonl:2: malformed conversation: .*{problem}"):
-        prepare_chat(path, tmp_path / "out", val_fraction=0.3)
+        prepare_chat(path, tmp_path / "out", val_fraction=0.3, tokenizer_from=text_data)
     assert not (tmp_path / "out").exists()  # nothing half-written
     path = write_jsonl(
         tmp_path / "c.jsonl", [conversation(f"hi {i}", "hello") for i in range(20)] + [{"messages": messages}]
     )
     manifest = json.loads(
-        (prepare_chat(path, tmp_path / "out", on_bad="skip", val_fraction=0.3) / "manifest.json").read_text()
+        (prepare_chat(path, tmp_path / "out", on_bad="skip", val_fraction=0.3, tokenizer_from=text_data) / "manifest.json").read_text()
     )
     assert (
         manifest["chat"]["bad_conversations"] == 1
@@ -94,13 +94,14 @@ def test_malformed_conversations_name_file_and_line_or_are_skipped(tmp_path, mes
     )
 
 
-def test_parquet_messages_column(tmp_path):
+def test_parquet_messages_column(tmp_path, text_data):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows = [conversation(f"q{i}", f"a{i}")["messages"] for i in range(30)]
     pq.write_table(pa.table({"messages": rows}), tmp_path / "c.parquet")
-    data = open_data_dir(prepare_chat(tmp_path / "c.parquet", tmp_path / "out", val_fraction=0.2))
+    out = prepare_chat(tmp_path / "c.parquet", tmp_path / "out", val_fraction=0.2, tokenizer_from=text_data)
+    data = open_data_dir(out)
     assert data.manifest["splits"]["train"]["documents"] + data.manifest["splits"]["val"]["documents"] == 30
 
 
