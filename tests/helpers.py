@@ -128,25 +128,34 @@ def run_forked(
 
 
 def fork_train(*args, log: Path):
-    """`pretrainer train ARGS` in a forked child process with one thread, its output in `log`: a
-    real process to signal or kill, without a fresh interpreter's start-up. -> the child
-    (multiprocessing.Process: pid, is_alive(), join(), exitcode)."""
+    """`pretrainer train ARGS` in a forked child (fork_cli)."""
+    return fork_cli("train", *args, log=log)
+
+
+def fork_cli(*argv, log: Path):
+    """`pretrainer ARGV` in a child process forked from this one, with one thread, its output in
+    `log`: a real process to signal or kill, without a fresh interpreter's start-up. -> the child
+    (multiprocessing.Process: pid, is_alive(), join(), exitcode: the command's exit code)."""
     import multiprocessing
 
     import pretrainer.train.loop  # noqa: F401 (imported once here, not in every child)
 
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     context = multiprocessing.get_context("fork")
-    child = context.Process(target=_child, args=(fd, {}, _cli_train, ([str(a) for a in args],)))
+    child = context.Process(target=_child, args=(fd, {}, _cli, ([str(a) for a in argv],)))
     child.start()
     os.close(fd)
     return child
 
 
-def _cli_train(args: list[str]) -> int:
+def _cli(argv: list[str]) -> int:
     from pretrainer.cli.main import main
 
-    return main(["train", *args])
+    return main(argv)
+
+
+def _cli_train(args: list[str]) -> int:
+    return _cli(["train", *args])
 
 
 def _child(log_fd: int, env: dict, target, args) -> None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
+from helpers import fork_cli
 from support.scaling_helpers import read_csv, sweep_args
 
 from pretrainer.analysis.scaling.report import fit_sweep
@@ -26,25 +25,20 @@ def test_interrupted_sweep_resumes_without_redoing_runs_and_equals_an_uninterrup
     code, _, err = run_cli(*args(straight), "--parallel-runs", "2", "--train.device=cpu")
     assert code == 0, err
 
-    stopped = tmp_path / "stopped"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pretrainer", *args(stopped)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    stopped, log = tmp_path / "stopped", tmp_path / "sweep.log"
+    proc = fork_cli(*args(stopped), log=log)  # a process to signal (forked: no interpreter start-up)
     second = stopped / "runs" / "l2-d64" / "metrics.jsonl"
     deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
+    while time.time() < deadline and proc.is_alive():
         if second.exists() and any(
             '"loss"' in line and json.loads(line)["step"] >= 10 for line in second.read_text().splitlines()
         ):
             break
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
+    proc.join(120)
+    out = log.read_text()
+    assert proc.exitcode == 128 + signal.SIGTERM, out[-2000:]
     assert "same command continues the sweep" in out
     assert [r["run"] for r in read_csv(stopped / "sweep.csv")] == ["l1-d32"]
     first_exit = (stopped / "runs" / "l1-d32" / "exit.json").read_text()
