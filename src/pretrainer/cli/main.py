@@ -36,6 +36,25 @@ from pretrainer.core.errors import (
     exit_code_for_signal,
 )
 
+# verb -> what it does, given (the parsed arguments, the --section.key=value overrides, the whole argv);
+# verbs that return nothing exit 0
+VERBS = {
+    "prepare": lambda args, extra, argv: cmd_prepare(args, argv),
+    "train": lambda args, extra, argv: cmd_train(args, extra),
+    "eval": lambda args, extra, argv: cmd_eval(args, extra),
+    "plan": lambda args, extra, argv: cmd_plan(args, extra),
+    "sweep": lambda args, extra, argv: cmd_sweep(args, extra),
+    "fit": lambda args, extra, argv: cmd_fit(args),
+    "export": lambda args, extra, argv: cmd_export(args),
+    "sample": lambda args, extra, argv: cmd_sample(args),
+    "chat": lambda args, extra, argv: cmd_chat(args),
+    "serve-cost": lambda args, extra, argv: cmd_serve_cost(args),
+    "postmortem": lambda args, extra, argv: cmd_postmortem(args),
+    "budget-check": lambda args, extra, argv: cmd_budget_check(args, extra),
+    "fetch-gpt2": lambda args, extra, argv: cmd_fetch_gpt2(args),
+    "config": lambda args, extra, argv: cmd_config(args, extra),
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = join_dotted_overrides(sys.argv[1:] if argv is None else [str(a) for a in argv])
@@ -44,34 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.verb not in ("train", "eval", "plan", "budget-check", "config", "sweep"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        if args.verb == "prepare":
-            cmd_prepare(args, argv)
-        elif args.verb == "train":
-            return cmd_train(args, extra)
-        elif args.verb == "eval":
-            cmd_eval(args, extra)
-        elif args.verb == "plan":
-            cmd_plan(args, extra)
-        elif args.verb == "sweep":
-            return cmd_sweep(args, extra)
-        elif args.verb == "fit":
-            cmd_fit(args)
-        elif args.verb == "export":
-            cmd_export(args)
-        elif args.verb == "sample":
-            cmd_sample(args)
-        elif args.verb == "chat":
-            cmd_chat(args)
-        elif args.verb == "serve-cost":
-            cmd_serve_cost(args)
-        elif args.verb == "postmortem":
-            cmd_postmortem(args)
-        elif args.verb == "budget-check":
-            return cmd_budget_check(args, extra)
-        elif args.verb == "fetch-gpt2":
-            cmd_fetch_gpt2(args)
-        elif args.verb == "config":
-            cmd_config(args, extra)
+        return VERBS[args.verb](args, extra, argv) or 0
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -89,15 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         if not is_collective_timeout(e):
             raise
         print(
-            f"error: a collective operation timed out (parallel.timeout_s): a rank is stuck, dead or "
-            f"unreachable. "
-            f"Check every rank's log; on cloud GPUs without NVLink/InfiniBand try NCCL_P2P_DISABLE=1 "
-            f"NCCL_IB_DISABLE=1, "
-            f"and NCCL_DEBUG=INFO to see the transport. ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+            "error: a collective operation timed out (parallel.timeout_s): a rank is stuck, dead or "
+            "unreachable. Check every rank's log; on cloud GPUs without NVLink/InfiniBand try "
+            "NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1, and NCCL_DEBUG=INFO to see the transport. "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})",
             file=sys.stderr,
         )
         return EXIT_COLLECTIVE_TIMEOUT
-    return 0
 
 
 if __name__ == "__main__":
