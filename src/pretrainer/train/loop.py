@@ -22,14 +22,8 @@ import torch
 from tqdm import tqdm
 
 from pretrainer.artifacts.metrics import MetricsLog
-from pretrainer.config.resolve import tokens_per_step
 from pretrainer.config.schema import Config
-from pretrainer.core.device import autocast_dtype, device_peak_tflops, hardware_info
-from pretrainer.data.loader import SequenceLoader, open_training_data
-from pretrainer.eval.inloop import LoopEvals
-from pretrainer.model import count_parameters
-from pretrainer.model.flops import flops_per_token
-from pretrainer.optim.adamw import adamw_update_norm, describe_optimizer
+from pretrainer.optim.adamw import adamw_update_norm
 from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
 from pretrainer.train.budget import launch_cost_check
@@ -45,15 +39,7 @@ from pretrainer.train.distributed import (
 )
 from pretrainer.train.norms import layer_group_grad_norms, weight_norms
 from pretrainer.train.perf import SpeedMonitor
-from pretrainer.train.setup import (
-    build_training_model,
-    describe,
-    open_resume,
-    resolve_for_training,
-    run_metadata,
-    training_unigram,
-    write_run_dir,
-)
+from pretrainer.train.setup import run_record, set_up, training_unigram, write_run_dir
 from pretrainer.train.spikes import SpikeGuard
 from pretrainer.train.state import RunClock, TrainerState
 from pretrainer.train.step import forward_backward, stop_run
@@ -73,56 +59,26 @@ def train(cfg: Config, clock=time.time) -> dict:
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
     run_log = sequences = evals = progress = state = failure = start_step = speed = None
     try:
-        # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
-        # a prepared dir, or several mixed by weight
-        data = open_training_data(cfg.data.dir, cfg.data.mixture)
-        amp_dtype = autocast_dtype(cfg.train.dtype, device)
-        # parent: init.from's weights and lineage
-        cfg, parent = resolve_for_training(cfg, data, env, amp_dtype, say)
-        resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
-
-        # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---
-        model, wrapped, optimizer, attention = build_training_model(cfg, env, amp_dtype, resume, parent)
-
-        # --- data: every rank reads its own slice of each global step; targets outside the loss mask are
-        # ignored ---
-        grad_accum, step_tokens = cfg.train.grad_accum, tokens_per_step(cfg, env.world_size)
-        sources, weights = data.sources("train", cfg.model.seq_len, cfg.data.packing)
-        loader = SequenceLoader(
-            sources,
-            cfg.model.seq_len,
-            cfg.train.micro_batch,
-            grad_accum,
-            env.world_size,
-            env.rank,
-            cfg.train.seed,
-            where=f"{data.path}/train.bin",
-            pin_memory=device.type == "cuda",
-            weights=weights,
+        start = set_up(cfg, run_dir, env, say)  # config, data, resume, model, loader, evals; said
+        cfg, resume, model, wrapped, optimizer = (
+            start.cfg,
+            start.resume,
+            start.model,
+            start.wrapped,
+            start.optimizer,
         )
-        # attention stops at each document's end
-        separator = data.eot_id if cfg.data.packing == "document" else None
-        # val batches (bits per byte); eval.tasks read and tokenized once
-        evals = LoopEvals(cfg, data, device, amp_dtype)
-
-        # --- what the run will do; refuse a launch the budget cannot pay for ---
-        model_flops_per_token = flops_per_token(cfg.model, count_parameters(model)["non_embedding"])["total"]
-        peak_tflops = device_peak_tflops(cfg.budget.peak_tflops, device)
-        max_steps = cfg.train.max_steps
-        end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
-        start_step, elapsed_before = (resume.state["step"], resume.state["elapsed_s"]) if resume else (0, 0.0)
-        # and likely mistakes
-        describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say)
+        data, loader, evals, step_tokens = start.data, start.loader, start.evals, start.step_tokens
+        start_step, end_step, max_steps = start.start_step, start.end_step, cfg.train.max_steps
         if start_step >= end_step:
             say(f"nothing to do: the run is already at step {start_step}")
             return {"step": start_step, "tokens": resume.state["tokens"] if resume else 0}
         launch_cost_check(
             cfg.budget,
-            model_flops_per_token * (end_step - start_step) * step_tokens,
+            start.model_flops_per_token * (end_step - start_step) * step_tokens,
             end_step - start_step,
             env.world_size,
-            peak_tflops,
-            elapsed_before,
+            start.peak_tflops,
+            start.elapsed_before,
             say,
         )
 
@@ -153,11 +109,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
             state.load_state_dict(resume.state)
-        # the weights actually loaded
-        lineage = resume.state.get("parent") if resume else parent.lineage if parent else None
         # state.json: what produced the run
-        run_info = run_metadata(cfg, env, hardware_info(device, env.world_size), data, lineage)
-        run_info["optimizer"] = describe_optimizer(optimizer, cfg.optim.name)
+        run_info = run_record(cfg, env, data, resume, start.parent, optimizer)
 
         def save() -> None:  # a collective: every rank gathers, rank 0 writes
             write_checkpoint(
@@ -195,12 +148,12 @@ def train(cfg: Config, clock=time.time) -> dict:
         speed = SpeedMonitor(
             cfg,
             state.tokens,
-            model_flops_per_token,
-            peak_tflops,
+            start.model_flops_per_token,
+            start.peak_tflops,
             env.world_size,
             device,
             state.step,
-            attention,
+            start.attention,
             say,
             run_log.write,
         )
@@ -240,7 +193,9 @@ def train(cfg: Config, clock=time.time) -> dict:
                 spikes.reject(step, cursor)
                 continue
 
-            step_loss = forward_backward(wrapped, micro_batches, counts, strategy, env, amp_dtype, separator)
+            step_loss = forward_backward(
+                wrapped, micro_batches, counts, strategy, env, start.amp_dtype, start.separator
+            )
             group_norms = (
                 layer_group_grad_norms(model)
                 if logging_step and cfg.spike.layer_norms_every and step % cfg.spike.layer_norms_every == 0

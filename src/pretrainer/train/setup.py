@@ -9,6 +9,7 @@ import random
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,11 +20,14 @@ from pretrainer.artifacts.runs import InitSource, build_model, grow_vocabulary, 
 from pretrainer.config.preflight import config_warnings, data_warnings
 from pretrainer.config.resolve import resolve, resume_changes, tokens_per_step
 from pretrainer.config.schema import Config, config_hash, save_config, to_dict
+from pretrainer.core.device import autocast_dtype, device_peak_tflops, hardware_info
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json
-from pretrainer.data.loader import SequenceLoader
+from pretrainer.data.loader import SequenceLoader, open_training_data
+from pretrainer.eval.inloop import LoopEvals
 from pretrainer.model import count_parameters
-from pretrainer.optim.adamw import build_optimizer
+from pretrainer.model.flops import flops_per_token
+from pretrainer.optim.adamw import build_optimizer, describe_optimizer
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.console import resume_command
 from pretrainer.train.distributed import (
@@ -243,3 +247,105 @@ def write_run_dir(cfg: Config, data, unigram: UnigramStats, run_dir: Path, env: 
             data.tokenizer.save(run_dir / "tokenizer")
         atomic_write_json(run_dir / "unigram.json", unigram.summary())
     barrier(env)
+
+
+@dataclass
+class Start:
+    """What the set-up leaves for the loop: the resolved config, its data and model, where it starts."""
+
+    cfg: Config
+    data: Any
+    amp_dtype: torch.dtype | None
+    parent: InitSource | None
+    resume: Resume | None
+    model: torch.nn.Module
+    wrapped: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    attention: str
+    loader: SequenceLoader
+    separator: int | None
+    evals: LoopEvals
+    step_tokens: int
+    model_flops_per_token: float
+    peak_tflops: float | None
+    end_step: int
+    start_step: int
+    elapsed_before: float
+
+
+def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
+    """Everything before the run dir is written, in this order: the data, the config resolved
+    against it, the init source and the world; the checkpoint to resume; the model (seeded,
+    loaded, wrapped) and its optimizer; the loader; the evaluations; what the run will do, said."""
+    device = env.device
+    # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
+    # a prepared dir, or several mixed by weight
+    data = open_training_data(cfg.data.dir, cfg.data.mixture)
+    amp_dtype = autocast_dtype(cfg.train.dtype, device)
+    # parent: init.from's weights and lineage
+    cfg, parent = resolve_for_training(cfg, data, env, amp_dtype, say)
+    resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
+
+    # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---
+    model, wrapped, optimizer, attention = build_training_model(cfg, env, amp_dtype, resume, parent)
+
+    # --- data: every rank reads its own slice of each global step; targets outside the loss mask are
+    # ignored ---
+    grad_accum, step_tokens = cfg.train.grad_accum, tokens_per_step(cfg, env.world_size)
+    sources, weights = data.sources("train", cfg.model.seq_len, cfg.data.packing)
+    loader = SequenceLoader(
+        sources,
+        cfg.model.seq_len,
+        cfg.train.micro_batch,
+        grad_accum,
+        env.world_size,
+        env.rank,
+        cfg.train.seed,
+        where=f"{data.path}/train.bin",
+        pin_memory=device.type == "cuda",
+        weights=weights,
+    )
+    # attention stops at each document's end
+    separator = data.eot_id if cfg.data.packing == "document" else None
+    # val batches (bits per byte); eval.tasks read and tokenized once
+    evals = LoopEvals(cfg, data, device, amp_dtype)
+
+    # --- what the run will do; refuse a launch the budget cannot pay for ---
+    model_flops_per_token = flops_per_token(cfg.model, count_parameters(model)["non_embedding"])["total"]
+    peak_tflops = device_peak_tflops(cfg.budget.peak_tflops, device)
+    max_steps = cfg.train.max_steps
+    end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
+    start_step, elapsed_before = (resume.state["step"], resume.state["elapsed_s"]) if resume else (0, 0.0)
+    # and likely mistakes
+    describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say)
+    return Start(
+        cfg,
+        data,
+        amp_dtype,
+        parent,
+        resume,
+        model,
+        wrapped,
+        optimizer,
+        attention,
+        loader,
+        separator,
+        evals,
+        step_tokens,
+        model_flops_per_token,
+        peak_tflops,
+        end_step,
+        start_step,
+        elapsed_before,
+    )
+
+
+def run_record(
+    cfg: Config, env: DistEnv, data, resume: Resume | None, parent: InitSource | None, optimizer
+) -> dict:
+    """What every state.json records besides the trainer state: what produced the run."""
+    # the weights actually loaded
+    lineage = resume.state.get("parent") if resume else parent.lineage if parent else None
+    run_info = run_metadata(cfg, env, hardware_info(env.device, env.world_size), data, lineage)
+    run_info["optimizer"] = describe_optimizer(optimizer, cfg.optim.name)
+    return run_info
