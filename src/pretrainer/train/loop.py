@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from pretrainer.artifacts.metrics import MetricsLog
+from pretrainer.artifacts.run_lock import RunDirLock
 from pretrainer.config.schema import Config
 from pretrainer.optim.adamw import adamw_update_norm
 from pretrainer.optim.schedule import lr_at, set_lr
@@ -35,6 +36,7 @@ from pretrainer.train.distributed import (
     full_tensor,
     init_distributed,
     keep_grads,
+    on_rank0,
     shutdown,
 )
 from pretrainer.train.norms import layer_group_grad_norms, weight_norms
@@ -58,7 +60,9 @@ def train(cfg: Config, clock=time.time) -> dict:
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
     run_log = sequences = evals = progress = state = failure = start_step = speed = None
+    lock = RunDirLock(run_dir)  # rank 0 holds it for the job: one trainer per run dir
     try:
+        on_rank0(lambda: lock.acquire(create=False), env, f"{run_dir}: cannot lock it")  # a run to resume
         start = set_up(cfg, run_dir, env, say)  # config, data, resume, model, loader, evals; said
         cfg, resume, model, wrapped, optimizer = (
             start.cfg,
@@ -83,6 +87,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         )
 
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
+        on_rank0(lambda: lock.acquire(create=True), env, f"{run_dir}: cannot lock it")  # before any write
         # cut back to the checkpoint's step
         run_log = RunLog(cfg, run_dir, start_step if resume else -1, env.is_main, say)
         run_clock = RunClock()
@@ -273,6 +278,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     finally:  # whatever happened: close the sinks, then say why the run ended in RUN_DIR/exit.json
         end_run(
             run_dir,
+            lock,
             env,
             failure,
             state.step if state else start_step,
@@ -287,6 +293,7 @@ def train(cfg: Config, clock=time.time) -> dict:
 
 def end_run(
     run_dir: Path,
+    lock: RunDirLock,
     env: DistEnv,
     failure: BaseException | None,
     step: int | None,
@@ -294,7 +301,8 @@ def end_run(
     *closing,
 ) -> None:
     """Close what the run opened (the signal handlers first), record why it ended (rank 0:
-    RUN_DIR/exit.json) and leave the process group, even if closing something fails."""
+    RUN_DIR/exit.json, when it holds the run dir's lock: never over another trainer's), release the
+    lock and leave the process group, even if closing something fails."""
     reason, exit_code = exit_status(failure)
     try:
         for thing in closing:
@@ -305,6 +313,7 @@ def end_run(
     finally:
         try:
             if env.is_main:
-                write_exit_record(run_dir, reason, exit_code, step, failure)
+                write_exit_record(run_dir, reason, exit_code, step, failure, into_run_dir=lock.held)
         finally:
+            lock.close()
             shutdown()

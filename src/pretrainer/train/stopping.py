@@ -98,10 +98,16 @@ def exit_status(error: BaseException | None) -> tuple[str, int]:
 
 
 def write_exit_record(
-    run_dir: Path, reason: str, exit_code: int, step: int | None, error: BaseException | None
+    run_dir: Path,
+    reason: str,
+    exit_code: int,
+    step: int | None,
+    error: BaseException | None,
+    into_run_dir: bool = True,
 ) -> dict:
-    """RUN_DIR/exit.json (only into a run dir that exists: bad input leaves no output dir) and the
-    launcher's $PRETRAINER_EXIT_FILE when set. Atomic: a reader sees the old record or the new one."""
+    """RUN_DIR/exit.json (only into a run dir that exists: bad input leaves no output dir; and not
+    when `into_run_dir` is false: a trainer that found the run dir in use writes nothing there) and
+    the launcher's $PRETRAINER_EXIT_FILE when set. Atomic: a reader sees the old record or the new one."""
     checkpoint = latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
     record = {
         "reason": reason,
@@ -111,7 +117,7 @@ def write_exit_record(
         "message": str(error).splitlines()[0][:500] if error is not None and str(error) else "",
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    targets = [Path(run_dir) / "exit.json"] if Path(run_dir).is_dir() else []
+    targets = [Path(run_dir) / "exit.json"] if into_run_dir and Path(run_dir).is_dir() else []
     targets += [Path(os.environ[EXIT_FILE_ENV])] if os.environ.get(EXIT_FILE_ENV) else []
     for path in targets:
         atomic_write_json(path, record)
