@@ -21,20 +21,18 @@ class RunDirLock:
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
         self.fd: int | None = None
+        self.created: list[Path] = []  # the directories acquire() made, deepest first
 
     @property
     def held(self) -> bool:
         return self.fd is not None
 
-    def acquire(self, create: bool) -> None:
-        """Take the lock, or raise UserError naming its holder. create=False: only where the run dir
-        exists already (a run that bad input stops early leaves no run dir behind); create=True: make
-        the run dir first (just before the first write)."""
+    def acquire(self) -> None:
+        """Take the lock (making the run dir if it is new), or raise UserError naming its holder."""
         if self.fd is not None:
             return
         if not self.run_dir.is_dir():
-            if not create:
-                return
+            self.created = [d for d in [self.run_dir, *self.run_dir.parents] if not d.exists()]
             self.run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -42,6 +40,7 @@ class RunDirLock:
         except BlockingIOError:
             holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
+            self.created = []  # the holder's now
             raise UserError(
                 f"{self.run_dir}: in use by {holder}, which is training this run; one trainer per run dir "
                 f"(wait for it to end, or choose another run.dir)"
@@ -50,8 +49,17 @@ class RunDirLock:
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self.fd = fd
 
-    def close(self) -> None:
-        """Release the lock (closing the file does)."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+    def close(self, remove_created: bool = False) -> None:
+        """Release the lock (closing the file does). remove_created: a new run dir that nothing was
+        written to (bad input stopped the run first) goes again, with any parents acquire() made."""
+        if self.fd is None:
+            return
+        if remove_created and self.created:
+            (self.run_dir / LOCK_FILE).unlink(missing_ok=True)
+            for directory in self.created:
+                try:
+                    directory.rmdir()
+                except OSError:  # not empty: something else is in it
+                    break
+        os.close(self.fd)
+        self.fd = None

@@ -62,7 +62,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     run_log = sequences = evals = progress = state = failure = start_step = speed = None
     lock = RunDirLock(run_dir)  # rank 0 holds it for the job: one trainer per run dir
     try:
-        on_rank0(lambda: lock.acquire(create=False), env, f"{run_dir}: cannot lock it")  # a run to resume
+        on_rank0(lock.acquire, env, f"{run_dir}: cannot lock it")  # before anything reads or writes the run
         start = set_up(cfg, run_dir, env, say)  # config, data, resume, model, loader, evals; said
         cfg, resume, model, wrapped, optimizer = (
             start.cfg,
@@ -87,7 +87,6 @@ def train(cfg: Config, clock=time.time) -> dict:
         )
 
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
-        on_rank0(lambda: lock.acquire(create=True), env, f"{run_dir}: cannot lock it")  # before any write
         # cut back to the checkpoint's step
         run_log = RunLog(cfg, run_dir, start_step if resume else -1, env.is_main, say)
         run_clock = RunClock()
@@ -312,8 +311,10 @@ def end_run(
             run_log.close(reason)
     finally:
         try:
+            unused = run_log is None  # stopped before the first write: a new run dir goes again
             if env.is_main:
-                write_exit_record(run_dir, reason, exit_code, step, failure, into_run_dir=lock.held)
+                into_run_dir = lock.held and not (unused and lock.created)
+                write_exit_record(run_dir, reason, exit_code, step, failure, into_run_dir=into_run_dir)
         finally:
-            lock.close()
+            lock.close(remove_created=unused)
             shutdown()

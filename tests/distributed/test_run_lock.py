@@ -1,0 +1,77 @@
+"""One trainer per run dir: a second `pretrainer train` on the same run dir (a double-submitted job,
+a requeue racing a manual restart), started at the same moment or seconds later, on a fresh run or a
+resume, exits 2 with one line naming the holder and writes nothing; the run it found goes on exactly
+as it would have alone. The trainers are processes forked from the test process (helpers.fork_train)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from helpers import fork_train, tiny_overrides
+
+from pretrainer.artifacts.checkpoint import list_checkpoints
+from pretrainer.artifacts.metrics import read_metrics
+
+STEPS = 240  # long enough (several seconds) that a trainer started 3 s later finds the first one running
+SETTINGS = {"train.max_steps": STEPS, "ckpt.every": 40, "eval.every": 0, "log.every": 10}
+
+
+def trained(run: Path) -> dict:
+    """What a run left: its logged losses, its checkpoints' weights and its exit record."""
+    losses = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
+    weights = {c.name: (c / "model.safetensors").read_bytes() for c in list_checkpoints(run)}
+    return {
+        "losses": losses,
+        "weights": weights,
+        "exit": json.loads((run / "exit.json").read_text())["reason"],
+    }
+
+
+@pytest.fixture(scope="module")
+def lone(stdlib_data, tmp_path_factory) -> dict:
+    run = tmp_path_factory.mktemp("lone") / "run"
+    child = fork_train(*tiny_overrides(stdlib_data, run, **SETTINGS), log=run.parent / "log")
+    child.join(240)
+    assert child.exitcode == 0, (run.parent / "log").read_text()[-2000:]
+    return trained(run)
+
+
+def wait_for_lock(run: Path, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (run / ".lock").is_file():
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("stage", ["fresh", "resume"])
+def test_a_second_trainer_on_a_run_dir_exits_with_one_line_and_the_first_trains_alone(
+    stage, lone, stdlib_data, tmp_path
+):
+    """Three trainers on one run dir: two started together, a third 3 s later. Exactly one trains."""
+    run = tmp_path / "run"
+    if stage == "resume":  # an interrupted run to continue: every trainer would resume it
+        part = fork_train(
+            *tiny_overrides(stdlib_data, run, **SETTINGS, **{"train.stop_at_step": 40}), log=tmp_path / "part"
+        )
+        part.join(240)
+        assert part.exitcode == 0
+    args = tiny_overrides(stdlib_data, run, **SETTINGS)
+    together = [fork_train(*args, log=tmp_path / name) for name in ("a", "b")]
+    wait_for_lock(run)
+    time.sleep(3)
+    later = fork_train(*args, log=tmp_path / "c")
+    for child in (*together, later):
+        child.join(240)
+    codes = {name: child.exitcode for name, child in zip("abc", (*together, later))}
+    assert sorted(codes.values()) == [0, 2, 2], {
+        name: (tmp_path / name).read_text()[-1500:] for name in codes
+    }
+    for name in (name for name, code in codes.items() if code == 2):
+        said = (tmp_path / name).read_text()
+        errors = [line for line in said.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and "in use by pid " in errors[0] and "Traceback" not in said, said[-1500:]
+        if stage == "fresh" and name != "c":  # nothing before it (later: a note on the saved config it read)
+            assert said.strip() == errors[0], said
+    assert trained(run) == lone  # every loss, every checkpoint byte, and the exit record: the lone run's
