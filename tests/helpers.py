@@ -58,6 +58,13 @@ def run_subprocess(
     )
 
 
+def losses(run: Path) -> dict[int, float]:
+    """A run's logged training losses by step (metrics.jsonl)."""
+    from pretrainer.artifacts.metrics import read_metrics
+
+    return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
+
+
 def train_ranks(nproc: int, *args, timeout: int = 240) -> subprocess.CompletedProcess:
     """`pretrainer train ARGS` as `nproc` gloo ranks (run_in_ranks): what torchrun's workers run with
     OMP_NUM_THREADS=1, minus their start-up. Where the launcher itself is under test (signals, exit

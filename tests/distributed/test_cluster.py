@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import fork_train, tiny_overrides, train_ranks
-from support.cluster_helpers import exit_record, losses
+from helpers import fork_train, losses, tiny_overrides, train_ranks
+from support.cluster_helpers import exit_record
 
 from pretrainer.artifacts.checkpoint import list_checkpoints
 from pretrainer.artifacts.metrics import read_metrics

@@ -1,8 +1,7 @@
 """Two gloo ranks, each block compiled, in bf16 autocast (DDP and FSDP2), against one process in fp32."""
 
 import pytest
-from helpers import tiny_config, tiny_overrides, train_ranks
-from support.gpu_ready_helpers import losses
+from helpers import losses, tiny_config, tiny_overrides, train_ranks
 
 from pretrainer.train.loop import train
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_in_ranks, tiny_config, tiny_overrides, train_ranks
+from helpers import losses, run_in_ranks, tiny_config, tiny_overrides, train_ranks
 from safetensors.torch import load_file
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
@@ -17,10 +17,6 @@ from pretrainer.core.errors import UserError
 from pretrainer.train.loop import train
 
 STEPS = 20
-
-
-def losses(run: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
 
 
 def assert_same_run(a: Path, b: Path) -> None:

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import fork_train, tiny_overrides
+from helpers import fork_train, losses, tiny_overrides
 
 from pretrainer.artifacts.checkpoint import list_checkpoints
-from pretrainer.artifacts.metrics import read_metrics
 
 STEPS = 240  # long enough (several seconds) that a trainer started 3 s later finds the first one running
 SETTINGS = {"train.max_steps": STEPS, "ckpt.every": 40, "eval.every": 0, "log.every": 10}
@@ -21,7 +20,6 @@ SETTINGS = {"train.max_steps": STEPS, "ckpt.every": 40, "eval.every": 0, "log.ev
 
 def trained(run: Path) -> dict:
     """What a run left: its logged losses, its checkpoints' weights and its exit record."""
-    losses = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
     weights = {c.name: (c / "model.safetensors").read_bytes() for c in list_checkpoints(run)}
     return {
         "losses": losses,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from helpers import tiny_overrides
+from helpers import losses, tiny_overrides
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
 from pretrainer.artifacts.metrics import read_metrics
@@ -45,5 +45,4 @@ def test_sigterm_checkpoints_and_resume_is_bit_exact(stdlib_data, tmp_path, run_
     # fresh process's: the same numbers)
     for run in (stopped, straight):
         assert run_cli("train", *tiny_overrides(stdlib_data, run, **settings))[0] == 0
-    losses = lambda run: {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
     assert losses(stopped) == losses(straight) and len(losses(straight)) == 60

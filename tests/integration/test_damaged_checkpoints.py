@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import tiny_overrides
-from support.cluster_helpers import exit_record, losses
+from helpers import losses, tiny_overrides
+from support.cluster_helpers import exit_record
 
 from pretrainer.artifacts.checkpoint import list_checkpoints
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config, tiny_overrides
-from support.gpu_ready_helpers import losses
+from helpers import losses, tiny_config, tiny_overrides
 
 from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.train import step as step_module
