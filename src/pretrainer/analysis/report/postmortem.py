@@ -11,14 +11,13 @@ event; the run has recovered at the first later step whose loss is within 1% of 
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from pretrainer.artifacts.metrics import read_metrics
-from pretrainer.config.load import from_dict
+from pretrainer.config.load import from_dict, read_toml
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_bytes, save_figure
 from pretrainer.optim.schedule import lr_at
@@ -319,7 +318,7 @@ def write_postmortem(run_dir: Path) -> tuple[Path, list[Event], str]:
     config_path = run_dir / "config.toml"
     if not records or not config_path.is_file():
         raise UserError(f"{run_dir}: no metrics.jsonl or config.toml; is this a run directory?")
-    cfg = from_dict(tomllib.loads(config_path.read_text()), str(config_path))
+    cfg = from_dict(read_toml(config_path), str(config_path))
     unigram = (
         json.loads((run_dir / "unigram.json").read_text()) if (run_dir / "unigram.json").is_file() else None
     )

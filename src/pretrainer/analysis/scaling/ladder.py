@@ -30,12 +30,11 @@ from __future__ import annotations
 import copy
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pretrainer.config.load import apply_overrides, load_config, set_key
+from pretrainer.config.load import apply_overrides, load_config, read_toml, set_key
 from pretrainer.config.schema import Config, opt
 from pretrainer.core.errors import UserError
 
@@ -125,10 +124,7 @@ def load_sweep(path: str | None, overrides: list[str]) -> tuple[SweepConfig, Con
     if path is not None:
         if not Path(path).is_file():
             raise UserError(f"{path}: sweep file not found")
-        try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as e:
-            raise UserError(f"{path}: not valid TOML ({e})") from None
+        raw = read_toml(Path(path))
     for key, value in raw.pop("sweep", {}).items():
         set_sweep_key(sweep, key, value, str(path))
     sweep_overrides = [o for o in overrides if o.startswith("--sweep.")]
