@@ -3,8 +3,12 @@ one line (exit 2) or the right behaviour, and nothing already saved is lost."""
 
 from __future__ import annotations
 
+import json
+import shlex
+from pathlib import Path
+
 import pytest
-from helpers import tiny_overrides
+from helpers import losses, tiny_overrides
 
 
 @pytest.mark.parametrize("shape", [{"model.d_model": 1_000_000}, {"model.seq_len": 100_000_000}])
@@ -15,3 +19,50 @@ def test_a_shape_that_cannot_fit_is_refused_before_allocation(stdlib_data, tmp_p
     assert err.count("\n") == 1 and err.startswith("error: config: this run needs about"), err
     assert "`pretrainer plan` itemises it" in err
     assert not run.exists(), "a run refused before its first write leaves nothing"
+
+
+def snapshot(run: Path) -> dict[str, bytes]:
+    """Every file of a run dir by relative path -> bytes, but the lock and the exit record (which
+    says how the latest launch ended)."""
+    return {
+        str(p.relative_to(run)): p.read_bytes()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name not in (".lock", "exit.json")
+    }
+
+
+def test_a_checkpoint_of_another_run_never_rewrites_a_run_and_may_start_a_branch(
+    stdlib_data, tmp_path, run_cli
+):
+    first, other, branch = tmp_path / "first", tmp_path / "other", tmp_path / "branch"
+    short = {"train.max_steps": 20, "eval.every": 10}
+    assert run_cli("train", *tiny_overrides(stdlib_data, first, **short))[0] == 0
+    assert run_cli("train", *tiny_overrides(stdlib_data, other, **short, **{"model.d_model": 32}))[0] == 0
+    before = snapshot(other)
+    foreign = first / "checkpoints" / "step-0000010"
+    for extra in ([], ["--model.d_model=64"]):  # the saved config, or the foreign shape typed again
+        code, out, err = run_cli("train", f"--run.dir={other}", f"--train.resume={foreign}", *extra)
+        assert code == 2 and err.count("\n") == 1, out + err
+        assert "holds a run of its own" in err and "give a new --run.dir" in err
+        assert snapshot(other) == before, "the refused launch changed nothing in the run it was pointed at"
+        assert json.loads((other / "exit.json").read_text())["exit_code"] == 2
+    # a new run dir: the first run continued from its step 10, the same losses as the first run's own
+    code, out, err = run_cli("train", f"--run.dir={branch}", f"--train.resume={foreign}")
+    assert code == 0, out + err
+    assert losses(branch) == {s: v for s, v in losses(first).items() if s > 10}
+
+
+def test_a_run_dir_with_a_space_resumes_with_the_command_it_prints(stdlib_data, tmp_path, run_cli):
+    run = tmp_path / "my run"
+    code, out, err = run_cli(
+        "train", *tiny_overrides(stdlib_data, run, **{"train.max_steps": 20}), "--train.stop_at_step=10"
+    )
+    assert code == 0, out + err
+    printed = next(
+        line.strip() for line in out.splitlines() if line.strip().startswith("pretrainer train --run.dir")
+    )
+    argv = shlex.split(printed.split("#")[0])
+    assert argv[:2] == ["pretrainer", "train"] and argv[2] == f"--run.dir={run}"
+    code, out, err = run_cli(*argv[1:])
+    assert code == 0, out + err
+    assert max(losses(run)) == 20 and "resuming from" in out

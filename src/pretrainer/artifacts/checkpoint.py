@@ -210,6 +210,22 @@ def resolve_run_or_checkpoint(path: Path) -> Path:
     return latest
 
 
+def refuse_foreign_checkpoint(run_dir: Path, checkpoint: Path) -> None:
+    """A checkpoint of another run may start a new run dir (a branch: that run continued elsewhere), never
+    continue into a run dir that holds a run of its own, whose config, checkpoints and metrics it
+    would rewrite."""
+    own = checkpoint.resolve().parent == checkpoints_root(run_dir).resolve()
+    holds_run = any((run_dir / name).exists() for name in ("config.toml", "metrics.jsonl")) or bool(
+        list_checkpoints(run_dir)
+    )
+    if not own and holds_run:
+        raise UserError(
+            f"{run_dir}: holds a run of its own, and train.resume = {checkpoint} belongs to another run; "
+            f"to continue that run from there, give a new --run.dir (a branch starts at its step); "
+            f"to continue {run_dir}, drop --train.resume"
+        )
+
+
 def read_resume_checkpoint(run_dir: Path, resume: str, say) -> tuple[Path, dict, dict, dict] | None:
     """train.resume -> (checkpoint, weights, optimizer state, trainer state), or None to start fresh.
     "auto": the newest *intact* checkpoint; each damaged one newer than it is reported in one line.
@@ -221,6 +237,7 @@ def read_resume_checkpoint(run_dir: Path, resume: str, say) -> tuple[Path, dict,
             )
         return None
     if resume != "auto":
+        refuse_foreign_checkpoint(run_dir, Path(resume))
         return (Path(resume), *read_intact(Path(resume)))
     candidates = list_checkpoints(run_dir)
     for path in reversed(candidates):

@@ -21,6 +21,7 @@ calls one function; user errors print one line (`error: ...`) and exit with code
 
 from __future__ import annotations
 
+import re
 import sys
 
 from pretrainer.cli.parser import build_parser, join_dotted_overrides
@@ -35,6 +36,8 @@ from pretrainer.core.errors import (
     UserError,
     exit_code_for_signal,
 )
+
+DOTTED_OVERRIDE = re.compile(r"^--[a-z][\w-]*\.[\w.-]+=")
 
 # verb -> what it does, given (the parsed arguments, the --section.key=value overrides, the whole argv);
 # verbs that return nothing exit 0
@@ -59,7 +62,11 @@ VERBS = {
 def main(argv: list[str] | None = None) -> int:
     argv = join_dotted_overrides(sys.argv[1:] if argv is None else [str(a) for a in argv])
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    # --section.key=VALUE are the config's, whatever VALUE holds: argparse would take one with a space
+    # ('--run.dir=/x/my run') for the positional config path
+    overrides = [arg for arg in argv if DOTTED_OVERRIDE.match(arg)]
+    args, extra = parser.parse_known_args([arg for arg in argv if not DOTTED_OVERRIDE.match(arg)])
+    extra = overrides + extra
     if extra and args.verb not in ("train", "eval", "plan", "budget-check", "config", "sweep"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:

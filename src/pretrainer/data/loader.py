@@ -14,6 +14,7 @@ So 2 ranks x micro-batch b read exactly what 1 process with grad_accum 2 reads.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +134,8 @@ def open_data_dir(path: str | Path) -> DataDir:
         raise UserError("data.dir is not set; pass --data.dir=DIR, a directory written by `pretrainer prepare`")
     path = Path(path)
     if not path.is_dir():
-        raise UserError(f"{path}: data dir not found; run `pretrainer prepare --corpus ... --out {path}` first")
+        raise UserError(f"{path}: data dir not found; run `pretrainer prepare --corpus ... --out {shlex.quote(str(path))}` first"
+        )
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
         raise UserError(f"{manifest_path}: missing; {path} is not a complete prepared data dir (re-run `pretrainer prepare`)")

@@ -22,6 +22,7 @@ import csv
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -267,7 +268,8 @@ def run_sweep(sweep: SweepConfig, base: Config, say=print) -> int:
         code = run_one_by_one(base, sweep_dir, runs, pending, spent, say)
     rows = write_csv(sweep_dir, runs, price)
     if code == 0:
-        say(f"sweep: {len(rows)} runs finished; {sweep_dir}/sweep.csv\nnext:\n  pretrainer fit {sweep_dir}")
+        next_command = f"pretrainer fit {shlex.quote(str(sweep_dir))}"
+        say(f"sweep: {len(rows)} runs finished; {sweep_dir}/sweep.csv\nnext:\n  {next_command}")
     return code
 
 
