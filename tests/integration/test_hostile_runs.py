@@ -66,3 +66,57 @@ def test_a_run_dir_with_a_space_resumes_with_the_command_it_prints(stdlib_data, 
     code, out, err = run_cli(*argv[1:])
     assert code == 0, out + err
     assert max(losses(run)) == 20 and "resuming from" in out
+
+
+@pytest.fixture(scope="module")
+def small_run(stdlib_data, tmp_path_factory) -> Path:
+    """A finished 10-step run, only read by the tests that use it."""
+    from helpers import tiny_config
+
+    from pretrainer.train.loop import train
+
+    run = tmp_path_factory.mktemp("small") / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 10, "eval.every": 10}))
+    return run
+
+
+def test_force_replaces_only_what_pretrainer_made(small_run, tmp_path, run_cli, jsonl_corpus):
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "thesis.tex").write_text("four years")
+    before = snapshot(small_run)
+    for out, why in [
+        (small_run, "itself"),
+        (small_run.parent, "which it holds"),
+        (thesis, "is not a report pretrainer wrote"),
+    ]:
+        code, out_text, err = run_cli("export", small_run, "--out", out, "--force")
+        assert code == 2 and err.count("\n") == 1 and why in err, err
+    assert snapshot(small_run) == before and (thesis / "thesis.tex").read_text() == "four years"
+    report = tmp_path / "report"
+    for _ in range(2):  # its own report: replaced
+        assert run_cli("export", small_run, "--out", report, "--force")[0] == 0
+    code, _, err = run_cli("export", small_run, "--format", "hf", "--out", report, "--force")
+    assert code == 2 and "is not a Hugging Face export" in err  # a report is not an hf export
+    prepare = ["prepare", "--corpus", jsonl_corpus, "--tokenizer", "bpe:300", "--val-fraction", "0.1"]
+    code, _, err = run_cli(*prepare, "--out", thesis, "--force")
+    assert code == 2 and "is not a prepared data dir pretrainer wrote" in err
+    code, _, err = run_cli(*prepare, "--out", jsonl_corpus.parent, "--force")
+    assert code == 2 and "which it holds" in err  # the corpus lives there
+    assert (thesis / "thesis.tex").read_text() == "four years" and jsonl_corpus.is_file()
+    data = tmp_path / "data"
+    for _ in range(2):  # its own prepared data: replaced
+        assert run_cli(*prepare, "--out", data, "--force")[0] == 0
+
+
+def test_eval_out_is_checked_before_the_evaluation(small_run, tmp_path, run_cli):
+    code, out, err = run_cli("eval", small_run, "--tasks", "none", "--out", tmp_path)
+    assert code == 2 and err == f"error: {tmp_path}: is a directory; give a file path for --out\n"
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, out, err = run_cli("eval", small_run, "--tasks", "none", "--out", blocker / "sub" / "e.json")
+    assert code == 2 and "is a file, not a directory" in err
+    target = tmp_path / "new" / "dir" / "e.json"
+    assert run_cli("eval", small_run, "--tasks", "none", "--out", target)[0] == 0
+    assert json.loads(target.read_text())["val_loss"] > 0
+    assert sorted(p.name for p in target.parent.iterdir()) == ["e.json"], "no temp file left"

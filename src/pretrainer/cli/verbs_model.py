@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pretrainer.cli.output import print_to_stdout
 from pretrainer.core.errors import UserError
+from pretrainer.core.files import json_keys, refuse_to_replace
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -17,6 +18,17 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
         [f"--eval.num_fewshot={args.num_fewshot}"] if args.num_fewshot is not None else []
     )
     evaluate_target(args.target, shorthands + overrides, args.out, args.limit)
+
+
+# what --force may replace, by --format: an export pretrainer wrote
+EXPORTS = {
+    "report": ("a report", lambda out: "final_weights" in json_keys(out / "manifest.json")),
+    "hf": (
+        "a Hugging Face export",
+        lambda out: (out / "config.json").is_file() and any(out.glob("*.safetensors")),
+    ),
+    "safetensors": ("a weights file", lambda out: out.is_file() and out.suffix == ".safetensors"),
+}
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -35,6 +47,9 @@ def cmd_export(args: argparse.Namespace) -> None:
             f"{out}: already exists; pass --force to replace it (only once the new export is complete), "
             f"or --out elsewhere"
         )
+    refuse_to_replace(
+        out, EXPORTS[args.format][1], EXPORTS[args.format][0], keep=[run.checkpoint, run.run_dir]
+    )
     if args.format == "report":
         manifest = export_report(run, out)
         check = (

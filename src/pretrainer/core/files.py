@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pretrainer.core.errors import UserError
+
 
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -25,13 +27,19 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """`data` in `path`, or (disk full, a signal) `path` as it was and no temp file left."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     fsync_dir(path.parent)
 
 
@@ -68,6 +76,48 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
         while chunk := f.read(chunk_bytes):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def refuse_to_replace(out: Path, ours, what: str, keep=()) -> None:
+    """What --force may replace: only `what` this tool wrote (`ours(out)` recognises it, e.g. by its
+    manifest), never a directory that holds any of `keep` (the run, the data, the inputs) or the working
+    directory, and never a parent of one."""
+    target, held = Path(out).resolve(), [Path(path).resolve() for path in [*keep, Path.cwd()]]
+    if target in held:
+        raise UserError(f"{out}: --force would replace {target} itself; choose another --out")
+    for path in held:
+        if target in path.parents:
+            raise UserError(f"{out}: --force would replace {path}, which it holds; choose another --out")
+    if Path(out).exists() and not ours(Path(out)):
+        raise UserError(
+            f"{out}: exists and is not {what} pretrainer wrote, so --force does not replace it; choose "
+            f"another --out, or remove it yourself"
+        )
+
+
+def check_output(out: Path, kind: str = "file") -> None:
+    """Before any work: `out` can be written as a `kind` ("file" or "directory"): not an existing
+    directory where a file goes, and its nearest existing parent a writable directory (missing ones are
+    made then)."""
+    out = Path(out)
+    if kind == "file" and out.is_dir():
+        raise UserError(f"{out}: is a directory; give a file path for --out")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{out}: cannot be made, {parent} is a file, not a directory; choose another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{out}: cannot write into {parent} (read-only or not yours); choose another --out")
+
+
+def json_keys(path: Path) -> set[str]:
+    """The top-level keys of a JSON object file; none for a missing or unreadable one."""
+    try:
+        found = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    return set(found) if isinstance(found, dict) else set()
 
 
 @contextlib.contextmanager

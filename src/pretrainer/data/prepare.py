@@ -51,7 +51,7 @@ from pretrainer.data.tokenizers.base import Tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer
 from pretrainer.data.tokenizers.load import tokenizer_from_spec
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import atomic_directory, atomic_write_json
+from pretrainer.core.files import atomic_directory, atomic_write_json, json_keys, refuse_to_replace
 
 BATCH_CHARS = 1 << 20  # documents are sent to workers in batches of about 1M characters
 BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
@@ -251,6 +251,11 @@ class _SplitWriter:
         return info
 
 
+def is_prepared_dir(path: Path) -> bool:
+    """A directory `prepare` wrote: its manifest names the splits and the tokenizer."""
+    return {"splits", "tokenizer"} <= json_keys(Path(path) / "manifest.json")
+
+
 def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: float = 0.005, seed: int = 0,
             workers: int = 0, max_docs: int = 0, force: bool = False, command: str = "", fmt: str = "text",
             tokenizer_from: str = "", eot_token: str = "") -> dict:
@@ -271,6 +276,8 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
         raise UserError(f"--val-fraction {val_fraction}: must be between 0 and 1 (exclusive)")
     if out.exists() and not force:
         raise UserError(f"{out}: output directory already exists; choose another --out or pass --force to replace it")
+    refuse_to_replace(out, is_prepared_dir, "a prepared data dir",
+                      keep=[f.path for f in corpus.files] + ([tokenizer_from] if tokenizer_from else []))
     workers = workers or min(os.cpu_count() or 1, 8)
     if eot_token and (tokenizer_from or not tokenizer_spec.startswith("hf:")):
         raise UserError(f"--eot-token {eot_token}: only with --tokenizer hf:DIR_OR_REPO (gpt2, bpe:N and --tokenizer-from "

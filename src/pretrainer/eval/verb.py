@@ -26,7 +26,7 @@ from pretrainer.config.resolve import resolve
 from pretrainer.config.schema import Config, ModelConfig, canonical_key
 from pretrainer.core.device import autocast_dtype, resolve_device
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import atomic_write_json
+from pretrainer.core.files import atomic_write_json, check_output
 from pretrainer.data.loader import open_training_data
 from pretrainer.eval.inloop import data_validation_batches
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
@@ -110,6 +110,8 @@ def evaluate_target(
     from pretrainer.eval.task_files import SUITE_ITEMS, load_tasks
     from pretrainer.eval.tasks import continuation_scorer, print_task_table, score_task, suite_score
 
+    if out:
+        check_output(Path(out))  # before the evaluation, not after it
     cfg, weights = eval_config(target, overrides)
     spec, run = weights.spec, weights.run
     data = open_training_data(cfg.data.dir, cfg.data.mixture)
@@ -158,6 +160,7 @@ def evaluate_target(
     print("\n".join(["probes (greedy):"] + format_probes(result["probes"])))
     path = Path(out) if out else run.run_dir / f"eval-{run.step:07d}.json" if run else None
     if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, result)
         print(f"wrote {path}")
     return result
