@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import losses, tiny_overrides
 
@@ -120,3 +122,47 @@ def test_eval_out_is_checked_before_the_evaluation(small_run, tmp_path, run_cli)
     assert run_cli("eval", small_run, "--tasks", "none", "--out", target)[0] == 0
     assert json.loads(target.read_text())["val_loss"] > 0
     assert sorted(p.name for p in target.parent.iterdir()) == ["e.json"], "no temp file left"
+
+
+@pytest.fixture
+def data_copy(stdlib_data, tmp_path) -> Path:
+    copy = tmp_path / "data"
+    shutil.copytree(stdlib_data, copy)
+    return copy
+
+
+def test_edited_data_is_refused_at_launch_and_state_says_what_was_verified(data_copy, tmp_path, run_cli):
+    short = {"train.max_steps": 2, "eval.every": 0, "ckpt.every": 0}
+    run = tmp_path / "run"
+    assert run_cli("train", *tiny_overrides(data_copy, run, **short))[0] == 0
+    state = json.loads(next((run / "checkpoints").glob("step-*/state.json")).read_text())
+    verified = state["dataset"]["verified"]
+    assert verified["mode"] == "sampled" and verified["chunks_checked"] == verified["chunks"] > 0
+    train_bin = data_copy / "train.bin"
+    tokens = np.memmap(train_bin, dtype=np.uint16, mode="r+")
+    tokens[1000:3000] = tokens[5000:7000]  # same size, other ids: only the checksum can tell
+    tokens.flush()
+    code, out, err = run_cli("train", *tiny_overrides(data_copy, tmp_path / "again", **short))
+    assert code == 2 and err.count("\n") == 1, out + err
+    size = train_bin.stat().st_size  # a 16 MiB chunk is more than this small file
+    assert err.startswith(f"error: {train_bin}: bytes 0-{size:,} differ from the checksum manifest.json")
+    assert not (tmp_path / "again").exists()
+
+
+def test_an_id_outside_the_vocabulary_in_val_is_one_line(data_copy, tmp_path, run_cli):
+    val = np.memmap(data_copy / "val.bin", dtype=np.uint16, mode="r+")
+    val[10] = 1500  # the vocabulary is 1,024
+    val.flush()
+    short = {"train.max_steps": 2, "data.verify": "off"}  # past the checksum: the ids are checked too
+    code, out, err = run_cli("train", *tiny_overrides(data_copy, tmp_path / "run", **short))
+    assert code == 2 and err.count("\n") == 1, out + err
+    assert "token id 1500 is outside the model's vocabulary (1024)" in err
+
+
+def test_a_manifest_path_outside_the_data_dir_is_refused(data_copy, tmp_path, run_cli):
+    (tmp_path / "outside.txt").write_bytes(b"\0" * 64)
+    manifest = json.loads((data_copy / "manifest.json").read_text())
+    manifest["splits"]["val"]["file"] = "../outside.txt"
+    (data_copy / "manifest.json").write_text(json.dumps(manifest))
+    code, out, err = run_cli("train", *tiny_overrides(data_copy, tmp_path / "run"))
+    assert code == 2 and "split file '../outside.txt' is not a file name inside" in err, out + err

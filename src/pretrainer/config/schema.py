@@ -82,6 +82,13 @@ class DataConfig:
         'instead of data.dir, several prepared dirs sampled by weight: [{dir = "a", weight = 0.7}, '
         '{dir = "b", weight = 0.3}] in TOML, "a:0.7,b:0.3" on the command line; text and chat dirs may mix',
     )
+    verify: str = opt(
+        "sampled",
+        'check the data against its manifest\'s checksums at each launch: "sampled" (8 chunks of 16 MiB '
+        'per file, drawn afresh; all of a small file), "full" (every byte: sha256 at ~1.7 GB/s plus '
+        'the read) or "off"',
+        allowed=("sampled", "full", "off"),
+    )
     packing: str = opt(
         "auto",
         '"concat" (documents run on), "document" (attention and loss stop at each end-of-text), "pad" '
@@ -344,7 +351,8 @@ class Config:
 
 
 # Keys that may differ between a run and its resumption without changing what is computed.
-RESUME_FREE_KEYS = ("train.stop_at_step", "train.resume", "run.dir")  # run.dir: a run may be moved
+# run.dir: a run may be moved; data.verify: how hard a launch checks the data, not what it computes
+RESUME_FREE_KEYS = ("train.stop_at_step", "train.resume", "run.dir", "data.verify")
 
 
 def _key_name(field_name: str) -> str:

@@ -70,6 +70,40 @@ def save_safetensors(tensors: dict, path: Path, metadata: dict[str, str] | None 
     os.chmod(path, 0o666 & ~current_umask())
 
 
+CHUNK_BYTES = 16 << 20  # a data file's sha256 is also kept per 16 MiB chunk, for a sampled check
+
+
+class ChunkedSha256:
+    """sha256 of a stream, whole and per CHUNK_BYTES chunk, fed as it is written."""
+
+    def __init__(self):
+        self.whole, self.chunk, self.filled, self.chunks = hashlib.sha256(), hashlib.sha256(), 0, []
+
+    def update(self, data: bytes) -> None:
+        self.whole.update(data)
+        view = memoryview(data)
+        while len(view):
+            take = min(len(view), CHUNK_BYTES - self.filled)
+            self.chunk.update(view[:take])
+            self.filled += take
+            view = view[take:]
+            if self.filled == CHUNK_BYTES:
+                self.chunks.append(self.chunk.hexdigest())
+                self.chunk, self.filled = hashlib.sha256(), 0
+
+    def chunk_digests(self) -> list[str]:
+        return self.chunks + ([self.chunk.hexdigest()] if self.filled else [])
+
+    def hexdigest(self) -> str:
+        return self.whole.hexdigest()
+
+
+def sha256_chunk(path: Path, index: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(index * CHUNK_BYTES)
+        return hashlib.sha256(f.read(CHUNK_BYTES)).hexdigest()
+
+
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -33,6 +33,7 @@ class DataDir:
     path: Path
     manifest: dict
     tokenizer: Tokenizer
+    verified: dict | None = None  # what verify_data checked, for provenance
 
     @property
     def vocab_size(self) -> int:
@@ -45,6 +46,7 @@ class DataDir:
 
         tokenizer = self.manifest["tokenizer"]
         return {"dir": str(self.path.resolve()), "manifest_sha256": sha256_file(self.path / "manifest.json"),
+                **({"verified": self.verified} if self.verified else {}),
                 "tokenizer": {k: tokenizer.get(k) for k in ("name", "vocab_size", "sha256")},
                 "splits": {name: {k: info.get(k) for k in ("sha256", "tokens", "documents")}
                            for name, info in self.manifest["splits"].items()}}
@@ -85,7 +87,7 @@ class DataMixture:
     with the most (text data and chat data made with --tokenizer-from the same run mix)."""
 
     def __init__(self, parts: list[DataDir], weights: list[float]):
-        self.parts, self.weights = parts, weights
+        self.parts, self.weights, self.verified = parts, weights, None
         self.tokenizer = max((part.tokenizer for part in parts), key=lambda t: len(t.special_tokens))
         for part in parts:
             if not self.tokenizer.extends(part.tokenizer):
@@ -112,13 +114,65 @@ class DataMixture:
         return self.tokenizer.eot_id
 
     def provenance(self) -> dict:
-        return {"mixture": [{"weight": w, **part.provenance()} for part, w in zip(self.parts, self.weights)]}
+        return {"mixture": [{"weight": w, **part.provenance()} for part, w in zip(self.parts, self.weights)],
+                **({"verified": self.verified} if self.verified else {})}
 
     def sources(self, split: str, seq_len: int, packing: str) -> tuple[list[TokenSource], list[float]]:
         sources = [part.source(split, seq_len, packing) for part in self.parts]
         for source, label in zip(sources, self.labels):
             source.name = label if split == "train" else f"{label}/{split}"
         return sources, list(self.weights)
+
+
+VERIFY_MODES = ("sampled", "full", "off")
+SAMPLED_CHUNKS = 8  # data.verify = sampled: the first and last chunk of each file and 6 drawn at random
+
+
+def verify_data(data: "DataDir | DataMixture", mode: str) -> dict:
+    """The data's bytes against the checksums `prepare` recorded (data.verify): "full" hashes every byte,
+    "sampled" SAMPLED_CHUNKS chunks of CHUNK_BYTES per file (all of a file that small), drawn afresh each
+    launch so that restarts cover different parts; "off" nothing. A changed file is one line naming it
+    and where it changed. -> what was checked, for state.json."""
+    import random
+    import time
+
+    from pretrainer.core.files import CHUNK_BYTES, sha256_chunk, sha256_file
+
+    started, checked, total, unchecked = time.perf_counter(), 0, 0, []
+    draw = random.Random()  # not the run's seed: each launch looks somewhere else
+    for part in data.parts if mode != "off" else []:
+        for split, info in part.manifest["splits"].items():
+            files = [(info["file"], info["sha256"], info.get("chunk_sha256"))]
+            if "mask_file" in info:
+                files.append((info["mask_file"], info.get("mask_sha256"), info.get("mask_chunk_sha256")))
+            for name, whole, chunks in files:
+                file = part.path / name
+                if chunks is None:  # prepared by an older version: whole-file hash only
+                    small = file.stat().st_size <= SAMPLED_CHUNKS * CHUNK_BYTES
+                    if whole and (mode == "full" or small):
+                        if sha256_file(file) != whole:
+                            raise _changed(file, "its sha256")
+                        checked, total = checked + 1, total + 1
+                    else:
+                        unchecked.append(str(file))
+                    continue
+                picks = range(len(chunks))
+                if mode == "sampled" and len(chunks) > SAMPLED_CHUNKS:
+                    middle = draw.sample(range(1, len(chunks) - 1), SAMPLED_CHUNKS - 2)
+                    picks = sorted({0, len(chunks) - 1, *middle})
+                for index in picks:
+                    if sha256_chunk(file, index) != chunks[index]:
+                        start = index * CHUNK_BYTES
+                        end = min(start + CHUNK_BYTES, file.stat().st_size)
+                        raise _changed(file, f"bytes {start:,}-{end:,}")
+                checked, total = checked + len(picks), total + len(chunks)
+    return {"mode": mode, "chunks_checked": checked, "chunks": total, "unchecked_files": unchecked,
+            "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _changed(file: Path, where: str) -> UserError:
+    return UserError(f"{file}: {where} differ from the checksum manifest.json records: the data was changed after "
+                     f"`pretrainer prepare`; restore it or re-run prepare (data.verify = off skips this check)")
 
 
 def open_training_data(data_dir: str, mixture: list[dict]) -> DataDir | DataMixture:
@@ -154,6 +208,9 @@ def open_data_dir(path: str | Path) -> DataDir:
     for split in ("train", "val"):
         info = splits[split]
         for name, itemsize in ((info["file"], dtype.itemsize), *([(info["mask_file"], 1)] if "mask_file" in info else [])):
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise UserError(f"{manifest_path}: split file {name!r} is not a file name inside {path}; a manifest "
+                                f"names its files, never a path elsewhere; re-run `pretrainer prepare`")
             file = path / name
             size = file.stat().st_size if file.is_file() else -1
             if size != info["tokens"] * itemsize:

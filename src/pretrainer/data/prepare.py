@@ -51,7 +51,7 @@ from pretrainer.data.tokenizers.base import Tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer
 from pretrainer.data.tokenizers.load import tokenizer_from_spec
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import atomic_directory, atomic_write_json, json_keys, refuse_to_replace
+from pretrainer.core.files import ChunkedSha256, atomic_directory, atomic_write_json, json_keys, refuse_to_replace
 
 BATCH_CHARS = 1 << 20  # documents are sent to workers in batches of about 1M characters
 BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
@@ -220,10 +220,10 @@ class _SplitWriter:
     def __init__(self, path: Path, dtype: np.dtype, with_mask: bool = False):
         self.path, self.dtype = path, dtype
         self.file = open(path, "wb")
-        self.sha = hashlib.sha256()
+        self.sha = ChunkedSha256()
         self.mask_path = path.with_suffix(".mask.bin") if with_mask else None
         self.mask_file = open(self.mask_path, "wb") if with_mask else None
-        self.mask_sha = hashlib.sha256()
+        self.mask_sha = ChunkedSha256()
         self.documents = self.tokens = self.trained_tokens = 0
 
     def write(self, tokens: np.ndarray, documents: int = 1, mask: np.ndarray | None = None) -> None:
@@ -240,14 +240,16 @@ class _SplitWriter:
             self.trained_tokens += int(mask.sum())
 
     def close(self) -> dict:
-        info = {"file": self.path.name, "documents": self.documents, "tokens": self.tokens, "sha256": self.sha.hexdigest()}
+        info = {"file": self.path.name, "documents": self.documents, "tokens": self.tokens, "sha256": self.sha.hexdigest(),
+                "chunk_sha256": self.sha.chunk_digests()}  # per CHUNK_BYTES: data.verify = sampled
         for f in (self.file, self.mask_file):
             if f is not None:
                 f.flush()
                 os.fsync(f.fileno())
                 f.close()
         if self.mask_file is not None:
-            info.update(mask_file=self.mask_path.name, mask_sha256=self.mask_sha.hexdigest(), trained_tokens=self.trained_tokens)
+            info.update(mask_file=self.mask_path.name, mask_sha256=self.mask_sha.hexdigest(),
+                        mask_chunk_sha256=self.mask_sha.chunk_digests(), trained_tokens=self.trained_tokens)
         return info
 
 

@@ -20,6 +20,7 @@ import torch
 
 from pretrainer.artifacts.metrics import MetricsLog
 from pretrainer.config.schema import Config
+from pretrainer.core.errors import UserError
 from pretrainer.data.loader import validation_batches
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
 from pretrainer.eval.probes import format_probes, read_probes, run_probes
@@ -36,11 +37,17 @@ def data_validation_batches(data, cfg: Config) -> list:
         if len(sources) > 1
         else [cfg.eval.batches]
     )
-    return [
-        batch
-        for source, n in zip(sources, shares)
-        for batch in validation_batches(source, cfg.model.seq_len, cfg.train.micro_batch, n)
-    ]
+    batches = []
+    for source, n in zip(sources, shares):
+        for inputs, targets in validation_batches(source, cfg.model.seq_len, cfg.train.micro_batch, n):
+            largest = max(int(inputs.max()), int(targets.max()))
+            if largest >= cfg.model.vocab_size:  # an edited split: one line, not an IndexError mid-run
+                raise UserError(
+                    f"{source.name}: token id {largest} is outside the model's vocabulary "
+                    f"({cfg.model.vocab_size}); the split was changed after `pretrainer prepare` (re-run it)"
+                )
+            batches.append((inputs, targets))
+    return batches
 
 
 class LoopEvals:

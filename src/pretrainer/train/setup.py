@@ -23,7 +23,7 @@ from pretrainer.config.schema import Config, config_hash, save_config, to_dict
 from pretrainer.core.device import autocast_dtype, device_peak_tflops, hardware_info
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json
-from pretrainer.data.loader import SequenceLoader, open_training_data
+from pretrainer.data.loader import SequenceLoader, open_training_data, verify_data
 from pretrainer.eval.inloop import LoopEvals
 from pretrainer.model import count_parameters
 from pretrainer.model.flops import flops_per_token
@@ -282,6 +282,10 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
     # a prepared dir, or several mixed by weight
     data = open_training_data(cfg.data.dir, cfg.data.mixture)
+    # its bytes against the manifest's checksums (data.verify), so state.json's provenance is true
+    data.verified = broadcast_object(
+        on_rank0(lambda: verify_data(data, cfg.data.verify), env, f"{data.path}: cannot verify it"), env
+    )
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
     # parent: init.from's weights and lineage
     cfg, parent = resolve_for_training(cfg, data, env, amp_dtype, say)

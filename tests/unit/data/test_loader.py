@@ -80,3 +80,34 @@ def test_validation_batches_are_fixed_and_in_order():
     assert len(batches) == 3 and batches[0][0][0, 0] == 0 and batches[2][0][-1, 0] == 110
     with pytest.raises(UserError, match="shorter than one sequence"):
         validation_batches(TOKENS[:5], seq_len=10, micro_batch=4, n_batches=3)
+
+
+def test_sampled_verification_checks_eight_chunks_per_file_and_full_finds_any_change(
+    jsonl_corpus, tmp_path, monkeypatch
+):
+    import hashlib
+
+    from pretrainer.data.loader import open_data_dir, verify_data
+    from pretrainer.data.prepare import prepare
+    from pretrainer.data.sources import Corpus
+
+    monkeypatch.setattr("pretrainer.core.files.CHUNK_BYTES", 512)  # many chunks in a small file
+    out = tmp_path / "data"
+    prepare(Corpus([str(jsonl_corpus)]), "bpe:300", out, val_fraction=0.1, workers=1)
+    data = open_data_dir(out)
+    info = data.manifest["splits"]["train"]
+    raw = (out / "train.bin").read_bytes()
+    assert info["chunk_sha256"] == [hashlib.sha256(raw[i : i + 512]).hexdigest() for i in range(0, len(raw), 512)]
+    chunks = {name: len(split["chunk_sha256"]) for name, split in data.manifest["splits"].items()}
+    assert chunks["train"] > 8
+    sampled = verify_data(data, "sampled")
+    assert sampled["chunks"] == sum(chunks.values())
+    assert sampled["chunks_checked"] == 8 + min(8, chunks["val"])
+    assert verify_data(data, "off")["chunks_checked"] == 0
+    middle = len(raw) // 2
+    with open(out / "train.bin", "r+b") as f:
+        f.seek(middle)
+        f.write(bytes([raw[middle] ^ 1]))  # one bit of one token
+    start = middle // 512 * 512
+    with pytest.raises(UserError, match=rf"train\.bin: bytes {start:,}-{start + 512:,} differ from the checksum"):
+        verify_data(data, "full")
