@@ -166,3 +166,73 @@ def test_a_manifest_path_outside_the_data_dir_is_refused(data_copy, tmp_path, ru
     (data_copy / "manifest.json").write_text(json.dumps(manifest))
     code, out, err = run_cli("train", *tiny_overrides(data_copy, tmp_path / "run"))
     assert code == 2 and "split file '../outside.txt' is not a file name inside" in err, out + err
+
+
+SECRETS = ("S3CRET-PW", "S3CRET-TOKEN", "S3CRET-B", "S3CRET-SIG")
+CREDENTIALS = [
+    f"--mlflow.uri=http://alice:{SECRETS[0]}@127.0.0.1:9/?token={SECRETS[1]}",  # nothing listens: warned
+    f"--budget.file=https://bob:{SECRETS[2]}@example.invalid/budget.json?sig={SECRETS[3]}",
+    "--budget.cap_usd=100",
+    "--budget.usd_per_gpu_hour=1",
+]
+
+
+def assert_no_secret(root: Path, *texts: str) -> None:
+    files = [p for p in root.rglob("*") if p.is_file()]
+    found = [str(p) for p in files if any(s.encode() in p.read_bytes() for s in SECRETS)]
+    found += [f"output {i}" for i, text in enumerate(texts) if any(s in text for s in SECRETS)]
+    assert not found, f"a secret reached {found}"
+    assert len(files) > 20
+
+
+def test_credentials_in_uris_reach_no_file_log_or_tracker(
+    small_run, stdlib_data, tmp_path, run_cli, monkeypatch
+):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    run, outputs = tmp_path / "run", []
+    settings = tiny_overrides(
+        stdlib_data, run, **{"train.max_steps": 10, "eval.every": 10, "mlflow.enabled": True}
+    )
+    for extra in (["--train.stop_at_step=5"], []):  # a stop and a resume, the credentials given again
+        code, out, err = run_cli("train", *settings, *CREDENTIALS, *extra)
+        assert code == 0, out + err
+        assert err.count("warning: mlflow failed") + out.count("warning: mlflow failed") == 1
+        outputs += [out, err]
+    assert losses(run) == losses(small_run), "tracking that failed changed nothing in training"
+    code, out, err = run_cli("train", f"--run.dir={run}", "--train.max_steps=12")  # resumed from config.toml
+    assert code == 0 and "its credentials are never saved" in out + err, out + err
+    outputs += [out, err]
+    for fmt in ("report", "hf"):
+        code, out, err = run_cli("export", run, "--format", fmt)
+        assert code == 0, out + err
+        outputs += [out, err]
+    assert "alice:***@127.0.0.1:9/?token=***" in (run / "config.toml").read_text()
+    tracked = tmp_path / "tracked"  # a store that works: its params and artifacts in mlflow.db
+    code, out, err = run_cli(
+        "train",
+        *tiny_overrides(stdlib_data, tracked, **{"train.max_steps": 3, "mlflow.enabled": True}),
+        *CREDENTIALS[1:],
+    )
+    assert code == 0 and (tracked / "mlflow.db").is_file() and "warning: mlflow" not in out + err, out + err
+    assert_no_secret(tmp_path, *outputs, out, err)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "deleted"])
+def test_a_broken_tracking_store_is_one_warning_and_training_continues(
+    small_run, stdlib_data, tmp_path, run_cli, damage
+):
+    run = tmp_path / "run"
+    settings = tiny_overrides(
+        stdlib_data, run, **{"train.max_steps": 10, "eval.every": 10, "mlflow.enabled": True}
+    )
+    assert run_cli("train", *settings, "--train.stop_at_step=5")[0] == 0
+    store = run / "mlflow.db"
+    if damage == "garbage":
+        store.write_bytes(b"not a database " * 100)
+    else:
+        store.unlink()
+    code, out, err = run_cli("train", *settings)
+    assert code == 0, out + err
+    assert (out + err).count("warning: mlflow failed") == 1 and "Traceback" not in out + err
+    assert losses(run) == losses(small_run)

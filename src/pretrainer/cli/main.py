@@ -36,6 +36,7 @@ from pretrainer.core.errors import (
     UserError,
     exit_code_for_signal,
 )
+from pretrainer.core.secrets import forget_secrets, redact
 
 DOTTED_OVERRIDE = re.compile(r"^--[a-z][\w-]*\.[\w.-]+=")
 
@@ -60,6 +61,7 @@ VERBS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    forget_secrets()
     argv = join_dotted_overrides(sys.argv[1:] if argv is None else [str(a) for a in argv])
     parser = build_parser()
     # --section.key=VALUE are the config's, whatever VALUE holds: argparse would take one with a space
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return VERBS[args.verb](args, extra, argv) or 0
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         return EXIT_USER_ERROR
     except RunStopped as e:
         print(f"stopped: {e}", file=sys.stderr)

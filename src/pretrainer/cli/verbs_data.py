@@ -6,6 +6,8 @@ import argparse
 import shlex
 from pathlib import Path
 
+from pretrainer.core.secrets import redact
+
 
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
     from pretrainer.data.prepare import prepare
@@ -27,7 +29,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
         workers=args.workers,
         max_docs=args.max_docs,
         force=args.force,
-        command="pretrainer " + shlex.join(argv),
+        command=redact("pretrainer " + shlex.join(argv)),
         fmt=args.format,
         tokenizer_from=args.tokenizer_from or "",
         eot_token=args.eot_token,

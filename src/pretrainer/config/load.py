@@ -16,6 +16,7 @@ from typing import Any
 from pretrainer.config.schema import Config, all_keys, canonical_key, flatten, key_allowed, key_help, to_dict
 from pretrainer.config.suggest import suggest
 from pretrainer.core.errors import UserError
+from pretrainer.core.secrets import keep_secret, redact
 
 
 def _short_help(key: str) -> str:
@@ -57,7 +58,7 @@ RANGE = re.compile(r"^(?:(>=|>) *(\S+)|([\[(]) *(\S+), *(\S+) *([\])]))$")
 def shown(value: Any, limit: int = 60) -> str:
     """A value as an error message shows it: its repr, cut to `limit` characters (a hostile 50 MB string
     is not echoed whole)."""
-    text = repr(value)
+    text = redact(repr(value))
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
@@ -144,6 +145,8 @@ def set_key(cfg: Config, typed_key: str, value: Any, where: str) -> None:
         raise _unknown_key(typed_key, where)
     section, name = key.split(".", 1)
     target, coerced = getattr(cfg, section), _coerce(key, value, types[key], where)
+    if isinstance(coerced, str):  # credentials in a URI stay in this process, never in the config
+        coerced = keep_secret(coerced)
     check_value(key, coerced, where)
     setattr(target, name if hasattr(target, name) else name + "_", coerced)
 

@@ -47,6 +47,7 @@ from pretrainer.core.errors import (
     exit_code_for_signal,
 )
 from pretrainer.core.files import atomic_write_json
+from pretrainer.core.secrets import redact
 from pretrainer.train.budget import ACTION_CODES, BudgetGuard, estimated_spend_usd
 from pretrainer.train.distributed import DistEnv, is_collective_timeout
 
@@ -114,7 +115,7 @@ def write_exit_record(
         "exit_code": exit_code,
         "step": step,
         "checkpoint": str(checkpoint) if checkpoint else None,
-        "message": str(error).splitlines()[0][:500] if error is not None and str(error) else "",
+        "message": redact(str(error).splitlines()[0])[:500] if error is not None and str(error) else "",
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     targets = [Path(run_dir) / "exit.json"] if into_run_dir and Path(run_dir).is_dir() else []

@@ -10,6 +10,7 @@ from pathlib import Path
 from pretrainer.artifacts.metrics import MetricsLog
 from pretrainer.config.schema import Config, config_text, flatten
 from pretrainer.core.files import atomic_write_bytes
+from pretrainer.core.secrets import lost_secret, redact, reveal
 
 
 class MlflowLogger:
@@ -23,12 +24,14 @@ class MlflowLogger:
         # importing mlflow configures its loggers: quieten them after
         from mlflow.tracking import MlflowClient
 
-        for name in ("mlflow", "alembic"):  # their INFO lines (database migrations) would land mid-output
-            logging.getLogger(name).setLevel(logging.WARNING)
+        # their INFO lines (database migrations) would land mid-output, and their ERROR tracebacks: RunLog
+        # reports a failing store in one line
+        for name in ("mlflow", "alembic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
         run_dir = Path(run_dir).resolve()
         self.uri = uri or f"sqlite:///{run_dir / 'mlflow.db'}"
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = MlflowClient(tracking_uri=reveal(self.uri))  # the one place credentials are used
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = (
             found.experiment_id
@@ -66,18 +69,37 @@ class MlflowLogger:
 
 
 class RunLog:
-    """metrics.jsonl (cut back to `keep_through_step` on resume) and mlflow, on rank 0; a no-op elsewhere."""
+    """metrics.jsonl (cut back to `keep_through_step` on resume) and mlflow, on rank 0; a no-op elsewhere.
+    Tracking never stops training: a store that fails (unreachable, damaged, deleted) is reported once
+    and left, and metrics.jsonl keeps every step."""
 
     def __init__(self, cfg: Config, run_dir: Path, keep_through_step: int, is_main: bool, say):
         if is_main:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
+        self.say = say
         self.metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step) if is_main else None
-        self.tracker = open_tracker(cfg, run_dir, say) if is_main else None
+        self.tracker = self._tracked(lambda: open_tracker(cfg, run_dir, say)) if is_main else None
+
+    def _tracked(self, action):
+        """action() -> its result; on any failure of the tracker, one warning and no tracker from then on."""
+        try:
+            return action()
+        except Exception as e:
+            problem = redact(
+                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            )
+            self.say(
+                f"warning: mlflow failed ({problem[:240]}); training continues without it, metrics.jsonl "
+                f"keeps every step"
+            )
+            self.tracker = None
+            return None
 
     def write(self, record: dict) -> None:
-        for sink in (self.metrics, self.tracker):
-            if sink:
-                sink.write(record)
+        if self.metrics:
+            self.metrics.write(record)
+        if self.tracker:
+            self._tracked(lambda: self.tracker.write(record))
 
     def close(self, reason: str) -> None:
         """`reason`: why the run ended (train/stopping.py's exit reasons)."""
@@ -90,7 +112,7 @@ class RunLog:
                 "budget_halt": "KILLED",
                 "signal": "KILLED",
             }
-            self.tracker.close(status.get(reason, "FAILED"))
+            self._tracked(lambda: self.tracker.close(status.get(reason, "FAILED")))
 
 
 def open_tracker(cfg: Config, run_dir: Path, say) -> MlflowLogger | None:
@@ -101,5 +123,11 @@ def open_tracker(cfg: Config, run_dir: Path, say) -> MlflowLogger | None:
 
     if importlib.util.find_spec("mlflow") is None:
         say("note: mlflow is not installed (pip install -e '.[track]'); metrics go to metrics.jsonl only")
+        return None
+    if lost_secret(cfg.mlflow.uri):
+        say(
+            f"warning: mlflow.uri = {cfg.mlflow.uri}: its credentials are never saved, and this launch was "
+            f"not given them; pass --mlflow.uri again to track it (metrics.jsonl keeps every step)"
+        )
         return None
     return MlflowLogger(run_dir, cfg.mlflow.uri, cfg.mlflow.experiment, flatten(cfg), config_text(cfg))

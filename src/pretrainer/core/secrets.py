@@ -1,0 +1,53 @@
+"""Credentials never reach a file: a URI's password (`http://user:PASSWORD@host`) and secret query
+values (`?token=...`) are replaced by `***` wherever a value is kept (config, state.json, manifests,
+reports, logs, tracker params), as soon as the config is read. The real value stays in this process
+only, for the one place that connects with it (`reveal`).
+
+    redact("http://ann:pw@host/?token=t&x=1")  # -> "http://ann:***@host/?token=***&x=1"
+"""
+
+from __future__ import annotations
+
+import re
+
+MASK = "***"
+USERINFO = re.compile(
+    r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:/?#@\s]*):(?P<secret>[^/?#@\s]+)@"
+)
+SECRET_QUERY = re.compile(
+    r"(?P<name>[?&;](?:[\w.-]*(?:token|key|secret|password|passwd|pwd|sig|signature|auth|credential)[\w.-]*))"
+    r"=(?P<secret>[^&;#\s]+)",
+    re.IGNORECASE,
+)
+
+_revealed: dict[str, str] = {}  # redacted value -> the value it came from, in this process only
+
+
+def redact(text: str) -> str:
+    """`text` with every URI password and secret query value replaced by ***."""
+    text = USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    return SECRET_QUERY.sub(lambda m: f"{m['name']}={MASK}" if m["secret"] != MASK else m[0], text)
+
+
+def keep_secret(value: str) -> str:
+    """-> `value` redacted, remembering the original for `reveal` (a config value, as it is read)."""
+    redacted = redact(value)
+    if redacted != value:
+        _revealed[redacted] = value
+    return redacted
+
+
+def reveal(value: str) -> str:
+    """The value a redacted one came from in this process (to connect with), else `value` itself."""
+    return _revealed.get(value, value)
+
+
+def lost_secret(value: str) -> bool:
+    """A redacted value whose original this process does not have: read back from a saved config, so
+    what it names cannot be reached with it (pass the option again)."""
+    return value not in _revealed and (f":{MASK}@" in value or f"={MASK}" in value)
+
+
+def forget_secrets() -> None:
+    """A new command starts with none (the CLI's entry: each invocation brings its own)."""
+    _revealed.clear()
