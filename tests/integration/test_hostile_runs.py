@@ -3,9 +3,12 @@ one line (exit 2) or the right behaviour, and nothing already saved is lost."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -236,3 +239,69 @@ def test_a_broken_tracking_store_is_one_warning_and_training_continues(
     assert code == 0, out + err
     assert (out + err).count("warning: mlflow failed") == 1 and "Traceback" not in out + err
     assert losses(run) == losses(small_run)
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size_bytes: int, read_only: bool = False):
+    """A real filesystem of `size_bytes` (tmpfs) at `path`: writes past it fail with ENOSPC as on a full
+    disk. Needs root, which CI and these machines have."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size_bytes}" + (",ro" if read_only else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def test_a_full_disk_mid_run_is_one_line_and_loses_no_checkpoint(stdlib_data, tmp_path, run_cli):
+    from pretrainer.artifacts.checkpoint import list_checkpoints, verify_checkpoint
+
+    settings = {"train.max_steps": 20, "ckpt.every": 5, "eval.every": 10}
+    reference = tmp_path / "reference"
+    assert run_cli("train", *tiny_overrides(stdlib_data, reference, **settings))[0] == 0
+    checkpoint_bytes = sum(f.stat().st_size for f in list_checkpoints(reference)[-1].iterdir())
+    other_bytes = sum(
+        f.stat().st_size for f in reference.rglob("*") if f.is_file() and "checkpoints" not in str(f)
+    )
+    room = other_bytes + int(2.5 * checkpoint_bytes) + 64 * 4096  # two checkpoints fit, the third does not
+    with small_disk(tmp_path / "disk", room) as disk:
+        run = disk / "run"
+        code, out, err = run_cli("train", *tiny_overrides(stdlib_data, run, **settings))
+        assert code == 7, out + err
+        step_15 = f"{run}/checkpoints/step-0000015"
+        assert err.count("\n") == 1 and err.startswith(
+            f"error: {step_15}: cannot write the checkpoint at step 15: no space left on the device (it needs"
+        ), err
+        kept = list_checkpoints(run)
+        assert [p.name for p in kept] == ["step-0000005", "step-0000010"]
+        assert all(verify_checkpoint(p) == "" for p in kept)
+        assert not [p for p in run.rglob("*") if ".tmp-" in p.name], "no temp file or dir is left"
+        record = json.loads((run / "exit.json").read_text())
+        assert record["reason"] == "write_fault" and record["exit_code"] == 7
+        moved = shutil.copytree(run, tmp_path / "moved")  # the user frees space: here, a bigger disk
+    code, out, err = run_cli("train", f"--run.dir={moved}")
+    assert code == 0, out + err
+    assert losses(moved) == losses(reference), "the run continued bit-exactly from step 10"
+
+
+def test_prepare_onto_a_full_disk_and_a_bad_run_dir_are_one_line(
+    jsonl_corpus, stdlib_data, tmp_path, run_cli
+):
+    with small_disk(tmp_path / "disk", 4096) as disk:
+        code, out, err = run_cli(
+            "prepare", "--corpus", jsonl_corpus, "--tokenizer", "bpe:300", "--out", disk / "d"
+        )
+        assert code == 7 and err.count("\n") == 1 and "no space left on the device" in err, out + err
+        assert list(disk.iterdir()) == [], "nothing half-written is left"
+    with small_disk(tmp_path / "ro", 4096, read_only=True) as read_only:
+        code, out, err = run_cli("train", *tiny_overrides(stdlib_data, read_only / "run"))
+        assert code == 2 and err.count("\n") == 1 and "cannot be the run dir (Read-only file system)" in err
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    code, out, err = run_cli("train", *tiny_overrides(stdlib_data, a_file))
+    assert (
+        code == 2 and err == f"error: {a_file}: cannot be the run dir (File exists); choose another run.dir\n"
+    )

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from pretrainer.core.errors import UserError
+from pretrainer.core.device import tensor_bytes
+from pretrainer.core.errors import UserError, WriteFault, write_fault
 from pretrainer.core.files import atomic_directory, atomic_write_json, save_safetensors, sha256_file
 from pretrainer.optim.state_file import state_for_file, state_from_file
 
@@ -116,6 +117,48 @@ def save_checkpoint(
 ) -> Path:
     root = checkpoints_root(run_dir)
     final = root / f"step-{step:07d}"
+    needed, free = checkpoint_bytes(weights, optimizer_state), shutil.disk_usage(_existing(root)).free
+    if needed > free:  # found before a byte is written, not by a failed write
+        raise WriteFault(
+            f"{final}: cannot write the checkpoint at step {step}: no space left on the device (it needs "
+            f"{needed / 1e6:,.1f} MB, {free / 1e6:,.1f} MB are free); what was saved before is intact; "
+            f"free space and run the same command again"
+        )
+    try:
+        _write_checkpoint_dir(final, step, weights, optimizer_state, trainer_state)
+    except (OSError, RuntimeError) as e:  # disk full: the temp dir is gone, the older checkpoints stay
+        raise write_fault(e, final, f"the checkpoint at step {step}") or e from None
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old)
+    for stale in root.glob(".step-*.tmp-*"):  # left by a crash mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def checkpoint_bytes(weights: dict, optimizer_state: dict) -> int:
+    """About what a checkpoint takes on disk: its tensors' bytes (the JSON files are small)."""
+
+    def total(value) -> int:
+        if isinstance(value, torch.Tensor):
+            return tensor_bytes(value)
+        if isinstance(value, dict):
+            return sum(total(v) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return sum(total(v) for v in value)
+        return 0
+
+    return total(weights) + total(optimizer_state)
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _write_checkpoint_dir(
+    final: Path, step: int, weights: dict, optimizer_state: dict, trainer_state: dict
+) -> None:
     with atomic_directory(
         final
     ) as tmp:  # replaces the same step saved again (a resumed run stopping where it began)
@@ -131,11 +174,6 @@ def save_checkpoint(
             name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in FILES
         }
         atomic_write_json(tmp / MARKER, {"step": step, "files": files})
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old)
-    for stale in root.glob(".step-*.tmp-*"):  # left by a crash mid-write
-        shutil.rmtree(stale, ignore_errors=True)
-    return final
 
 
 def read_trainer_state(path: Path) -> dict:

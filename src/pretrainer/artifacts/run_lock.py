@@ -31,10 +31,15 @@ class RunDirLock:
         """Take the lock (making the run dir if it is new), or raise UserError naming its holder."""
         if self.fd is not None:
             return
-        if not self.run_dir.is_dir():
-            self.created = [d for d in [self.run_dir, *self.run_dir.parents] if not d.exists()]
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not self.run_dir.is_dir():
+                self.created = [d for d in [self.run_dir, *self.run_dir.parents] if not d.exists()]
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a file where the run dir goes, a read-only mount, a full disk
+            raise UserError(
+                f"{self.run_dir}: cannot be the run dir ({e.strerror}); choose another run.dir"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -32,9 +32,12 @@ from pretrainer.cli.verbs_train import cmd_budget_check, cmd_postmortem, cmd_tra
 from pretrainer.core.errors import (
     EXIT_COLLECTIVE_TIMEOUT,
     EXIT_USER_ERROR,
+    EXIT_WRITE_FAULT,
     RunStopped,
     UserError,
+    WriteFault,
     exit_code_for_signal,
+    write_fault,
 )
 from pretrainer.core.secrets import forget_secrets, redact
 
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except WriteFault as e:
+        print(f"error: {redact(str(e))}", file=sys.stderr)
+        return EXIT_WRITE_FAULT
     except RunStopped as e:
         print(f"stopped: {e}", file=sys.stderr)
         return e.exit_code
@@ -86,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code_for_signal(signal.SIGINT)
     except Exception as e:
         from pretrainer.train.distributed import is_collective_timeout
+
+        fault = write_fault(e)  # disk full or read-only anywhere (metrics, prepare, exports): one line
+        if fault is not None:
+            print(f"error: {redact(str(fault))}", file=sys.stderr)
+            return EXIT_WRITE_FAULT
 
         if not is_collective_timeout(e):
             raise

@@ -18,6 +18,8 @@ EXIT_BUDGET_SPENT = 5  # budget: spent over the cap; stopped at once, no checkpo
 # the throughput watchdog (train.min_mfu / min_tokens_per_s, watchdog_action = "stop"); a checkpoint was
 # written
 EXIT_SLOW = 6
+# the machine refused a write (disk full, read-only, not a directory): nothing saved was lost; fix it, resume
+EXIT_WRITE_FAULT = 7
 EXIT_CRASH = 1  # anything unexpected (a bug, out of memory): see the traceback
 
 
@@ -45,6 +47,49 @@ def exit_code_for_signal(signum: int) -> int:
 
 class UserError(Exception):
     pass
+
+
+class WriteFault(Exception):
+    """A write the machine refused (disk full, quota, read-only, a file where a directory goes): one
+    line naming the path; whatever was saved before is intact (every write is a temp file + rename)."""
+
+
+WRITE_FAULT_ERRNOS = {
+    28: "no space left on the device",
+    122: "disk quota exceeded",
+    30: "read-only file system",
+    13: "permission denied",
+    20: "a file is where a directory must be",
+    21: "a directory is where a file must be",
+    17: "a file is where a directory must be",
+}
+
+
+def write_fault(error: BaseException, path=None, what: str = "") -> WriteFault | None:
+    """The WriteFault an OSError (or torch's "file write failed") is, or None for any other error.
+    `what`: what was being written, e.g. "the checkpoint at step 40"."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    if isinstance(error, OSError) and error.errno in WRITE_FAULT_ERRNOS:
+        why = WRITE_FAULT_ERRNOS[error.errno]
+        path = path or error.filename
+    elif isinstance(error, RuntimeError) and any(  # torch.save's writer, when a write fails midway
+        sign in str(error) for sign in ("write failed", "iostream error", "unexpected pos")
+    ):
+        why = "the write failed (a full disk?)"
+        try:
+            if shutil.disk_usage(Path(path).parent).free < 1 << 20:
+                why = WRITE_FAULT_ERRNOS[errno.ENOSPC]
+        except OSError:
+            pass
+    else:
+        return None
+    return WriteFault(
+        f"{path}: cannot write{' ' + what if what else ''}: {why}; what was saved before is "
+        f"intact; fix it and run the same command again"
+    )
 
 
 class RunStopped(Exception):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,10 +42,13 @@ from pretrainer.core.errors import (
     EXIT_OK,
     EXIT_SLOW,
     EXIT_USER_ERROR,
+    EXIT_WRITE_FAULT,
     SIGNAL_REPEAT_GRACE_S,
     RunStopped,
     UserError,
+    WriteFault,
     exit_code_for_signal,
+    write_fault,
 )
 from pretrainer.core.files import atomic_write_json
 from pretrainer.core.secrets import redact
@@ -91,6 +95,8 @@ def exit_status(error: BaseException | None) -> tuple[str, int]:
         return error.reason, error.exit_code
     if isinstance(error, UserError):
         return "error", EXIT_USER_ERROR
+    if isinstance(error, WriteFault) or write_fault(error):
+        return "write_fault", EXIT_WRITE_FAULT
     if isinstance(error, KeyboardInterrupt):
         return "signal", exit_code_for_signal(signal.SIGINT)
     if is_collective_timeout(error):
@@ -121,7 +127,10 @@ def write_exit_record(
     targets = [Path(run_dir) / "exit.json"] if into_run_dir and Path(run_dir).is_dir() else []
     targets += [Path(os.environ[EXIT_FILE_ENV])] if os.environ.get(EXIT_FILE_ENV) else []
     for path in targets:
-        atomic_write_json(path, record)
+        try:
+            atomic_write_json(path, record)
+        except OSError as e:  # a full disk: the record is lost, the run's files are not
+            print(f"warning: {path}: cannot write the exit record ({e.strerror})", file=sys.stderr)
     return record
 
 
