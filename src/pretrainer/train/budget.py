@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,11 +95,23 @@ def estimated_spend_usd(usd_per_gpu_hour: float, gpus: int, seconds: float) -> f
     return usd_per_gpu_hour * gpus * max(seconds, 0.0) / 3600
 
 
+NOT_REGULAR = "not a regular file"
+
+
 def _read_text(path: Path) -> str | None:
+    """The file's text; None when missing or unreadable; NOT_REGULAR for a FIFO, device or directory
+    (opened without blocking: a FIFO with no writer would hang the run, and ignore SIGTERM, in open())."""
     try:
-        return Path(path).read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return NOT_REGULAR
+        try:
+            return f.read(1 << 20).decode("utf-8", errors="replace")
+        except OSError:
+            return None
 
 
 class BudgetGuard:
@@ -124,7 +138,11 @@ class BudgetGuard:
             return self.estimate(elapsed_s, remaining_s)
         raw = self.reader(Path(self.cfg.file))
         reading, problem = (
-            (None, "missing") if raw is None else parse_budget(raw, self.clock(), self.cfg.stale_after_s)
+            (None, "missing")
+            if raw is None
+            else (None, f"{NOT_REGULAR} (a FIFO or device?)")
+            if raw == NOT_REGULAR
+            else parse_budget(raw, self.clock(), self.cfg.stale_after_s)
         )
         if reading is not None:
             return reading

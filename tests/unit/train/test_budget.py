@@ -118,3 +118,19 @@ def test_guard_stops_within_one_check_interval_of_projected_over_cap(events, che
         if decision is not None and decision.action in ("stop", "halt"):
             assert content["over"], "stopped although budget.json was under the cap"
             return
+
+
+def test_a_budget_file_that_is_a_fifo_does_not_block_and_falls_back_to_the_estimate(tmp_path):
+    import os
+    import threading
+
+    fifo = tmp_path / "budget.json"
+    os.mkfifo(fifo)  # no writer: a plain open() would wait forever, deaf to SIGTERM
+    guard = BudgetGuard(BudgetConfig(cap_usd=10, usd_per_gpu_hour=1.0, file=str(fifo)), gpus=1)
+    readings = []
+    reader = threading.Thread(target=lambda: readings.append(guard.read(3600, 3600)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert readings, "reading budget.file blocked on a FIFO"
+    assert readings[0].source == "estimate" and readings[0].spent_usd == pytest.approx(1.0)
+    assert readings[0].problem == f"{fifo} is not a regular file (a FIFO or device?); using the estimate"
