@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import losses, tiny_overrides
+from helpers import DOCS, fork_cli, losses, tiny_overrides
 
 
 @pytest.mark.parametrize("shape", [{"model.d_model": 1_000_000}, {"model.seq_len": 100_000_000}])
@@ -305,3 +305,40 @@ def test_prepare_onto_a_full_disk_and_a_bad_run_dir_are_one_line(
     assert (
         code == 2 and err == f"error: {a_file}: cannot be the run dir (File exists); choose another run.dir\n"
     )
+
+
+def test_sigterm_during_prepare_leaves_no_temp_and_a_killed_one_is_cleaned_next_time(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "data"
+    child = fork_cli(
+        "prepare",
+        "--corpus",
+        "stdlib",
+        "--tokenizer",
+        "bpe:2048",
+        "--workers",
+        "1",
+        "--out",
+        out,
+        log=tmp_path / "log",
+    )
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".data.tmp-*")) and time.time() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".data.tmp-*")), (tmp_path / "log").read_text()
+    os.kill(child.pid, signal.SIGTERM)
+    child.join(30)
+    assert child.exitcode == 143, (tmp_path / "log").read_text()
+    assert "stopped: SIGTERM: prepare: nothing was written" in (tmp_path / "log").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log"], "the temp dir went with the process"
+    killed = tmp_path / ".data.tmp-999999999"  # what kill -9 leaves: its process is gone
+    (killed / "deep").mkdir(parents=True)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    child = fork_cli(
+        "prepare", "--corpus", corpus, "--tokenizer", "bpe:300", "--out", out, log=tmp_path / "log"
+    )
+    child.join(60)
+    assert child.exitcode == 0 and not killed.exists(), (tmp_path / "log").read_text()

@@ -20,6 +20,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
         column="messages" if args.format == "chat" else "text",
         on_bad=args.on_bad,
     )
+    stop_on_signals(f"prepare: nothing was written to {args.out}")
     prepare(
         corpus,
         args.tokenizer,
@@ -34,6 +35,20 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
         tokenizer_from=args.tokenizer_from or "",
         eot_token=args.eot_token,
     )
+
+
+def stop_on_signals(message: str) -> None:
+    """SIGTERM and SIGHUP stop the command as Ctrl-C does: the temp output is removed on the way out
+    (their default action would kill the process and leave it), exit 128 + N."""
+    import signal
+
+    from pretrainer.core.errors import RunStopped, exit_code_for_signal
+
+    def stop(signum, frame):
+        raise RunStopped(f"{signal.Signals(signum).name}: {message}", exit_code_for_signal(signum))
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
 
 
 def cmd_fetch_gpt2(args: argparse.Namespace) -> None:

@@ -154,6 +154,19 @@ def json_keys(path: Path) -> set[str]:
     return set(found) if isinstance(found, dict) else set()
 
 
+def pid_alive(pid: str) -> bool:
+    """Whether a process with this id runs on this machine (a non-number: assume it does)."""
+    try:
+        os.kill(int(pid), 0)
+    except ValueError:
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_directory(out: Path) -> Iterator[Path]:
     """Yield a temp directory beside `out`; when the block succeeds it replaces `out` (which only now
@@ -161,7 +174,9 @@ def atomic_directory(out: Path) -> Iterator[Path]:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in [tmp, *out.parent.glob(f".{out.name}.tmp-*"), *out.parent.glob(f".{out.name}.old-*")]:
+        if stale == tmp or not pid_alive(stale.name.rsplit("-", 1)[-1]):  # left by a killed process
+            shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
