@@ -342,3 +342,33 @@ def test_sigterm_during_prepare_leaves_no_temp_and_a_killed_one_is_cleaned_next_
     )
     child.join(60)
     assert child.exitcode == 0 and not killed.exists(), (tmp_path / "log").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sample", "RUN", "--temperature", "nan"], "argument --temperature: must be a finite number >= 0"),
+        (["sample", "RUN", "--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
+        (["sample", "RUN", "--top-k", "-5"], "argument --top-k: must be an integer >= 0"),
+        (["sample", "RUN", "--num-samples", "0"], "argument --num-samples: must be an integer >= 1"),
+        (["sample", "RUN", "--device", "tpu"], "device 'tpu': not a device here"),
+        (["plan", "--tokens", "nan"], "argument --tokens: must be a finite number > 0"),
+        (["plan", "--tokens", "-5"], "argument --tokens: must be a finite number > 0"),
+        (["plan", "--tokens", "1e400"], "argument --tokens: must be a finite number > 0"),
+        (["plan", "--peak-tflops", "-1"], "argument --peak-tflops: must be a finite number > 0"),
+        (
+            ["serve-cost", "RUN", "--usd-per-hour", "inf"],
+            "argument --usd-per-hour: must be a finite number >= 0",
+        ),
+    ],
+)
+def test_other_verbs_refuse_bad_values_in_one_line(small_run, capsys, argv, message):
+    from pretrainer.cli.main import main
+
+    argv = [str(small_run) if a == "RUN" else a for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's, now one line
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err

@@ -19,7 +19,12 @@ from pretrainer.core.hardware import GPUS, gpu_from_device_name
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device '{name}': not a device here; use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"device '{name}': pretrainer runs on cpu or cuda; use auto, cpu, cuda or cuda:N")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"train.device = '{name}' but CUDA is not available; use --train.device=cpu")
