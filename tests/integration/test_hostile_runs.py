@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import DOCS, fork_cli, losses, tiny_overrides
 
 
@@ -372,3 +373,44 @@ def test_other_verbs_refuse_bad_values_in_one_line(small_run, capsys, argv, mess
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_a_checkpoint_a_reader_holds_outlives_rotation(stdlib_data, tmp_path, run_cli):
+    from pretrainer.artifacts.checkpoint import list_checkpoints, pin_checkpoint, release_pins
+
+    run = tmp_path / "run"
+    settings = tiny_overrides(stdlib_data, run, **{"train.max_steps": 40, "eval.every": 0})
+    assert run_cli("train", *settings, "--train.stop_at_step=20")[0] == 0
+    read = list_checkpoints(run)[0]  # step 10: what eval or serve-cost is reading
+    pin_checkpoint(read)
+    try:
+        assert run_cli("train", *settings, "--train.stop_at_step=30")[0] == 0
+        assert [p.name for p in list_checkpoints(run)] == [read.name, "step-0000020", "step-0000030"]
+    finally:
+        release_pins()
+    assert run_cli("train", *settings)[0] == 0
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000030", "step-0000040"], "then it goes"
+
+
+def test_weights_of_another_shape_under_a_forged_checksum_are_refused(small_run, tmp_path, run_cli):
+    from safetensors.torch import load_file, save_file
+
+    from pretrainer.core.files import sha256_file
+
+    run = shutil.copytree(small_run, tmp_path / "run")
+    checkpoint = next((run / "checkpoints").iterdir())
+    weights = {
+        k: torch.zeros(v.shape[0] + 1, *v.shape[1:])
+        for k, v in load_file(checkpoint / "model.safetensors").items()
+    }
+    save_file(weights, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    marker = json.loads((checkpoint / "COMPLETE").read_text())
+    marker["files"]["model.safetensors"] = {
+        "bytes": (checkpoint / "model.safetensors").stat().st_size,
+        "sha256": sha256_file(checkpoint / "model.safetensors"),
+    }
+    (checkpoint / "COMPLETE").write_text(json.dumps(marker))
+    for fmt in ("hf", "safetensors"):
+        code, out, err = run_cli("export", run, "--format", fmt)
+        assert code == 2 and err.count("\n") == 1 and "weights do not fit this model" in err, out + err
+    assert not (run / "hf").exists() and not (run / "model.safetensors").exists()

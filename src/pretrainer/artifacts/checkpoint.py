@@ -19,6 +19,7 @@ ever holds the full weights and optimizer state in host memory.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -129,10 +130,46 @@ def save_checkpoint(
     except (OSError, RuntimeError) as e:  # disk full: the temp dir is gone, the older checkpoints stay
         raise write_fault(e, final, f"the checkpoint at step {step}") or e from None
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old)
+        if not is_pinned(old):  # a reader's: the next rotation removes it
+            shutil.rmtree(old)
     for stale in root.glob(".step-*.tmp-*"):  # left by a crash mid-write
         shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+_pins: list[int] = []  # this process's pinned checkpoint dirs, held until it exits
+
+
+def pin_checkpoint(path: Path) -> None:
+    """Hold a shared lock on a checkpoint dir for the rest of this process (eval, sample, export,
+    serve-cost read it, perhaps more than once), so a trainer's rotation does not remove it mid-read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return  # gone or not a dir: verifying it says so
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    _pins.append(fd)
+
+
+def release_pins() -> None:
+    """Drop this process's pins (the end of a command: `pretrainer` in-process, as tests run it)."""
+    while _pins:
+        os.close(_pins.pop())
+
+
+def is_pinned(path: Path) -> bool:
+    """Whether a reader holds `path` (pin_checkpoint) now."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def checkpoint_bytes(weights: dict, optimizer_state: dict) -> int:

@@ -23,9 +23,11 @@ from pretrainer.artifacts.checkpoint import (
     MARKER,
     list_checkpoints,
     load_model_weights,
+    pin_checkpoint,
     read_trainer_state,
     resolve_run_or_checkpoint,
     verify_checkpoint,
+    weights_problem,
 )
 from pretrainer.config.load import apply_overrides, from_dict
 from pretrainer.config.schema import Config, ModelConfig
@@ -55,9 +57,16 @@ class OpenRun:
         return load_tokenizer(self.run_dir / "tokenizer")
 
     def load_weights(self) -> dict[str, torch.Tensor]:
+        """The weights, checked name by name and shape by shape against the config they were saved with
+        (weights of another shape under a forged checksum are refused, not exported with wrong metadata)."""
         from safetensors.torch import load_file
 
-        return load_file(self.checkpoint / "model.safetensors")
+        weights = load_file(self.checkpoint / "model.safetensors")
+        with torch.device("meta"):
+            problem = weights_problem(Transformer(self.cfg.model), weights, str(self.checkpoint))
+        if problem:
+            raise UserError(problem)
+        return weights
 
     def lineage(self) -> dict:
         """This run as a parent: which checkpoint (and the sha256 of its weights), the tokens it saw and
@@ -85,6 +94,7 @@ def open_run(path: str | Path) -> OpenRun:
     newest = resolve_run_or_checkpoint(path)
     candidates = [newest] if newest == path else list(reversed(list_checkpoints(path)))
     for checkpoint in candidates:
+        pin_checkpoint(checkpoint)  # rotation in a running trainer leaves it while this process reads it
         problem = verify_checkpoint(checkpoint, files=("model.safetensors", "state.json"))
         if not problem:
             state = read_trainer_state(checkpoint)

@@ -63,6 +63,14 @@ VERBS = {
 }
 
 
+def run_verb(args, extra: list[str], argv: list[str]) -> int:
+    try:
+        return VERBS[args.verb](args, extra, argv) or 0
+    finally:  # the checkpoints this command read are a trainer's to rotate again
+        if "pretrainer.artifacts.checkpoint" in sys.modules:
+            sys.modules["pretrainer.artifacts.checkpoint"].release_pins()
+
+
 def main(argv: list[str] | None = None) -> int:
     forget_secrets()
     argv = join_dotted_overrides(sys.argv[1:] if argv is None else [str(a) for a in argv])
@@ -75,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.verb not in ("train", "eval", "plan", "budget-check", "config", "sweep"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return VERBS[args.verb](args, extra, argv) or 0
+        return run_verb(args, extra, argv)
     except UserError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         return EXIT_USER_ERROR
