@@ -414,3 +414,18 @@ def test_weights_of_another_shape_under_a_forged_checksum_are_refused(small_run,
         code, out, err = run_cli("export", run, "--format", fmt)
         assert code == 2 and err.count("\n") == 1 and "weights do not fit this model" in err, out + err
     assert not (run / "hf").exists() and not (run / "model.safetensors").exists()
+
+
+def test_resuming_with_other_cpu_threads_says_it_is_not_bit_exact(stdlib_data, tmp_path, run_cli):
+    run, threads = tmp_path / "run", torch.get_num_threads()
+    settings = tiny_overrides(stdlib_data, run, **{"train.max_steps": 10, "eval.every": 0})
+    torch.set_num_threads(threads + 1)
+    try:
+        assert run_cli("train", *settings, "--train.stop_at_step=5")[0] == 0
+    finally:
+        torch.set_num_threads(threads)
+    code, out, err = run_cli("train", *settings)
+    assert code == 0 and f"trained with {threads + 1} CPU threads and resumes with {threads}" in out + err
+    assert f"OMP_NUM_THREADS={threads + 1}" in out + err
+    code, out, err = run_cli("train", *settings, "--train.max_steps=12")  # the same threads: no warning
+    assert code == 0 and "CPU threads" not in out + err

@@ -94,6 +94,7 @@ def hardware_info(device: torch.device, world_size: int) -> dict:
         "world_size": world_size,
         "cpu_count": os.cpu_count(),
         "cpu_model": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),  # CPU matmuls' sums split by it: bit-exactness needs the same
     }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -219,6 +219,13 @@ def describe(
         f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
         f"{cfg.train.max_steps}; run dir {cfg.run.dir}"
     )
+    saved_threads = resume.state.get("hardware", {}).get("cpu_threads") if resume else None
+    if env.device.type == "cpu" and saved_threads and saved_threads != torch.get_num_threads():
+        say(
+            f"warning: this run trained with {saved_threads} CPU threads and resumes with "
+            f"{torch.get_num_threads()}: on CPU the sums split differently, so it continues close to, not "
+            f"bit-exactly like, an uninterrupted run; set OMP_NUM_THREADS={saved_threads} to continue exactly"
+        )
     for warning in config_warnings(cfg) + data_warnings(
         cfg, data, env.world_size, resume.state if resume else None
     ):
