@@ -122,6 +122,8 @@ def test_eval_out_is_checked_before_the_evaluation(small_run, tmp_path, run_cli)
     blocker.write_text("")
     code, out, err = run_cli("eval", small_run, "--tasks", "none", "--out", blocker / "sub" / "e.json")
     assert code == 2 and "is a file, not a directory" in err
+    code, out, err = run_cli("export", small_run, "--format", "hf", "--out", blocker / "hf")
+    assert code == 2 and "is a file, not a directory" in err and not (small_run / "hf").exists()
     target = tmp_path / "new" / "dir" / "e.json"
     assert run_cli("eval", small_run, "--tasks", "none", "--out", target)[0] == 0
     assert json.loads(target.read_text())["val_loss"] > 0
