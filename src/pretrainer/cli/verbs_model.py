@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pretrainer.cli.output import print_to_stdout
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import json_keys, refuse_to_replace
+from pretrainer.core.files import check_output, json_keys, refuse_to_replace
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -47,9 +47,9 @@ def cmd_export(args: argparse.Namespace) -> None:
             f"{out}: already exists; pass --force to replace it (only once the new export is complete), "
             f"or --out elsewhere"
         )
-    refuse_to_replace(
-        out, EXPORTS[args.format][1], EXPORTS[args.format][0], keep=[run.checkpoint, run.run_dir]
-    )
+    what, ours = EXPORTS[args.format]
+    refuse_to_replace(out, ours, what, keep=[run.checkpoint, run.run_dir])
+    check_output(out, "file" if args.format == "safetensors" else "directory")  # before the export
     if args.format == "report":
         manifest = export_report(run, out)
         check = (
