@@ -52,6 +52,11 @@ def test_a_checkpoint_of_another_run_never_rewrites_a_run_and_may_start_a_branch
         assert "holds a run of its own" in err and "give a new --run.dir" in err
         assert snapshot(other) == before, "the refused launch changed nothing in the run it was pointed at"
         assert json.loads((other / "exit.json").read_text())["exit_code"] == 2
+    # the run's own checkpoint from a backup copy (the same config): accepted, and it continues exactly
+    backup = shutil.copytree(other / "checkpoints" / "step-0000010", tmp_path / "backup" / "step-0000010")
+    expected = losses(other)
+    assert run_cli("train", f"--run.dir={other}", f"--train.resume={backup}")[0] == 0
+    assert losses(other) == expected
     # a new run dir: the first run continued from its step 10, the same losses as the first run's own
     code, out, err = run_cli("train", f"--run.dir={branch}", f"--train.resume={foreign}")
     assert code == 0, out + err

@@ -127,11 +127,13 @@ def save_checkpoint(
         )
     try:
         _write_checkpoint_dir(final, step, weights, optimizer_state, trainer_state)
-    except (OSError, RuntimeError) as e:  # disk full: the temp dir is gone, the older checkpoints stay
-        raise write_fault(e, final, f"the checkpoint at step {step}") or e from None
+    except Exception as e:  # disk full: the temp dir is gone, the older checkpoints stay
+        fault = write_fault(e, final, f"the checkpoint at step {step}")
+        if fault is None:
+            raise
+        raise fault from None
     for old in list_checkpoints(run_dir)[:-keep]:
-        if not is_pinned(old):  # a reader's: the next rotation removes it
-            shutil.rmtree(old)
+        remove_unless_pinned(old)  # a reader's: the next rotation removes it
     for stale in root.glob(".step-*.tmp-*"):  # left by a crash mid-write
         shutil.rmtree(stale, ignore_errors=True)
     return final
@@ -147,7 +149,11 @@ def pin_checkpoint(path: Path) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return  # gone or not a dir: verifying it says so
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a removal in progress; then it is gone
+    except OSError:  # a filesystem without flock (some network mounts): unpinned
+        os.close(fd)
+        return
     _pins.append(fd)
 
 
@@ -157,19 +163,25 @@ def release_pins() -> None:
         os.close(_pins.pop())
 
 
-def is_pinned(path: Path) -> bool:
-    """Whether a reader holds `path` (pin_checkpoint) now."""
+def remove_unless_pinned(path: Path) -> bool:
+    """Remove a checkpoint dir unless a reader holds it (pin_checkpoint); the exclusive lock is held
+    through the removal, so no reader pins it halfway. -> whether it was removed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
     except BlockingIOError:
-        return True
+        os.close(fd)
+        return False
+    except OSError:  # a filesystem without flock: nothing can pin, so remove
+        pass
+    try:
+        shutil.rmtree(path)
     finally:
         os.close(fd)
+    return True
 
 
 def checkpoint_bytes(weights: dict, optimizer_state: dict) -> int:
@@ -287,18 +299,31 @@ def resolve_run_or_checkpoint(path: Path) -> Path:
 
 def refuse_foreign_checkpoint(run_dir: Path, checkpoint: Path) -> None:
     """A checkpoint of another run may start a new run dir (a branch: that run continued elsewhere), never
-    continue into a run dir that holds a run of its own, whose config, checkpoints and metrics it
-    would rewrite."""
-    own = checkpoint.resolve().parent == checkpoints_root(run_dir).resolve()
-    holds_run = any((run_dir / name).exists() for name in ("config.toml", "metrics.jsonl")) or bool(
-        list_checkpoints(run_dir)
+    continue into a run dir that holds checkpoints of its own, which it would rotate away and whose
+    config and metrics it would rewrite. The run's own checkpoints are in its checkpoints/ dir (a
+    symlink there counts), or elsewhere with the config the run has now (a backup copy)."""
+    if not list_checkpoints(run_dir):  # a new run dir, or a branch that died before its first checkpoint
+        return
+    if checkpoint.absolute().parent.resolve() == checkpoints_root(run_dir).resolve():
+        return
+    if _same_config(run_dir, checkpoint):
+        return
+    raise UserError(
+        f"{run_dir}: holds a run of its own, and train.resume = {checkpoint} belongs to another run; "
+        f"to continue that run from there, give a new --run.dir (a branch starts at its step); "
+        f"to continue {run_dir}, drop --train.resume"
     )
-    if not own and holds_run:
-        raise UserError(
-            f"{run_dir}: holds a run of its own, and train.resume = {checkpoint} belongs to another run; "
-            f"to continue that run from there, give a new --run.dir (a branch starts at its step); "
-            f"to continue {run_dir}, drop --train.resume"
-        )
+
+
+def _same_config(run_dir: Path, checkpoint: Path) -> bool:
+    from pretrainer.config.load import load_config
+    from pretrainer.config.schema import config_hash
+
+    try:
+        saved = json.loads((checkpoint / "state.json").read_text()).get("config_sha256")
+        return saved == config_hash(load_config(run_dir / "config.toml", validated=False))
+    except (OSError, ValueError, UserError):
+        return False
 
 
 def read_resume_checkpoint(run_dir: Path, resume: str, say) -> tuple[Path, dict, dict, dict] | None:

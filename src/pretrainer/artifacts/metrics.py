@@ -49,8 +49,11 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         # non-finite values stay numbers (NaN, Infinity: Python's JSON reads them back as floats), so a
         # divergence is in the data, not a string next to it
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: say which file
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def close(self) -> None:
         self.file.close()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 from pathlib import Path
 
 from pretrainer.core.secrets import redact
 
 
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
-    from pretrainer.data.prepare import prepare
     from pretrainer.data.sources import Corpus
 
     corpus = Corpus(
@@ -20,7 +20,17 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
         column="messages" if args.format == "chat" else "text",
         on_bad=args.on_bad,
     )
-    stop_on_signals(f"prepare: nothing was written to {args.out}")
+    previous = stop_on_signals(f"prepare: nothing was written to {args.out}")
+    try:
+        _prepare(args, argv, corpus)
+    finally:  # the caller's handlers again (in-process callers, tests)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _prepare(args: argparse.Namespace, argv: list[str], corpus) -> None:
+    from pretrainer.data.prepare import prepare
+
     prepare(
         corpus,
         args.tokenizer,
@@ -37,18 +47,15 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
     )
 
 
-def stop_on_signals(message: str) -> None:
+def stop_on_signals(message: str) -> dict:
     """SIGTERM and SIGHUP stop the command as Ctrl-C does: the temp output is removed on the way out
-    (their default action would kill the process and leave it), exit 128 + N."""
-    import signal
-
+    (their default action would kill the process and leave it), exit 128 + N. -> the handlers before."""
     from pretrainer.core.errors import RunStopped, exit_code_for_signal
 
     def stop(signum, frame):
         raise RunStopped(f"{signal.Signals(signum).name}: {message}", exit_code_for_signal(signum))
 
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, stop)
+    return {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
 
 
 def cmd_fetch_gpt2(args: argparse.Namespace) -> None:

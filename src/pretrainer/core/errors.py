@@ -65,30 +65,39 @@ WRITE_FAULT_ERRNOS = {
 }
 
 
+WRITE_ONLY_ERRNOS = (28, 122, 30)  # only a write meets these; the others may come from a read
+
+
 def write_fault(error: BaseException, path=None, what: str = "") -> WriteFault | None:
-    """The WriteFault an OSError (or torch's "file write failed") is, or None for any other error.
-    `what`: what was being written, e.g. "the checkpoint at step 40"."""
+    """The WriteFault an OSError (or torch's or safetensors' failed write) is, or None for any other
+    error. `what`: what was being written, e.g. "the checkpoint at step 40"."""
     import errno
     import shutil
     from pathlib import Path
 
+    path = path or getattr(error, "filename", None)
+    text = str(error)
     if isinstance(error, OSError) and error.errno in WRITE_FAULT_ERRNOS:
         why = WRITE_FAULT_ERRNOS[error.errno]
-        path = path or error.filename
-    elif isinstance(error, RuntimeError) and any(  # torch.save's writer, when a write fails midway
-        sign in str(error) for sign in ("write failed", "iostream error", "unexpected pos")
-    ):
-        why = "the write failed (a full disk?)"
-        try:
-            if shutil.disk_usage(Path(path).parent).free < 1 << 20:
-                why = WRITE_FAULT_ERRNOS[errno.ENOSPC]
-        except OSError:
-            pass
+        writing = error.errno in WRITE_ONLY_ERRNOS or bool(what)
+    elif (isinstance(error, RuntimeError) or type(error).__name__ == "SafetensorError") and any(
+        sign in text for sign in ("write failed", "iostream error", "unexpected pos", "os error")
+    ):  # torch.save's and safetensors' writers, when a write fails midway
+        why, writing = "the write failed (a full disk?)", True
+        if "os error 28" in text or "No space left" in text:
+            why = WRITE_FAULT_ERRNOS[errno.ENOSPC]
+        elif path is not None:
+            try:
+                if shutil.disk_usage(Path(path).parent).free < 1 << 20:
+                    why = WRITE_FAULT_ERRNOS[errno.ENOSPC]
+            except OSError:
+                pass
     else:
         return None
+    action = f"cannot write{' ' + what if what else ''}: " if writing else ""
     return WriteFault(
-        f"{path}: cannot write{' ' + what if what else ''}: {why}; what was saved before is "
-        f"intact; fix it and run the same command again"
+        f"{path or 'a file'}: {action}{why}; what was saved before is intact; fix it and run the same "
+        f"command again"
     )
 
 

@@ -36,9 +36,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(e, OSError) and e.filename is None:  # write() and fsync() name no file: say which
+            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
     fsync_dir(path.parent)
 
@@ -174,7 +176,13 @@ def atomic_directory(out: Path) -> Iterator[Path]:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    for stale in [tmp, *out.parent.glob(f".{out.name}.tmp-*"), *out.parent.glob(f".{out.name}.old-*")]:
+    for old in out.parent.glob(f".{out.name}.old-*"):  # a process killed between its two renames
+        if not pid_alive(old.name.rsplit("-", 1)[-1]):
+            if not out.exists():
+                os.replace(old, out)  # the only complete copy: put it back
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+    for stale in [tmp, *out.parent.glob(f".{out.name}.tmp-*")]:
         if stale == tmp or not pid_alive(stale.name.rsplit("-", 1)[-1]):  # left by a killed process
             shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()

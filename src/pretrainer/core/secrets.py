@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 
 MASK = "***"
-USERINFO = re.compile(
-    r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:/?#@\s]*):(?P<secret>[^/?#@\s]+)@"
-)
+# the password runs to the last "@" before the host (a raw "@" in it is still the password's)
+USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:/?#@\s]*):(?P<secret>[^/?#\s]+)@")
+# a token given as the user name alone (https://TOKEN@host): long, unlike a login name
+TOKEN_USER = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<secret>[^:/?#@\s]{20,})@")
 SECRET_QUERY = re.compile(
     r"(?P<name>[?&;](?:[\w.-]*(?:token|key|secret|password|passwd|pwd|sig|signature|auth|credential)[\w.-]*))"
     r"=(?P<secret>[^&;#\s]+)",
@@ -26,11 +27,15 @@ _revealed: dict[str, str] = {}  # redacted value -> the value it came from, in t
 def redact(text: str) -> str:
     """`text` with every URI password and secret query value replaced by ***."""
     text = USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    text = TOKEN_USER.sub(lambda m: f"{m['scheme']}{MASK}@", text)
     return SECRET_QUERY.sub(lambda m: f"{m['name']}={MASK}" if m["secret"] != MASK else m[0], text)
 
 
 def keep_secret(value: str) -> str:
-    """-> `value` redacted, remembering the original for `reveal` (a config value, as it is read)."""
+    """-> `value` redacted, remembering the original for `reveal` (a config value, as it is read). Only
+    a URI is touched: a path stays as it is."""
+    if "://" not in value:
+        return value
     redacted = redact(value)
     if redacted != value:
         _revealed[redacted] = value

@@ -229,7 +229,10 @@ class _SplitWriter:
     def write(self, tokens: np.ndarray, documents: int = 1, mask: np.ndarray | None = None) -> None:
         """Tokens of consecutive items, `documents` of which end here (a Piece continues), and their mask."""
         data = tokens.astype(self.dtype).tobytes()
-        self.file.write(data)
+        try:
+            self.file.write(data)
+        except OSError as e:  # a full disk: say which file
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         self.sha.update(data)
         self.documents += documents
         self.tokens += len(tokens)

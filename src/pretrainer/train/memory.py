@@ -38,6 +38,9 @@ from pretrainer.model.loss import LOSS_CHUNK_ELEMENTS
 from pretrainer.optim.sizes import planned_state_bytes
 
 CUDA_OVERHEAD_BYTES = int(1.5 * 2**30)
+# the trainer refuses only a plan this far over the device's memory: the plan is an estimate (its
+# activation coefficients are measured within 10%), and a refusal has no override
+FIT_MARGIN = 1.25
 
 
 def activation_bytes_per_token(cfg: Config) -> dict:
@@ -130,15 +133,29 @@ def device_memory_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def upper_bound_bytes(cfg: Config) -> int:
+    """More than memory_per_gpu's total, from the shape alone (building even a meta-device model costs
+    seconds of imports in a fresh process): every parameter counted as a matmul weight of the widest
+    architecture, untied, with 20 bytes each (fp32 weight, gradient, two moments, a bf16 copy)."""
+    m = cfg.model
+    d, f, vocab = m.d_model, resolve_d_ff(m), m.vocab_size
+    params = m.n_layer * (4 * d * d + 3 * d * f + 4 * d) + 2 * vocab * d + m.seq_len * d
+    tokens = cfg.train.micro_batch * m.seq_len
+    loss = 6 * LOSS_CHUNK_ELEMENTS + 8 * vocab * d
+    return 20 * params + activation_bytes_per_token(cfg)["full"] * tokens + loss + CUDA_OVERHEAD_BYTES
+
+
 def refuse_what_cannot_fit(cfg: Config, world_size: int, device: torch.device) -> None:
-    """One line, before anything is allocated, for a run whose planned peak exceeds the device's whole
-    memory (--model.d_model=1000000, --model.seq_len=100000000): no margin is asked, since the plan is an
+    """One line, before anything is allocated, for a run whose planned peak is well over the device's
+    whole memory (--model.d_model=1000000, --model.seq_len=100000000): FIT_MARGIN x, since the plan is an
     estimate; the trainer logs the measured peak."""
+    available = device_memory_bytes(device)
+    if upper_bound_bytes(cfg) <= FIT_MARGIN * available:  # the common case, without building a model
+        return
     _, memory = planned_memory(cfg, world_size)
     key = "total_checkpointed" if cfg.train.activation_checkpointing else "total"
     planned = memory[key] - (CUDA_OVERHEAD_BYTES if device.type != "cuda" else 0)
-    available = device_memory_bytes(device)
-    if planned > available:
+    if planned > FIT_MARGIN * available:
         raise UserError(
             f"config: this run needs about {planned / 1e9:,.1f} GB per device at its peak (weights, "
             f"gradients, optimizer, activations of micro_batch {cfg.train.micro_batch} x seq_len "

@@ -295,8 +295,10 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     )
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
     # parent: init.from's weights and lineage
+    searched = cfg.train.micro_batch == 0  # auto: the search has tried real steps already
     cfg, parent = resolve_for_training(cfg, data, env, amp_dtype, say)
-    refuse_what_cannot_fit(cfg, env.world_size, device)  # before the model is allocated
+    if not searched:
+        refuse_what_cannot_fit(cfg, env.world_size, device)  # before the model is allocated
     resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
 
     # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---

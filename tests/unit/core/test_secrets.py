@@ -17,6 +17,9 @@ from pretrainer.core.secrets import keep_secret, lost_secret, redact, reveal
         ("sqlite:////runs/a/mlflow.db", "sqlite:////runs/a/mlflow.db"),
         ("runs/user:name@2/x", "runs/user:name@2/x"),  # a path, not a URI
         ("error at http://a:b@h and https://c:d@i", "error at http://a:***@h and https://c:***@i"),
+        ("http://u:p@ss@host/x", "http://u:***@host/x"),  # a raw "@" in the password
+        ("https://ghp_abcdefghijklmnopqrstuvwxyz0123@github.com/o/r", "https://***@github.com/o/r"),
+        ("ssh://git@github.com/o/r", "ssh://git@github.com/o/r"),  # a login name is not a secret
     ],
 )
 def test_uri_credentials_are_redacted_and_nothing_else(uri, redacted):
@@ -28,3 +31,4 @@ def test_the_real_value_stays_in_the_process_for_connecting():
     kept = keep_secret("http://ann:pw2@host/")
     assert kept == "http://ann:***@host/" and reveal(kept) == "http://ann:pw2@host/"
     assert not lost_secret(kept) and lost_secret("http://bob:***@elsewhere/")
+    assert keep_secret("/data/x&token=1") == "/data/x&token=1", "a path is not a URI: left as it is"

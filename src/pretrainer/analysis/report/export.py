@@ -36,6 +36,7 @@ from pretrainer.core.files import (
     save_safetensors,
     sha256_file,
 )
+from pretrainer.core.secrets import redact
 
 PACKAGES = ("torch", "numpy", "tiktoken", "safetensors", "mlflow", "pretrainer")
 
@@ -323,7 +324,7 @@ def export_report(run, out: Path) -> dict:
         mlflow_uri = None
         if (run_dir / "mlflow-run-id.txt").is_file():
             run_id = (run_dir / "mlflow-run-id.txt").read_text().strip()
-            tracking = (
+            tracking = redact(  # a run saved before credentials were kept out of files
                 state["config"].get("mlflow", {}).get("uri")
                 or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
             )
