@@ -23,7 +23,8 @@ from pretrainer.config.schema import Config, config_hash, save_config, to_dict
 from pretrainer.core.device import autocast_dtype, device_peak_tflops, hardware_info
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json
-from pretrainer.data.loader import SequenceLoader, open_training_data, verify_data
+from pretrainer.data.loader import SequenceLoader, open_training_data
+from pretrainer.data.verify import verify_data
 from pretrainer.eval.inloop import LoopEvals
 from pretrainer.model import count_parameters
 from pretrainer.model.flops import flops_per_token
