@@ -116,6 +116,24 @@ def test_sigterm_to_launcher_and_every_worker_checkpoints_once_and_resumes_bit_e
     assert losses(run) == losses(straight)  # identical floats at every step
 
 
+def test_usr1_to_the_launcher_reaches_the_workers_past_torchrun_and_resumes_bit_exactly(
+    straight, stdlib_data, tmp_path
+):
+    """SLURM's time-limit warning (--signal=B:USR1@120) goes to the batch script's process, here the
+    launcher; torchrun does not handle USR1 (it would die of it), so the launcher sends it to the workers."""
+    run = tmp_path / "run"
+    proc = start(*nproc_args(stdlib_data, run))
+    wait_for_step(run, 10, proc)
+    os.kill(proc.pid, signal.SIGUSR1)
+    code, out = finish(proc)
+    assert code == 128 + signal.SIGUSR1, out[-3000:]
+    record = exit_record(run)
+    assert record["reason"] == "signal" and "SIGUSR1" in record["message"] and record["step"] < STEPS
+    assert [int(c.name.split("-")[1]) for c in list_checkpoints(run)] == [record["step"]]
+    train_ranks(2, *nproc_args(stdlib_data, run)[3:])
+    assert losses(run) == losses(straight)
+
+
 def budget_file(path: Path, spent: float, projected: float) -> Path:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path.write_text(

@@ -46,3 +46,49 @@ def test_sigterm_checkpoints_and_resume_is_bit_exact(stdlib_data, tmp_path, run_
     for run in (stopped, straight):
         assert run_cli("train", *tiny_overrides(stdlib_data, run, **settings))[0] == 0
     assert losses(stopped) == losses(straight) and len(losses(straight)) == 60
+
+
+def test_hup_usr1_usr2_checkpoint_and_stop_like_sigterm_and_resume_bit_exactly(stdlib_data, tmp_path):
+    """A closed terminal (HUP) and a SLURM time-limit warning (USR1, USR2): each of three runs, forked
+    at once, gets one; each writes one checkpoint, names the signal in exit.json, exits 128 + N, and
+    resumes to the losses of a run straight through (all forked: the same threads)."""
+    import json
+
+    from helpers import fork_train
+
+    settings = {"train.max_steps": 100, "ckpt.every": 1000, "eval.every": 0}
+    sent = {name: getattr(signal, name) for name in ("SIGHUP", "SIGUSR1", "SIGUSR2")}
+    runs = {name: tmp_path / name for name in sent}
+    procs = {
+        name: fork_train(*tiny_overrides(stdlib_data, run, **settings), log=tmp_path / f"{name}.log")
+        for name, run in runs.items()
+    }
+    pending, deadline = dict(procs), time.time() + 120
+    while pending and time.time() < deadline:
+        for name in list(pending):
+            metrics = runs[name] / "metrics.jsonl"
+            if metrics.exists() and any(r.get("step", 0) >= 5 for r in read_metrics(metrics)):
+                os.kill(pending.pop(name).pid, sent[name])
+        time.sleep(0.02)
+    for name, proc in procs.items():
+        proc.join(120)
+        log = (tmp_path / f"{name}.log").read_text()
+        assert proc.exitcode == 128 + sent[name], log[-2000:]
+        record = json.loads((runs[name] / "exit.json").read_text())
+        assert (
+            record["reason"] == "signal"
+            and name in record["message"]
+            and record["exit_code"] == proc.exitcode
+        )
+        checkpoint = latest_checkpoint(runs[name])
+        assert checkpoint is not None and 5 <= int(checkpoint.name.split("-")[1]) < 100
+    straight = tmp_path / "straight"
+    resumed = [
+        fork_train(*tiny_overrides(stdlib_data, run, **settings), log=tmp_path / "resume.log")
+        for run in [*runs.values(), straight]
+    ]
+    for proc in resumed:
+        proc.join(120)
+        assert proc.exitcode == 0, (tmp_path / "resume.log").read_text()[-2000:]
+    for run in runs.values():
+        assert losses(run) == losses(straight) and len(losses(straight)) == 100

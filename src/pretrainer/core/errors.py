@@ -24,6 +24,9 @@ EXIT_CRASH = 1  # anything unexpected (a bug, out of memory): see the traceback
 
 
 EXIT_FILE_ENV = "PRETRAINER_EXIT_FILE"  # where a launcher wants rank 0's exit record too (train --nproc)
+# what "checkpoint and stop" means: a scheduler's or a terminal's stop (TERM, INT), a closed terminal
+# or SSH session (HUP), and the signals SLURM sites send before a time limit (--signal=USR1@120, USR2)
+STOP_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 SIGNAL_REPEAT_GRACE_S = 10.0  # a stop signal repeated within this many seconds is the same request
 
 

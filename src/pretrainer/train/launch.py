@@ -7,8 +7,9 @@ What the wrapper adds to a plain torchrun:
 - exit status: torchrun exits 1 whenever a worker exits non-zero, so a budget stop (4) looks like a
   crash to a scheduler. Rank 0 writes the exit record (train/stopping.py) to a file this wrapper
   names in $PRETRAINER_EXIT_FILE; the wrapper exits with its code.
-- signals: torchrun runs in its own session; SIGTERM/SIGINT to the wrapper are forwarded to
-  torchrun and the workers once per grace window (repeats are the same request), and torchrun
+- signals: torchrun runs in its own session; a stop signal to the wrapper (TERM, INT, HUP; USR1 and
+  USR2, which torchrun does not handle, go to the workers directly) is forwarded once per grace
+  window (repeats are the same request), and torchrun
   waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT = parallel.shutdown_timeout_s before any SIGKILL, so the
   workers have time to finish their step and write the checkpoint.
 - no orphans: the wrapper is a child subreaper, so workers that outlive torchrun (a signal sent to
@@ -32,6 +33,7 @@ from pretrainer.core.errors import (
     EXIT_CRASH,
     EXIT_FILE_ENV,
     SIGNAL_REPEAT_GRACE_S,
+    STOP_SIGNAL_NAMES,
     exit_code_for_signal,
     read_exit_record,
 )
@@ -63,14 +65,24 @@ def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
     ]
 
 
-def own_children() -> list[int]:
-    """This process's children (after torchrun exits: the workers re-parented to this subreaper)."""
+# the stop signals torchrun's agent handles by sending the same signal to its workers; it does not
+# handle SIGUSR1/SIGUSR2 (their default action would end it without a word to the workers)
+TORCHRUN_FORWARDS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def children_of(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (from /proc)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
                 found.append(int(stat.parent.name))
     return found
+
+
+def own_children() -> list[int]:
+    """This process's children (after torchrun exits: the workers re-parented to this subreaper)."""
+    return children_of(os.getpid())
 
 
 def signal_all(pids: list[int], signum: int) -> None:
@@ -104,9 +116,16 @@ def launch(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> int:
         now = time.monotonic()  # forwards to its workers, or, once it is gone, to the workers it left behind
         if launched and now - last_forwarded["at"] > SIGNAL_REPEAT_GRACE_S:
             last_forwarded["at"] = now
-            signal_all([launched[0].pid] if launched[0].poll() is None else own_children(), signum)
+            torchrun = launched[0]
+            if torchrun.poll() is not None:
+                signal_all(own_children(), signum)
+            elif signum in TORCHRUN_FORWARDS:
+                signal_all([torchrun.pid], signum)
+            else:  # USR1/USR2 would kill torchrun: straight to its workers
+                signal_all(children_of(torchrun.pid), signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stop_signals = [getattr(signal, name) for name in STOP_SIGNAL_NAMES]
+    previous = {sig: signal.signal(sig, forward) for sig in stop_signals}
     try:
         # its own session (as each worker has): a terminal's Ctrl-C reaches torchrun once, through forward()
         child = subprocess.Popen(

@@ -44,6 +44,7 @@ from pretrainer.core.errors import (
     EXIT_USER_ERROR,
     EXIT_WRITE_FAULT,
     SIGNAL_REPEAT_GRACE_S,
+    STOP_SIGNAL_NAMES,
     RunStopped,
     UserError,
     WriteFault,
@@ -57,8 +58,10 @@ from pretrainer.train.distributed import DistEnv, is_collective_timeout
 
 
 class StopSignal:
-    """SIGTERM / SIGINT (spot preemption, scancel, pkill, Ctrl-C): remember it; the loop finishes the
-    step, every rank agrees, one checkpoint is written, the process exits with 128 + the signal.
+    """SIGTERM / SIGINT (spot preemption, scancel, pkill, Ctrl-C), SIGHUP (the terminal or SSH session
+    that started the run closed), SIGUSR1 / SIGUSR2 (a SLURM job's warning before its time limit):
+    remember it; the loop finishes the step, every rank agrees, one checkpoint is written, the process
+    exits with 128 + the signal.
 
     The same stop is often signalled several times: SLURM and pkill signal the launcher *and* every
     worker, and torchrun forwards its own copy. A repeat within SIGNAL_REPEAT_GRACE_S is the same request.
@@ -71,7 +74,8 @@ class StopSignal:
     def install(self) -> None:
         # signal handlers live in the main thread only
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for name in STOP_SIGNAL_NAMES:
+                sig = getattr(signal, name)
                 self.previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
