@@ -31,7 +31,13 @@ from safetensors.torch import load_file
 
 from pretrainer.core.device import tensor_bytes
 from pretrainer.core.errors import UserError, WriteFault, write_fault
-from pretrainer.core.files import atomic_directory, atomic_write_json, save_safetensors, sha256_file
+from pretrainer.core.files import (
+    atomic_directory,
+    atomic_write_json,
+    nearest_existing,
+    save_safetensors,
+    sha256_file,
+)
 from pretrainer.optim.state_file import state_for_file, state_from_file
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
@@ -118,7 +124,7 @@ def save_checkpoint(
 ) -> Path:
     root = checkpoints_root(run_dir)
     final = root / f"step-{step:07d}"
-    needed, free = checkpoint_bytes(weights, optimizer_state), shutil.disk_usage(_existing(root)).free
+    needed, free = checkpoint_bytes(weights, optimizer_state), shutil.disk_usage(nearest_existing(root)).free
     if needed > free:  # found before a byte is written, not by a failed write
         raise WriteFault(
             f"{final}: cannot write the checkpoint at step {step}: no space left on the device (it needs "
@@ -197,12 +203,6 @@ def checkpoint_bytes(weights: dict, optimizer_state: dict) -> int:
         return 0
 
     return total(weights) + total(optimizer_state)
-
-
-def _existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def _write_checkpoint_dir(

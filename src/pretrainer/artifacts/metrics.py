@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import atomic_write_bytes
+from pretrainer.core.files import atomic_write_bytes, naming
 
 
 def read_metrics(path: Path, note=None) -> list[dict]:
@@ -53,7 +53,7 @@ class MetricsLog:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
         except OSError as e:  # a full disk: say which file
-            raise OSError(e.errno, e.strerror, str(self.path)) from None
+            raise naming(e, self.path) from None
 
     def close(self) -> None:
         self.file.close()

@@ -26,6 +26,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def naming(error: BaseException, path: Path) -> BaseException:
+    """`error`, naming `path` if it is an OSError that names no file (write(), flush() and fsync() give
+    none), so a full disk's one line says which file."""
+    if isinstance(error, OSError) and error.filename is None:
+        return OSError(error.errno, error.strerror, str(path))
+    return error
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`, or its nearest parent that exists."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """`data` in `path`, or (disk full, a signal) `path` as it was and no temp file left."""
     path = Path(path)
@@ -39,9 +55,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        if isinstance(e, OSError) and e.filename is None:  # write() and fsync() name no file: say which
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise
+        named = naming(e, path)
+        if named is e:  # anything else (a signal, a named OSError) goes on as it came
+            raise
+        raise named from None
     fsync_dir(path.parent)
 
 
@@ -138,9 +155,7 @@ def check_output(out: Path, kind: str = "file") -> None:
     out = Path(out)
     if kind == "file" and out.is_dir():
         raise UserError(f"{out}: is a directory; give a file path for --out")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
+    parent = nearest_existing(out.parent)
     if not parent.is_dir():
         raise UserError(f"{out}: cannot be made, {parent} is a file, not a directory; choose another --out")
     if not os.access(parent, os.W_OK | os.X_OK):

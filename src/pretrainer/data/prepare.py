@@ -51,7 +51,8 @@ from pretrainer.data.tokenizers.base import Tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer
 from pretrainer.data.tokenizers.load import tokenizer_from_spec
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import ChunkedSha256, atomic_directory, atomic_write_json, json_keys, refuse_to_replace
+from pretrainer.core.files import (ChunkedSha256, atomic_directory, atomic_write_json, json_keys, naming,
+                                   refuse_to_replace)
 
 BATCH_CHARS = 1 << 20  # documents are sent to workers in batches of about 1M characters
 BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
@@ -232,7 +233,7 @@ class _SplitWriter:
         try:
             self.file.write(data)
         except OSError as e:  # a full disk: say which file
-            raise OSError(e.errno, e.strerror, str(self.path)) from None
+            raise naming(e, self.path) from None
         self.sha.update(data)
         self.documents += documents
         self.tokens += len(tokens)
