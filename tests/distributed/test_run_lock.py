@@ -14,7 +14,7 @@ from helpers import fork_train, losses, tiny_overrides
 
 from pretrainer.artifacts.checkpoint import list_checkpoints
 
-STEPS = 240  # long enough (several seconds) that a trainer started 3 s later finds the first one running
+STEPS = 240  # long enough (seconds) that a trainer started once the first is training finds it running
 SETTINGS = {"train.max_steps": STEPS, "ckpt.every": 40, "eval.every": 0, "log.every": 10}
 
 
@@ -22,7 +22,7 @@ def trained(run: Path) -> dict:
     """What a run left: its logged losses, its checkpoints' weights and its exit record."""
     weights = {c.name: (c / "model.safetensors").read_bytes() for c in list_checkpoints(run)}
     return {
-        "losses": losses,
+        "losses": losses(run),
         "weights": weights,
         "exit": json.loads((run / "exit.json").read_text())["reason"],
     }
@@ -37,17 +37,34 @@ def lone(stdlib_data, tmp_path_factory) -> dict:
     return trained(run)
 
 
-def wait_for_lock(run: Path, timeout: float = 60) -> None:
+def holder(run: Path) -> int | None:
+    """The PID the run's lock file names (read, never locked here: a probe that took the lock for a
+    moment could turn a trainer away)."""
+    try:
+        said = (run / ".lock").read_text().split()
+    except FileNotFoundError:
+        return None
+    return int(said[1]) if len(said) > 1 and said[0] == "pid" else None
+
+
+def wait_until_training(run: Path, trainers: list, after_step: int, timeout: float = 60) -> None:
+    """Until one of `trainers` holds the lock and has logged a step past `after_step`: a fixed sleep
+    would let the whole run finish first on a fast machine, and a late trainer find nothing to do."""
     deadline = time.time() + timeout
-    while time.time() < deadline and not (run / ".lock").is_file():
-        time.sleep(0.02)
+    while time.time() < deadline:
+        logged = losses(run) if (run / "metrics.jsonl").is_file() else {}
+        alive = {child.pid for child in trainers if child.is_alive()}
+        if holder(run) in alive and max(logged, default=0) > after_step:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no trainer took {run} within {timeout} s")
 
 
 @pytest.mark.parametrize("stage", ["fresh", "resume"])
 def test_a_second_trainer_on_a_run_dir_exits_with_one_line_and_the_first_trains_alone(
     stage, lone, stdlib_data, tmp_path
 ):
-    """Three trainers on one run dir: two started together, a third 3 s later. Exactly one trains."""
+    """Three trainers on one run dir: two started together, a third once one is training. One trains."""
     run = tmp_path / "run"
     if stage == "resume":  # an interrupted run to continue: every trainer would resume it
         part = fork_train(
@@ -57,8 +74,7 @@ def test_a_second_trainer_on_a_run_dir_exits_with_one_line_and_the_first_trains_
         assert part.exitcode == 0
     args = tiny_overrides(stdlib_data, run, **SETTINGS)
     together = [fork_train(*args, log=tmp_path / name) for name in ("a", "b")]
-    wait_for_lock(run)
-    time.sleep(3)
+    wait_until_training(run, together, after_step=40 if stage == "resume" else 0)
     later = fork_train(*args, log=tmp_path / "c")
     for child in (*together, later):
         child.join(240)
