@@ -31,7 +31,7 @@ from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
 from pretrainer.train.budget import launch_cost_check
 from pretrainer.train.checkpoint import restore_checkpoint, write_checkpoint
-from pretrainer.train.console import closing_lines, resume_command, step_line
+from pretrainer.train.console import Console, closing_lines, resume_command, step_line
 from pretrainer.train.distributed import (
     DistEnv,
     agree_max,
@@ -61,12 +61,15 @@ def train(cfg: Config, clock=time.time) -> dict:
     env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)
     device, strategy = env.device, cfg.parallel.strategy
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
+    console = Console()  # a console that goes away is switched off; rank 0 copies it all to train.log
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
     run_log = sequences = evals = progress = state = failure = start_step = speed = None
     lock = RunDirLock(run_dir)  # rank 0 holds it for the job: one trainer per run dir
     try:
         on_rank0(lock.acquire, env, f"{run_dir}: cannot lock it")  # before anything reads or writes the run
+        if env.is_main:
+            console.attach(run_dir / "train.log")
         start = set_up(cfg, run_dir, env, say)  # config, data, resume, model, loader, evals; said
         cfg, resume, model, wrapped, optimizer = (
             start.cfg,
@@ -161,7 +164,8 @@ def train(cfg: Config, clock=time.time) -> dict:
             dynamic_ncols=True,
             mininterval=1.0,
             disable=True if not env.is_main else None,
-        )  # None: a bar on a terminal only
+            file=console.terminal,
+        )  # None: a bar on a terminal only (its redraws are not train.log's lines)
         # tokens/s, MFU, data wait, host syncs between logging steps; the watchdog (too slow after warm-up:
         # diagnose)
         speed = SpeedMonitor(
@@ -298,6 +302,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             failure,
             state.step if state else start_step,
             run_log,
+            console,
             speed,
             signals,
             progress,
@@ -314,6 +319,7 @@ def end_run(
     failure: BaseException | None,
     step: int | None,
     run_log: RunLog | None,
+    console: Console,
     *closing,
 ) -> None:
     """Close what the run opened (the signal handlers first), record why it ended (rank 0:
@@ -345,7 +351,12 @@ def end_run(
                     into_run_dir=into_run_dir,
                     launcher_only=afterwards,
                 )
+            if (
+                record is not None
+            ):  # train.log's last line: how the run ended (the console's is printed later)
+                console.record(f"exit: {reason} (exit {exit_code}) at step {step}: {record['message']}\n")
         finally:
+            console.close()
             lock.close(remove_created=unused)
             shutdown()
     if record is not None and owned and not os.environ.get(EXIT_FILE_ENV):  # else the launcher does it
