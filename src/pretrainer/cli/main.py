@@ -66,6 +66,13 @@ VERBS = {
 
 def run_verb(args, extra: list[str], argv: list[str]) -> int:
     try:
+        if getattr(args, "checkpoint", "newest") == "best":  # RUN_DIR --checkpoint best: that checkpoint dir
+            from pretrainer.artifacts.checkpoint import pick_checkpoint
+
+            where = "target" if args.verb == "eval" else "run"
+            if not getattr(args, where):
+                raise UserError(f"{args.verb}: --checkpoint best needs a RUN_DIR")
+            setattr(args, where, str(pick_checkpoint(getattr(args, where), "best")))
         return VERBS[args.verb](args, extra, argv) or 0
     finally:  # the checkpoints this command read are a trainer's to rotate again
         if "pretrainer.artifacts.checkpoint" in sys.modules:

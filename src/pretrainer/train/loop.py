@@ -147,7 +147,9 @@ def train(cfg: Config, clock=time.time) -> dict:
                     **state.state_dict(),
                     **run_info,
                     "optimizer_state_bytes_rank0": optimizer_state_bytes(optimizer),
+                    "val_loss": evals.val_loss_at(state.step),  # what --checkpoint best ranks by
                 },
+                cfg.ckpt.keep_best,
             )
             state.saved_step = state.step
 
