@@ -26,9 +26,11 @@ from pretrainer.artifacts.metrics import MetricsLog
 from pretrainer.artifacts.run_lock import RunDirLock
 from pretrainer.config.schema import Config, RunConfig
 from pretrainer.core.errors import EXIT_FILE_ENV
+from pretrainer.core.secrets import redact
 from pretrainer.optim.adamw import adamw_update_norm
 from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
+from pretrainer.train.alerts import Alerts
 from pretrainer.train.budget import launch_cost_check
 from pretrainer.train.checkpoint import restore_checkpoint, write_checkpoint
 from pretrainer.train.console import Console, closing_lines, resume_command, step_line
@@ -64,7 +66,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     console = Console()  # a console that goes away is switched off; rank 0 copies it all to train.log
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
-    run_log = sequences = evals = progress = state = failure = start_step = speed = None
+    run_log = sequences = evals = progress = state = failure = start_step = speed = alerts = None
     lock = RunDirLock(run_dir)  # rank 0 holds it for the job: one trainer per run dir
     try:
         on_rank0(lock.acquire, env, f"{run_dir}: cannot lock it")  # before anything reads or writes the run
@@ -96,6 +98,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
         # cut back to the checkpoint's step
         run_log = RunLog(cfg, run_dir, start_step if resume else -1, env.is_main, say)
+        # budget, spikes, throughput, stalls, the run's end: to metrics.jsonl and alerts.webhook_url
+        alerts = run_log.alerts = Alerts(cfg.alerts, run_dir, env.is_main, run_log.write, say, max_steps)
         run_clock = RunClock()
         spikes = SpikeGuard(
             cfg.spike,
@@ -187,6 +191,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             step = state.step + 1  # the step about to run, 1-based as in every log
             logging_step = step % cfg.log.every == 0 or step == end_step
             speed.start_step(step, logging_step)
+            alerts.drill(step)  # the stall drill: a pause, as a hung loader makes
             cursor = loader.cursor
             read = speed.read_batch(loader)
             micro_batches, lr = spikes.before_step(
@@ -276,6 +281,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 run_log.write(record)
                 say(step_line(record, end_step, step_tokens))
                 speed.check(step, figures)  # the throughput watchdog, once after its warm-up
+            alerts.step_done(step, last_loss if logging_step else None)  # the stall watchdog's heartbeat
 
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
                 last_val = evals.validate(wrapped, step, state.tokens)  # every rank, the same batches
@@ -305,6 +311,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             state.step if state else start_step,
             run_log,
             console,
+            alerts,
             speed,
             signals,
             progress,
@@ -322,6 +329,7 @@ def end_run(
     step: int | None,
     run_log: RunLog | None,
     console: Console,
+    alerts: Alerts | None,
     *closing,
 ) -> None:
     """Close what the run opened (the signal handlers first), record why it ended (rank 0:
@@ -330,6 +338,9 @@ def end_run(
     `--nproc` launcher does it once every worker is gone) requeue the SLURM job or run run.on_exit."""
     reason, exit_code = exit_status(failure)
     try:
+        if alerts is not None:  # finished, stopped or died: the last alert, waited for at most a second
+            alerts.ended(reason, exit_code, step, redact(str(failure).splitlines()[0]) if failure else "")
+            alerts.close()
         for thing in closing:
             if thing is not None:
                 thing.close()
