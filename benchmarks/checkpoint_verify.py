@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--dir", help="where to write the checkpoint (default: a temp dir)")
     parser.add_argument("--extrapolate-to", default="configs/llama3-1b.toml")
     args = parser.parse_args()
-    cfg = resolve(load_config(args.config))
+    cfg = resolve(load_config(args.config), horizon=False)  # the shape only
     model = Transformer(cfg.model)
     optimizer = build_optimizer(model, cfg.optim, "cpu")
     # one step with zero gradients: the AdamW moments exist, as in a real checkpoint
@@ -57,7 +57,9 @@ def main() -> None:
         f"| verify + load: {read_s:.2f} s"
     )
     with torch.device("meta"):
-        other = count_parameters(Transformer(resolve(load_config(args.extrapolate_to)).model))["total"]
+        other = count_parameters(Transformer(resolve(load_config(args.extrapolate_to), horizon=False).model))[
+            "total"
+        ]
     print(
         f"extrapolated to {args.extrapolate_to} ({other:,} parameters, ~{size * other / params / 1e9:.1f} "
         f"GB): "

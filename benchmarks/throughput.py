@@ -421,7 +421,7 @@ def measure_row(
     """All loops on one (variant, micro-batch), alternating, args.repeats times -> one result per loop."""
     variant_overrides, backend = parse_variant(variant)
     overrides = [*base_overrides, *variant_overrides, f"--train.micro_batch={micro_batch}"]
-    cfg = resolve(load_config(args.config, overrides), 1, data)
+    cfg = resolve(load_config(args.config, overrides), 1, data, horizon=False)  # its own steps
     device = resolve_device(cfg.train.device)
     with torch.device("meta"):
         non_embedding = count_parameters(Transformer(cfg.model))["non_embedding"]
@@ -607,7 +607,7 @@ def main() -> int:
             ]
             if missing:
                 raise UserError(f"--nanogpt {args.nanogpt}: not a nanoGPT checkout (no {', '.join(missing)})")
-            problem = nanogpt_problem(resolve(base, 1, data), data)
+            problem = nanogpt_problem(resolve(base, 1, data, horizon=False), data)
             if problem:
                 raise UserError(problem)
     except UserError as e:

@@ -74,9 +74,11 @@ def test_nanogpt_needs_the_gpt2_shape(stdlib_data):
     throughput = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(throughput)
     data = open_data_dir(stdlib_data)
-    llama = resolve(load_config(None, [f"--data.dir={stdlib_data}"]), 1, data)
+    llama = resolve(load_config(None, [f"--data.dir={stdlib_data}"]), 1, data, horizon=False)
     assert "--model.arch=gpt2" in throughput.nanogpt_problem(llama, data)
-    gpt2 = resolve(load_config(None, [f"--data.dir={stdlib_data}", "--model.arch=gpt2"]), 1, data)
+    gpt2 = resolve(
+        load_config(None, [f"--data.dir={stdlib_data}", "--model.arch=gpt2"]), 1, data, horizon=False
+    )
     assert throughput.nanogpt_problem(gpt2, data) == ""
 
 

@@ -37,16 +37,18 @@ def test_max_hours_stops_with_a_checkpoint_and_the_run_continues_exactly(stdlib_
 
 
 def test_near_a_slurm_jobs_end_the_run_stops_and_asks_for_a_requeue(stdlib_data, tmp_path, monkeypatch):
-    """Inside a SLURM job whose end is within run.stop_margin_s: checkpoint at once, exit 8, and a
-    requeue. Without `scontrol` here the requeue fails, which the record says; the run then ended for
-    real, so run.on_exit runs (the real requeue: tests/distributed/test_slurm.py)."""
+    """Inside a SLURM job whose end comes within run.stop_margin_s after a few steps: checkpoint, exit
+    8, and a requeue. Without `scontrol` here the requeue fails, which the record says; the run then
+    ended for real, so run.on_exit runs (the real requeue: tests/distributed/test_slurm.py). A job
+    that ends within the margin before the first step stops without a requeue (it would loop)."""
     import time
 
     run, hook = tmp_path / "run", tmp_path / "hook"
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 100))
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 203))  # a few s of steps, then the margin
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
-    cfg = tiny_config(stdlib_data, run, **{"train.max_steps": 40, "eval.every": 0, "run.stop_margin_s": 200})
+    settings = {"train.max_steps": 100000, "eval.every": 0, "run.stop_margin_s": 200, "log.every": 100}
+    cfg = tiny_config(stdlib_data, run, **settings)
     cfg.run.on_exit = exit_hook(hook)  # echo: /bin/sh's own
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
@@ -55,9 +57,16 @@ def test_near_a_slurm_jobs_end_the_run_stops_and_asks_for_a_requeue(stdlib_data,
     finally:
         signal.signal(signal.SIGTERM, sigterm)  # a requeue ignores SLURM's SIGTERM to the old copy
     record = json.loads((run / "exit.json").read_text())
-    assert record["reason"] == "time_limit" and record["step"] == 0 and record["requeued"] is False
+    assert record["reason"] == "time_limit" and record["step"] > 0 and record["requeued"] is False
     assert "scontrol requeue 4242 failed" in record["message"]
-    assert exit_hook_calls(hook) == [("time_limit", 8, 0, str(run))]
+    assert exit_hook_calls(hook) == [("time_limit", 8, record["step"], str(run))]
+    # the job's end already within the margin at the start: no step, no requeue asked, a warning
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 100))
+    with pytest.raises(RunStopped, match="SLURM job 4242") as stopped:
+        train(tiny_config(stdlib_data, tmp_path / "short", **settings))
+    assert (
+        not stopped.value.requeue and json.loads((tmp_path / "short" / "exit.json").read_text())["step"] == 0
+    )
 
 
 def test_on_exit_runs_after_an_error_too(stdlib_data, tmp_path):

@@ -70,8 +70,6 @@ def train(cfg: Config, clock=time.time) -> dict:
     lock = RunDirLock(run_dir)  # rank 0 holds it for the job: one trainer per run dir
     try:
         on_rank0(lock.acquire, env, f"{run_dir}: cannot lock it")  # before anything reads or writes the run
-        if env.is_main:
-            console.attach(run_dir / "train.log")
         start = set_up(cfg, run_dir, env, say)  # config, data, resume, model, loader, evals; said
         cfg, resume, model, wrapped, optimizer = (
             start.cfg,
@@ -98,6 +96,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
         # cut back to the checkpoint's step
         run_log = RunLog(cfg, run_dir, start_step if resume else -1, env.is_main, say)
+        if env.is_main:  # the run's first write: train.log gets what was said since the start
+            console.attach(run_dir / "train.log")
         # budget, spikes, throughput, stalls, the run's end: to metrics.jsonl and alerts.webhook_url
         alerts = run_log.alerts = Alerts(cfg.alerts, run_dir, env.is_main, run_log.write, say, max_steps)
         run_clock = RunClock()

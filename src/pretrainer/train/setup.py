@@ -183,8 +183,8 @@ def describe(
     attention: str,
     say,
 ) -> None:
-    """The run in four lines: model, data, tokens per step, where it starts; then a line per likely
-    mistake."""
+    """The run in five lines: model, data, tokens per step, where it starts, the horizon; then a line
+    per likely mistake."""
     counts = count_parameters(model)
     checkpoint = resume.checkpoint if resume else None
     init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
@@ -221,6 +221,13 @@ def describe(
     say(
         f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
         f"{cfg.train.max_steps}; run dir {cfg.run.dir}"
+    )
+    horizon_tokens = cfg.train.max_steps * tokens_per_step(cfg, env.world_size)
+    say(  # the horizon in every unit (resolve turned the one given into steps)
+        f"horizon: {cfg.train.max_steps:,} steps = {horizon_tokens:,} tokens = "
+        f"{horizon_tokens / counts['total']:.2f} tokens/parameter = "
+        f"{horizon_tokens / max(loader.n_sequences * cfg.model.seq_len, 1):.3g} epochs"
+        + (f"; train.max_hours = {cfg.train.max_hours:g}" if cfg.train.max_hours else "")
     )
     saved_threads = resume.state.get("hardware", {}).get("cpu_threads") if resume else None
     if env.device.type == "cpu" and saved_threads and saved_threads != torch.get_num_threads():

@@ -222,6 +222,12 @@ class Stopper:
     def start(self, first_step: int, started: float) -> None:
         """`started` and `first_step` time the steps for the budget projection."""
         self.first_step, self.started = first_step, started
+        if self.limits.stop_at is not None and self.limits.stop_at <= time.time():
+            self.say(
+                f"warning: SLURM job {self.limits.job_id} ends in less than run.stop_margin_s = "
+                f"{self.limits.margin_s:g} s: the run stops before its first step, without a requeue; "
+                f"ask for more time or lower run.stop_margin_s"
+            )
 
     def spent_usd(self, elapsed_s: float) -> float:
         if self.reading is not None:
@@ -305,8 +311,8 @@ class Stopper:
                 checkpoint=True,
                 requeue=again,
             )
-        if limit:
-            again = limit == LIMIT_JOB_END and bool(self.requeue_on)
+        if limit:  # a launch that trained no step before the job's end would requeue forever: it stops
+            again = limit == LIMIT_JOB_END and bool(self.requeue_on) and step > self.first_step
             message = self.limits.message(limit, resume) + (requeue if again else "")
             return StopRequest("time_limit", message, EXIT_TIME_LIMIT, checkpoint=True, requeue=again)
         return None

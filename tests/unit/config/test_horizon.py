@@ -83,3 +83,19 @@ def test_a_horizon_on_the_command_line_replaces_the_config_files(tmp_path):
     config.write_text("[train]\nmax_steps = 300\n")
     cfg = load_config(config, [*SHAPE, "--train.max_tokens=1000000"])
     assert cfg.train.max_steps == 0 and resolve(cfg).train.max_steps == 977
+
+
+def test_a_saved_run_keeps_its_horizon_and_a_new_one_replaces_it(tmp_path):
+    """A run resumed with its saved config derives its steps again from the horizon it was given (the
+    world size may have changed); a horizon on the command line replaces the saved one."""
+    from pretrainer.artifacts.run_config import load_train_config
+    from pretrainer.config.schema import save_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = resolve(load_config(None, [*SHAPE, f"--run.dir={run}", "--train.max_tokens=1000000"]))
+    save_config(saved, run / "config.toml")  # as the trainer saves it: max_steps 977 and max_tokens
+    resumed = load_train_config(None, [f"--run.dir={run}"])
+    assert resolve(resumed, world_size=2).train.max_steps == math.ceil(1_000_000 / (2 * TOKENS_PER_STEP))
+    longer = load_train_config(None, [f"--run.dir={run}", "--train.max_steps=2000"])
+    assert resolve(longer).train.max_steps == 2000 and longer.train.max_tokens == 0
