@@ -1,0 +1,347 @@
+"""The example job scripts (examples/slurm/) on a real SLURM: a one-node cluster started for the session
+(the `slurm` fixture), a tiny model on CPU (gloo), each script as shipped, only the GPU request lifted on
+the sbatch command line (--gpus=0 overrides the script's #SBATCH --gpus=1) and --train.device=cpu added.
+
+Drills: USR1 to the batch shell -> checkpoint, requeue, the job runs again (SLURM_RESTART_COUNT=1) and
+finishes with the losses of a run straight through; a plain scancel (SIGTERM) -> checkpoint, exit 143, no
+requeue; a budget stop -> exit 4, no requeue; the 2-node script as two tasks of one node -> the 2-rank
+losses.
+
+A job spends most of its time starting Python and waiting for SLURM (a requeued job waits ~7 s for its
+credential to expire), little training: so the module submits every selected drill at once and the
+drills advance side by side (each a generator, stepped by one loop: no threads, so the references can be
+forked), and each test waits for its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import tomli_w
+from helpers import _child, _cli_train, fork_train, losses
+from support.slurm_cluster import FINAL_STATES as FINAL
+
+import pretrainer
+from pretrainer.artifacts.checkpoint import latest_checkpoint
+from pretrainer.artifacts.metrics import read_metrics
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "slurm"
+STEPS = 60  # ~25 ms a step: the signal (sent once step SIGNAL_AT is logged) lands mid-run
+SIGNAL_AT = 3
+SETTINGS = {  # helpers.tiny_overrides' model, as the TOML config file a job script is given
+    "model": {"d_model": 64, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "seq_len": 64},
+    "train": {"micro_batch": 8, "max_steps": STEPS},
+    "optim": {"lr": 3e-3, "warmup_steps": 5},
+    "eval": {"every": 0, "batches": 4},
+    "ckpt": {"every": 1000},
+    "log": {"every": 1},
+    "mlflow": {"enabled": False},
+}
+CPU = "--train.device=cpu"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Job:
+    """One submitted job script: its id, run dir and output file."""
+
+    id: int
+    run: Path
+    out: Path
+
+
+@dataclass
+class Drills:
+    """The drills in flight, each a generator that yields while it waits; result(name) steps them all
+    (every 0.1 s) until that one returns, and re-raises what it raised. One `scontrol show job` per step
+    serves every drill."""
+
+    cluster: object
+    root: Path
+    config: Path
+    pending: dict[str, Generator] = field(default_factory=dict)
+    done: dict[str, tuple] = field(default_factory=dict)
+    snapshot: dict = field(default_factory=dict)
+    references: dict[str, tuple[Path, list]] = field(default_factory=dict)  # name -> run dir, processes
+
+    def submit(self, script: str, name: str, *sbatch: str, env: dict | None = None, args=()) -> Job:
+        """sbatch [options] examples/slurm/SCRIPT --train.device=cpu ARGS, with CONFIG and RUN_DIR set, this
+        interpreter's pretrainer on PATH and PYTHONPATH, and one thread per process (what the forked
+        references train with)."""
+        run, out = self.root / name, self.root / f"{name}.out"
+        job_env = {
+            "CONFIG": str(self.config),
+            "RUN_DIR": str(run),
+            "OMP_NUM_THREADS": "1",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": os.pathsep.join(
+                [str(Path(pretrainer.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+            ),
+            **(env or {}),
+        }
+        job_id = self.cluster.sbatch(
+            f"--chdir={self.root}",
+            f"--output={out}",
+            f"--job-name={name}",
+            "--cpus-per-task=1",
+            *sbatch,
+            EXAMPLES / script,
+            CPU,
+            *args,
+            env=job_env,
+        )
+        return Job(job_id, run, out)
+
+    def job(self, job: Job) -> dict[str, str]:
+        return self.snapshot.get(job.id) or self.cluster.job(job.id)
+
+    def start(self, name: str, drill: Generator) -> None:
+        self.pending[name] = drill
+
+    def result(self, name: str):
+        while name not in self.done:
+            self.snapshot = self.cluster.jobs()
+            for key, drill in list(self.pending.items()):
+                try:
+                    next(drill)
+                except StopIteration as stop:
+                    self.done[key] = (stop.value, None)
+                except Exception as e:  # noqa: BLE001 (the drill's test re-raises it)
+                    self.done[key] = (None, e)
+                if key in self.done:
+                    del self.pending[key]
+            if name not in self.done:
+                time.sleep(0.1)
+        value, error = self.done[name]
+        if error is not None:
+            raise error
+        return value
+
+    def reference(self, name: str) -> Path:
+        """The run dir of a reference run straight through, once its processes have finished."""
+        run, procs = self.references[name]
+        for proc in procs:
+            proc.join(180)
+            assert proc.exitcode == 0, f"reference {name}: exit {proc.exitcode}\n" + "".join(
+                log.read_text()[-2000:] for log in sorted(run.parent.glob(f"{run.name}*.log"))
+            )
+        return run
+
+
+def until(check: Callable, timeout: float, what: str) -> Generator:
+    """Yield until check() is true -> its value; AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        yield
+    return value
+
+
+def logged_step(run: Path) -> int:
+    if not (run / "metrics.jsonl").exists():
+        return 0
+    return max((r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r), default=0)
+
+
+def wait_for_step(drills: Drills, job: Job, step: int) -> Generator:
+    """Until the job's run has logged `step` (AssertionError, with its output, if the job ends first)."""
+
+    def reached() -> bool:
+        if drills.job(job).get("JobState") in FINAL:
+            raise AssertionError(f"job {job.id} ended before step {step}: {job.out.read_text()[-3000:]}")
+        return logged_step(job.run) >= step
+
+    yield from until(reached, 120, f"job {job.id}: step {step}")
+
+
+def wait_final(drills: Drills, job: Job, check: Callable = lambda fields: True) -> Generator:
+    """Until the job is over (every process gone: COMPLETING is not final) and check(fields) -> fields."""
+
+    def over() -> dict | None:
+        fields = drills.job(job)
+        return fields if fields.get("JobState") in FINAL and check(fields) else None
+
+    return (yield from until(over, 120, f"job {job.id}: the end"))
+
+
+def exit_record(run: Path) -> dict:
+    return json.loads((run / "exit.json").read_text())
+
+
+def output(job: Job) -> str:
+    return job.out.read_text(errors="replace") if job.out.exists() else ""
+
+
+# the drills: each submits one job, drives it, and returns what its test checks
+def requeue_drill(drills: Drills) -> Generator:
+    """Script (a); USR1 to the batch shell (what --signal=B:USR1@180 sends) once it has trained a few
+    steps; the requeued job runs again and finishes."""
+    job = drills.submit("train-1gpu.sbatch", "requeue", "--gpus=0")
+    yield from wait_for_step(drills, job, SIGNAL_AT)
+    drills.cluster.scancel(job.id, "--signal=USR1", "--batch")
+    requeued = yield from until(
+        lambda: drills.job(job).get("Restarts") == "1" or drills.job(job).get("JobState") in FINAL,
+        60,
+        f"job {job.id}: requeued",
+    )
+    assert drills.job(job).get("Restarts") == "1", f"not requeued: {requeued}\n{output(job)[-3000:]}"
+    stopped = exit_record(job.run)  # the first run's, before the second overwrites it
+    final = yield from wait_final(drills, job)
+    return job, stopped, final
+
+
+def scancel_drill(drills: Drills) -> Generator:
+    """Script (a); a plain scancel (SIGTERM to every process of the job) mid-run."""
+    job = drills.submit("train-1gpu.sbatch", "scancel", "--gpus=0")
+    yield from wait_for_step(drills, job, SIGNAL_AT)
+    drills.cluster.scancel(job.id)
+    final = yield from wait_final(drills, job)
+    return job, final
+
+
+def budget_drill(drills: Drills) -> Generator:
+    """Script (a) with a budget the run will overspend: budget.json (kept by a sidecar in real use) says
+    $0.50 spent and $2 projected, against a $1 cap: the first check stops the run."""
+    budget = drills.root / "budget.json"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    budget.write_text(
+        json.dumps(
+            {
+                "spent_usd": 0.5,
+                "rate_usd_per_hr": 1.0,
+                "hours_elapsed": 0.5,
+                "projected_total_usd": 2.0,
+                "last_update_utc": now,
+            }
+        )
+    )
+    caps = ["--budget.cap_usd=1", "--budget.usd_per_gpu_hour=1", f"--budget.file={budget}"]
+    job = drills.submit("train-1gpu.sbatch", "budget", "--gpus=0", args=caps)
+    final = yield from wait_final(drills, job)
+    return job, final
+
+
+def two_nodes_drill(drills: Drills) -> Generator:
+    """Script (c) on one node: two srun tasks, each a torchrun with one worker, meeting at the c10d
+    rendezvous as two nodes would."""
+    job = drills.submit(
+        "train-2nodes.sbatch",
+        "two-nodes",
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        "--gpus-per-node=0",
+        env={"NPROC_PER_NODE": "1", "MASTER_PORT": str(free_port())},
+    )
+    final = yield from wait_final(drills, job)
+    return job, final
+
+
+DRILLS = {  # test -> drill, the references it compares with
+    "test_requeue_drill_resumes_to_the_uninterrupted_losses": (requeue_drill, "one_rank"),
+    "test_scancel_checkpoints_exits_143_and_is_not_requeued": (scancel_drill, None),
+    "test_budget_stop_exits_4_and_is_not_requeued": (budget_drill, None),
+    "test_two_node_script_as_two_tasks_trains_the_two_rank_losses": (two_nodes_drill, "two_ranks"),
+}
+
+
+def fork_reference(config: Path, run: Path, nproc: int) -> list:
+    """The run straight through, in `nproc` forked processes (gloo ranks when 2), one thread each."""
+    if nproc == 1:
+        return [fork_train(str(config), f"--run.dir={run}", CPU, log=run.with_suffix(".log"))]
+    import multiprocessing
+
+    port, context, procs = free_port(), multiprocessing.get_context("fork"), []
+    for rank in range(nproc):
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        fd = os.open(run.with_suffix(f".rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        args = ([str(config), f"--run.dir={run}", CPU],)
+        procs.append(context.Process(target=_child, args=(fd, env, _cli_train, args)))
+        procs[-1].start()
+        os.close(fd)
+    return procs
+
+
+@pytest.fixture(scope="module")
+def drills(request, slurm, stdlib_data, tmp_path_factory):
+    """Every selected test's drill submitted at once; the references it needs forked beside them."""
+    root = tmp_path_factory.mktemp("slurm-drills")
+    config = root / "tiny.toml"
+    config.write_text(tomli_w.dumps({"data": {"dir": str(stdlib_data)}, **SETTINGS}))
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    chosen = {name: DRILLS[name] for name in DRILLS if name in selected}
+    runs = Drills(slurm, root, config)
+    for name, nproc in {"one_rank": 1, "two_ranks": 2}.items():
+        if any(reference == name for _, reference in chosen.values()):
+            run = root / f"reference-{nproc}"
+            runs.references[name] = (run, fork_reference(config, run, nproc))
+    for name, (drill, _) in chosen.items():
+        runs.start(name, drill(runs))
+    yield runs
+    for proc in (p for _, procs in runs.references.values() for p in procs):
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+
+
+def test_requeue_drill_resumes_to_the_uninterrupted_losses(drills):
+    job, stopped, final = drills.result("test_requeue_drill_resumes_to_the_uninterrupted_losses")
+    log = output(job)
+    # the first run: stopped by USR1 with a checkpoint, and asked SLURM to requeue it
+    assert stopped["reason"] == "signal" and stopped.get("requeued") is True, stopped
+    assert SIGNAL_AT <= stopped["step"] < STEPS and "USR1" in stopped["message"], stopped
+    # the second: SLURM_RESTART_COUNT=1, resumed from that checkpoint and finished; --open-mode=append kept
+    # the first run's output
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1" and final["ExitCode"] == "0:0", final
+    assert "restart 0:" in log and "restart 1:" in log, log[-3000:]
+    assert exit_record(job.run)["reason"] == "finished"
+    assert losses(job.run) == losses(drills.reference("one_rank")) and len(losses(job.run)) == STEPS
+
+
+def test_scancel_checkpoints_exits_143_and_is_not_requeued(drills):
+    job, final = drills.result("test_scancel_checkpoints_exits_143_and_is_not_requeued")
+    record = exit_record(job.run)
+    assert record["reason"] == "signal" and record["exit_code"] == 143 and "SIGTERM" in record["message"]
+    assert not record.get("requeued"), record
+    checkpoint = latest_checkpoint(job.run)
+    assert checkpoint is not None and (checkpoint / "COMPLETE").is_file()
+    assert SIGNAL_AT <= int(checkpoint.name.split("-")[1]) == record["step"] < STEPS
+    assert final["JobState"] == "CANCELLED" and final["Restarts"] == "0", final
+    assert "restart 1:" not in output(job)
+
+
+def test_budget_stop_exits_4_and_is_not_requeued(drills):
+    job, final = drills.result("test_budget_stop_exits_4_and_is_not_requeued")
+    record = exit_record(job.run)
+    assert record["reason"] == "budget_stop" and record["exit_code"] == 4, record
+    assert not record.get("requeued"), record
+    assert latest_checkpoint(job.run) is not None  # a budget stop checkpoints before it exits
+    assert final["JobState"] == "FAILED" and final["ExitCode"] == "4:0" and final["Restarts"] == "0", final
+    assert "restart 1:" not in output(job)
+
+
+def test_two_node_script_as_two_tasks_trains_the_two_rank_losses(drills):
+    job, final = drills.result("test_two_node_script_as_two_tasks_trains_the_two_rank_losses")
+    assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", f"{final}\n{output(job)[-3000:]}"
+    assert exit_record(job.run)["reason"] == "finished"
+    assert losses(job.run) == losses(drills.reference("two_ranks")) and len(losses(job.run)) == STEPS
