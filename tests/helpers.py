@@ -198,3 +198,16 @@ def split_documents(data_dir: Path, split: str) -> list[str]:
     bounds = np.flatnonzero(tokens == eot)
     starts = np.concatenate([[0], bounds[:-1] + 1])
     return [data.tokenizer.decode(tokens[s:e].tolist()) for s, e in zip(starts, bounds)]
+
+
+def exit_hook(log: Path) -> str:
+    """A run.on_exit command that appends one line per call to `log`: reason, exit code, step, run dir."""
+    return (
+        f'echo "$PRETRAINER_EXIT_REASON $PRETRAINER_EXIT_CODE $PRETRAINER_STEP $PRETRAINER_RUN_DIR" >> {log}'
+    )
+
+
+def exit_hook_calls(log: Path) -> list[tuple[str, int, int | None, str]]:
+    """The calls exit_hook(log) recorded: (reason, exit code, step, run dir) each."""
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return [(r, int(c), int(s) if s else None, d) for r, c, s, d in (line.split(" ", 3) for line in lines)]

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import fork_train, losses, tiny_overrides, train_ranks
+from helpers import exit_hook, exit_hook_calls, fork_train, losses, tiny_overrides, train_ranks
 from support.cluster_helpers import exit_record
 
 from pretrainer.artifacts.checkpoint import list_checkpoints
@@ -164,7 +164,10 @@ def exit_cases(stdlib_data, tmp_path_factory) -> dict[str, tuple[Path, int, str]
         "budget_stop": {**budget, "budget.file": budget_file(root / "b.json", spent=1, projected=20)},
         "hang": {"parallel.hang_drill_step": 3, "parallel.timeout_s": 3},
     }
-    procs = {case: start(*nproc_args(stdlib_data, root / case, **extra[case])) for case in EXIT_CASES}
+    hook = lambda case: {"run.on_exit": exit_hook(root / f"{case}.hook")}  # noqa: E731 (the launcher runs it)
+    procs = {
+        case: start(*nproc_args(stdlib_data, root / case, **extra[case], **hook(case))) for case in EXIT_CASES
+    }
     return {case: (root / case, *finish(proc)) for case, proc in procs.items()}
 
 
@@ -176,6 +179,10 @@ def test_each_exit_reason_is_the_exit_code_of_nproc(case, exit_cases):
     assert record["reason"] == expected_reason and record["exit_code"] == expected_code
     assert f"run ended: {expected_reason} (exit {expected_code})" in out
     assert bool(list_checkpoints(run)) == (case == "budget_stop")  # halt and a dead rank write none
+    # run.on_exit: once, by the launcher after every worker ended, with the reason and the code
+    assert exit_hook_calls(run.parent / f"{case}.hook") == [
+        (expected_reason, expected_code, record["step"], str(run))
+    ]
 
 
 # --- kill -9 at random moments: at most ckpt.every steps lost, metrics.jsonl exact, the rest identical ---

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import fork_train, losses, tiny_overrides
+from helpers import exit_hook, exit_hook_calls, fork_train, losses, tiny_overrides
 
 from pretrainer.artifacts.checkpoint import list_checkpoints
 
@@ -72,7 +72,9 @@ def test_a_second_trainer_on_a_run_dir_exits_with_one_line_and_the_first_trains_
         )
         part.join(240)
         assert part.exitcode == 0
-    args = tiny_overrides(stdlib_data, run, **SETTINGS)
+    # every trainer has the hook; only the one that trains runs it (one that found the run in use must
+    # not: a hook may shut the machine down)
+    args = tiny_overrides(stdlib_data, run, **SETTINGS, **{"run.on_exit": exit_hook(tmp_path / "hook")})
     together = [fork_train(*args, log=tmp_path / name) for name in ("a", "b")]
     wait_until_training(run, together, after_step=40 if stage == "resume" else 0)
     later = fork_train(*args, log=tmp_path / "c")
@@ -88,4 +90,5 @@ def test_a_second_trainer_on_a_run_dir_exits_with_one_line_and_the_first_trains_
         assert len(errors) == 1 and "in use by pid " in errors[0] and "Traceback" not in said, said[-1500:]
         if stage == "fresh" and name != "c":  # nothing before it (later: a note on the saved config it read)
             assert said.strip() == errors[0], said
+    assert exit_hook_calls(tmp_path / "hook") == [("finished", 0, STEPS, str(run))]
     assert trained(run) == lone  # every loss, every checkpoint byte, and the exit record: the lone run's

@@ -54,13 +54,14 @@ def test_hup_usr1_usr2_checkpoint_and_stop_like_sigterm_and_resume_bit_exactly(s
     resumes to the losses of a run straight through (all forked: the same threads)."""
     import json
 
-    from helpers import fork_train
+    from helpers import exit_hook, exit_hook_calls, fork_train
 
     settings = {"train.max_steps": 100, "ckpt.every": 1000, "eval.every": 0}
     sent = {name: getattr(signal, name) for name in ("SIGHUP", "SIGUSR1", "SIGUSR2")}
     runs = {name: tmp_path / name for name in sent}
+    hooked = lambda run: {**settings, "run.on_exit": exit_hook(run.parent / f"{run.name}.hook")}  # noqa: E731
     procs = {
-        name: fork_train(*tiny_overrides(stdlib_data, run, **settings), log=tmp_path / f"{name}.log")
+        name: fork_train(*tiny_overrides(stdlib_data, run, **hooked(run)), log=tmp_path / f"{name}.log")
         for name, run in runs.items()
     }
     pending, deadline = dict(procs), time.time() + 120
@@ -82,9 +83,13 @@ def test_hup_usr1_usr2_checkpoint_and_stop_like_sigterm_and_resume_bit_exactly(s
         )
         checkpoint = latest_checkpoint(runs[name])
         assert checkpoint is not None and 5 <= int(checkpoint.name.split("-")[1]) < 100
+        # run.on_exit: once, after the checkpoint, with the signal's reason and code
+        assert exit_hook_calls(tmp_path / f"{name}.hook") == [
+            ("signal", proc.exitcode, record["step"], str(runs[name]))
+        ]
     straight = tmp_path / "straight"
     resumed = [
-        fork_train(*tiny_overrides(stdlib_data, run, **settings), log=tmp_path / "resume.log")
+        fork_train(*tiny_overrides(stdlib_data, run, **hooked(run)), log=tmp_path / "resume.log")
         for run in [*runs.values(), straight]
     ]
     for proc in resumed:
@@ -92,3 +97,4 @@ def test_hup_usr1_usr2_checkpoint_and_stop_like_sigterm_and_resume_bit_exactly(s
         assert proc.exitcode == 0, (tmp_path / "resume.log").read_text()[-2000:]
     for run in runs.values():
         assert losses(run) == losses(straight) and len(losses(straight)) == 100
+        assert exit_hook_calls(tmp_path / f"{run.name}.hook")[1:] == [("finished", 0, 100, str(run))]

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import tiny_config, tiny_overrides
+from helpers import exit_hook, exit_hook_calls, tiny_config, tiny_overrides
 from support.budget_helpers import T0, FakeClock, budget_file
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint, list_checkpoints
@@ -31,38 +31,41 @@ def guarded(stdlib_data, run, budget: Path | None, **extra):
 
 
 def test_warn_is_logged_once_and_the_run_continues(stdlib_data, tmp_path):
-    run = tmp_path / "run"
-    result = train(
-        guarded(stdlib_data, run, budget_file(tmp_path / "b.json", spent=31, projected=34)), clock=FakeClock()
-    )
+    run, hook = tmp_path / "run", tmp_path / "hook.log"
+    cfg = guarded(stdlib_data, run, budget_file(tmp_path / "b.json", spent=31, projected=34))
+    cfg.run.on_exit = exit_hook(hook)
+    result = train(cfg, clock=FakeClock())
     assert result["step"] == 12
     warnings = [r for r in read_metrics(run / "metrics.jsonl") if "budget_warn" in r]
     assert len(warnings) == 1 and warnings[0]["spent_usd"] == 31
+    assert exit_hook_calls(hook) == [("finished", 0, 12, str(run))]  # run.on_exit: once, at the end
 
 
 def test_projected_over_cap_checkpoints_then_exits(stdlib_data, tmp_path):
-    run = tmp_path / "run"
+    run, hook = tmp_path / "run", tmp_path / "hook.log"
+    cfg = guarded(stdlib_data, run, budget_file(tmp_path / "b.json", spent=20, projected=36))
+    cfg.run.on_exit = exit_hook(hook)
     with pytest.raises(RunStopped) as stopped:
-        train(
-            guarded(stdlib_data, run, budget_file(tmp_path / "b.json", spent=20, projected=36)),
-            clock=FakeClock(),
-        )
+        train(cfg, clock=FakeClock())
     assert stopped.value.exit_code == EXIT_BUDGET_PROJECTED == 4
     assert latest_checkpoint(run).name == "step-0000001"  # first check is due at the first step
     assert any("budget_stop" in r for r in read_metrics(run / "metrics.jsonl"))
+    assert exit_hook_calls(hook) == [("budget_stop", 4, 1, str(run))]  # after the checkpoint and exit.json
 
 
 def test_spent_over_cap_exits_at_once_without_a_checkpoint(stdlib_data, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(stdlib_data, run, **{"train.max_steps": 12, "train.stop_at_step": 10, "eval.every": 0}))
     assert [p.name for p in list_checkpoints(run)] == ["step-0000010"]
+    cfg = guarded(stdlib_data, run, budget_file(tmp_path / "b.json", spent=35.5, projected=40))
+    cfg.run.on_exit = exit_hook(tmp_path / "hook.log")
     with pytest.raises(RunStopped) as stopped:
-        train(
-            guarded(stdlib_data, run, budget_file(tmp_path / "b.json", spent=35.5, projected=40)),
-            clock=FakeClock(),
-        )
+        train(cfg, clock=FakeClock())
     assert stopped.value.exit_code == EXIT_BUDGET_SPENT == 5
     assert [p.name for p in list_checkpoints(run)] == ["step-0000010"]  # nothing new written
+    assert exit_hook_calls(tmp_path / "hook.log") == [
+        ("budget_halt", 5, 11, str(run))
+    ]  # halted after step 11
 
 
 @pytest.mark.parametrize(

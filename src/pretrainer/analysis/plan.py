@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 
 from pretrainer.config.preflight import config_warnings
-from pretrainer.config.resolve import DataInfo, resolve, tokens_per_step
-from pretrainer.config.schema import Config
+from pretrainer.config.resolve import DataInfo, resolve, tokens_per_step, train_sequences
+from pretrainer.config.schema import HORIZON_KEYS, Config
 from pretrainer.core.errors import UserError
 from pretrainer.core.hardware import GPU, GPUS, lookup_gpu, training_seconds
 from pretrainer.model.flops import flops_per_token, flops_per_token_6n
+from pretrainer.model.transformer import total_parameters
 from pretrainer.train.memory import planned_memory
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: ~20 training tokens per (total) parameter
@@ -59,7 +60,17 @@ def make_plan(
     memory_gb = gpu_memory_gb or (known.memory_gb if known else None)
     watts = gpu_watts or (known.board_power_w if known else None)
 
-    cfg = resolve(cfg, world_size=gpus, data=data)  # the same derivations as train: vocab, d_ff, grad_accum
+    given = next((key for key in HORIZON_KEYS[1:] if getattr(cfg.train, key.split(".")[1])), HORIZON_KEYS[0])
+    given_value = getattr(cfg.train, given.split(".")[1])
+    # the same derivations as train: vocab, d_ff, grad_accum, the horizon's steps
+    # (--tokens or --tokens-per-param replace the config's horizon)
+    cfg = resolve(
+        cfg,
+        world_size=gpus,
+        data=data,
+        count_parameters=total_parameters,
+        horizon=tokens is None and tokens_per_param is None,
+    )
     counts, memory = planned_memory(cfg, gpus, memory_gb)  # the model on the meta device
     flops = flops_per_token(cfg.model, counts["non_embedding"])
     per_token = flops["total"] if flops_convention == "full" else flops_per_token_6n(counts["non_embedding"])
@@ -70,8 +81,9 @@ def make_plan(
     elif tokens_per_param is not None:
         budget, source = tokens_per_param * counts["total"], f"{tokens_per_param:g} tokens per parameter"
     else:
-        budget, source = cfg.train.max_steps * step_tokens, "train.max_steps"
+        budget, source = cfg.train.max_steps * step_tokens, given
     steps = math.ceil(budget / step_tokens)
+    epoch_tokens = train_sequences(data, cfg.model.seq_len) * cfg.model.seq_len if data is not None else 0
     training_flops = per_token * steps * step_tokens
     plan = {
         "arch": cfg.model.arch,
@@ -97,6 +109,14 @@ def make_plan(
         "training_flops": training_flops,
         "configured_max_steps": cfg.train.max_steps,
         "configured_tokens": cfg.train.max_steps * step_tokens,
+        "horizon": {
+            "key": given,
+            "value": given_value,
+            "steps": steps,
+            "tokens": steps * step_tokens,
+            "tokens_per_param": steps * step_tokens / counts["total"],
+            **({"epochs": steps * step_tokens / epoch_tokens} if epoch_tokens else {}),
+        },
         "chinchilla_tokens": chinchilla_tokens,
         "chinchilla_steps": math.ceil(chinchilla_tokens / step_tokens),
         "gpu": {
@@ -115,6 +135,10 @@ def make_plan(
     if peak:
         seconds = training_seconds(training_flops, gpus, peak, mfu)
         plan.update({"mfu": mfu, "tokens_per_s": steps * step_tokens / seconds, "wall_hours": seconds / 3600})
+        if cfg.train.max_hours:  # the step the wall-clock limit stops the run at, at the planned speed
+            plan["horizon"]["max_hours"] = cfg.train.max_hours
+            step_s = seconds / steps
+            plan["horizon"]["max_hours_steps"] = min(steps, int(cfg.train.max_hours * 3600 / step_s))
         if usd_per_gpu_hour is not None:
             plan.update(
                 {"usd_per_gpu_hour": usd_per_gpu_hour, "cost_usd": seconds / 3600 * gpus * usd_per_gpu_hour}
@@ -127,6 +151,17 @@ def make_plan(
         if watts:
             plan["energy_kwh"] = seconds / 3600 * gpus * watts / 1000
     return plan
+
+
+def horizon_line(h: dict) -> str:
+    """The run's horizon in every unit: steps, tokens, tokens per parameter, epochs, and where
+    train.max_hours stops it."""
+    line = f"{h['steps']:,} steps = {h['tokens']:,} tokens = {h['tokens_per_param']:.2f} tokens/parameter"
+    line += f" = {h['epochs']:.3g} epochs" if "epochs" in h else ""
+    if "max_hours_steps" in h:
+        reached = "the horizon" if h["max_hours_steps"] >= h["steps"] else f"step {h['max_hours_steps']:,}"
+        line += f"; train.max_hours = {h['max_hours']:g} stops at {reached} at the planned speed"
+    return line
 
 
 def format_plan(plan: dict) -> str:
@@ -160,9 +195,10 @@ def format_plan(plan: dict) -> str:
         (
             "",
             f"the config trains {plan['configured_max_steps']:,} steps = {plan['configured_tokens']:,} tokens"
-            if plan["token_budget_source"] != "train.max_steps"
+            if not plan["token_budget_source"].startswith(plan["horizon"]["key"])
             else "",
         ),
+        ("horizon", horizon_line(plan["horizon"])),
         (
             "Chinchilla-optimal",
             f"{plan['chinchilla_tokens']:,} tokens ({CHINCHILLA_TOKENS_PER_PARAM} per parameter) = "

@@ -363,7 +363,7 @@ def serve_cost(settings: ServeSettings) -> dict:
         raise UserError(f"serve-cost: --usd-per-hour must be > 0, got {usd_per_hour}")
 
     data = open_training_data(cfg.data.dir, cfg.data.mixture)
-    cfg = resolve(cfg, data=data, source=run.cfg.model, source_where=str(run.checkpoint))
+    cfg = resolve(cfg, data=data, source=run.cfg.model, source_where=str(run.checkpoint), horizon=False)
     batches = data_validation_batches(data, cfg)
     token_bytes = token_bytes_tensor(data.tokenizer, cfg.model.vocab_size)
     separator = data.eot_id if cfg.data.packing == "document" else None

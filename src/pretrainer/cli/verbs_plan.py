@@ -120,7 +120,7 @@ def cmd_config(args: argparse.Namespace, overrides: list[str]) -> None:
         from pretrainer.config.resolve import resolve
 
         data = data_for_vocab(cfg)
-        cfg = resolve(cfg, data=data) if data else cfg
+        cfg = resolve(cfg, data=data, horizon=False) if data else cfg  # a template: any horizon
     except UserError as e:
         print(f"note: shown unresolved ({e})", file=sys.stderr)
     source = " ".join([args.config or "defaults", *overrides])

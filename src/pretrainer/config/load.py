@@ -13,9 +13,19 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pretrainer.config.schema import Config, all_keys, canonical_key, flatten, key_allowed, key_help, to_dict
+from pretrainer.config.schema import (
+    HORIZON_KEYS,
+    SECRET_KEYS,
+    Config,
+    all_keys,
+    canonical_key,
+    flatten,
+    key_allowed,
+    key_help,
+    to_dict,
+)
 from pretrainer.config.suggest import suggest
-from pretrainer.core.errors import UserError
+from pretrainer.core.errors import STOP_SIGNAL_NAMES, UserError, stop_signal_names
 from pretrainer.core.secrets import keep_secret, redact
 
 
@@ -146,7 +156,7 @@ def set_key(cfg: Config, typed_key: str, value: Any, where: str) -> None:
     section, name = key.split(".", 1)
     target, coerced = getattr(cfg, section), _coerce(key, value, types[key], where)
     if isinstance(coerced, str):  # credentials in a URI stay in this process, never in the config
-        coerced = keep_secret(coerced)
+        coerced = keep_secret(coerced, whole=key in SECRET_KEYS)
     check_value(key, coerced, where)
     setattr(target, name if hasattr(target, name) else name + "_", coerced)
 
@@ -219,8 +229,13 @@ def load_config(path: str | Path | None, overrides: list[str] = (), validated: b
 
 
 def apply_overrides(cfg: Config, overrides: list[str], validated: bool = True) -> Config:
-    """cfg (changed in place, and returned) with --section.key=value overrides applied, then checked."""
-    for key, value in parse_overrides(list(overrides)):
+    """cfg (changed in place, and returned) with --section.key=value overrides applied, then checked.
+    A horizon given on the command line replaces the config's (a run has one: HORIZON_KEYS)."""
+    parsed = parse_overrides(list(overrides))
+    if any(canonical_key(key) in HORIZON_KEYS for key, _ in parsed):
+        t = cfg.train
+        t.max_steps, t.max_tokens, t.tokens_per_param, t.epochs = 0, 0, 0.0, 0.0
+    for key, value in parsed:
         set_key(cfg, key, value, "command line")
     if validated:
         validate(cfg)
@@ -241,6 +256,11 @@ def validate(cfg: Config) -> None:
         (
             m.arch == "llama" or m.n_kv_head in (0, m.n_head),
             "model.n_kv_head (grouped-query attention) needs model.arch = 'llama'",
+        ),
+        (
+            cfg.run.requeue_signals in ("auto", "none") or stop_signal_names(cfg.run.requeue_signals),
+            f'run.requeue_signals = "{cfg.run.requeue_signals}": use "auto", "none", or signal names among '
+            f'{", ".join(name[3:] for name in STOP_SIGNAL_NAMES)}, e.g. "USR1,TERM"',
         ),
         (
             t.micro_batch > 0 or t.global_batch > 0,

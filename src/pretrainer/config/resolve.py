@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pretrainer.config.load import from_dict
-from pretrainer.config.schema import Config, ModelConfig, diff_keys, flatten
+from pretrainer.config.schema import HORIZON_KEYS, Config, ModelConfig, diff_keys, flatten
 from pretrainer.core.errors import UserError
 
 
@@ -85,6 +85,8 @@ def resolve(
     source: ModelConfig | None = None,
     source_where: str = "",
     search_micro_batch: Callable[[Config, int], int] | None = None,
+    count_parameters: Callable[[ModelConfig], int] | None = None,
+    horizon: bool = True,
 ) -> Config:
     """A copy of cfg with everything derived filled in, checked against the data and the world:
     model.vocab_size   0 -> the larger of the init source's and the data's; never smaller than the data's ids
@@ -92,6 +94,9 @@ def resolve(
     data.packing       auto -> document for chat data, concat otherwise
     train.micro_batch  auto -> search_micro_batch(cfg, per-rank batch), a divisor of it
     train.grad_accum   global_batch / (micro_batch x world size) when global_batch is set
+    train.max_steps    from the horizon key that is set (resolve_horizon); count_parameters(model config)
+                       -> total parameters, for train.tokens_per_param (horizon=False: a trained
+                       run's config read to evaluate or serve it keeps its steps)
     """
     cfg = absolute_paths(cfg)
     m, t = cfg.model, cfg.train
@@ -132,7 +137,66 @@ def resolve(
                 f"= {t.micro_batch} x {world_size}; pick a global batch that is a multiple of {per_step}"
             )
         t.grad_accum = t.global_batch // per_step
+    if horizon:
+        resolve_horizon(cfg, world_size, data, count_parameters)
     return cfg
+
+
+def horizon_tokens(cfg: Config, data: DataInfo | None, count_parameters) -> tuple[str, float] | None:
+    """(the horizon key, the tokens it asks for) when one other than train.max_steps is set, else None.
+    None too when its tokens cannot be counted here (no data for epochs, no model for tokens per
+    parameter) and train.max_steps already holds them: a saved, resolved config."""
+    t = cfg.train
+    given = [key for key in HORIZON_KEYS[1:] if getattr(t, key.split(".")[1])]
+    if len(given) > 1:
+        raise UserError(
+            f"{' and '.join(given)} are both set: a run has one horizon; keep one of "
+            f"{', '.join(HORIZON_KEYS)}"
+        )
+    if not given:
+        return None
+    key = given[0]
+    if key == "train.max_tokens":
+        return key, float(t.max_tokens)
+    if key == "train.tokens_per_param":
+        if count_parameters is None:
+            return None if t.max_steps else _cannot_count(key, "the model")
+        return key, t.tokens_per_param * count_parameters(cfg.model)
+    if data is None:
+        return None if t.max_steps else _cannot_count(key, "data.dir (its train split)")
+    return key, t.epochs * train_sequences(data, cfg.model.seq_len) * cfg.model.seq_len
+
+
+def _cannot_count(key: str, needs: str) -> None:
+    raise UserError(f"{key} needs {needs} to become steps; set it, or set train.max_steps instead")
+
+
+def train_sequences(data: DataInfo, seq_len: int) -> int:
+    """Sequences of seq_len (and its next-token target) in the train split: one epoch's."""
+    return (data.manifest["splits"]["train"]["tokens"] - 1) // seq_len
+
+
+def resolve_horizon(cfg: Config, world_size: int, data: DataInfo | None, count_parameters) -> None:
+    """train.max_steps from the one horizon key that is set: max_tokens, tokens_per_param x parameters
+    or epochs x the train split, in tokens, rounded up to whole steps (tokens_per_step). A config that
+    names steps and another horizon must agree on the steps."""
+    t = cfg.train
+    wanted = horizon_tokens(cfg, data, count_parameters)
+    if wanted is None:
+        if not t.max_steps:
+            raise UserError(
+                f"no horizon: set one of {', '.join(HORIZON_KEYS)} (e.g. --train.tokens_per_param=20, "
+                f"Chinchilla's)"
+            )
+        return
+    key, tokens = wanted
+    steps = max(1, math.ceil(tokens / tokens_per_step(cfg, world_size)))
+    if t.max_steps and t.max_steps != steps:
+        raise UserError(
+            f"train.max_steps = {t.max_steps:,} and {key} = {getattr(t, key.split('.')[1]):g} "
+            f"({steps:,} steps) disagree: a run has one horizon; set train.max_steps = 0 or drop {key}"
+        )
+    t.max_steps = steps
 
 
 def absolute_paths(cfg: Config) -> Config:

@@ -100,6 +100,24 @@ class DataConfig:
 @dataclass
 class RunConfig:
     dir: str = opt("runs/default", "the run's directory: checkpoints, metrics, logs and its config.toml")
+    requeue_signals: str = opt(
+        "auto",
+        'inside a SLURM job, the signals that mean checkpoint, `scontrol requeue` the job and exit: "auto" '
+        '(USR1, USR2: what --signal=USR1@N sends before the time limit), "none", or names, e.g. "USR1,TERM"; '
+        "outside SLURM every stop signal checkpoints and exits",
+    )
+    stop_margin_s: float = opt(
+        300.0,
+        "inside a SLURM job with a time limit: checkpoint and stop (requeued as USR1 is) this many seconds "
+        "before SLURM_JOB_END_TIME, signal or not; 0 = off",
+        allowed=">= 0",
+    )
+    on_exit: str = opt(
+        "",
+        "a shell command run once when the run ends for any reason (not on a requeue), by rank 0, after the "
+        "final checkpoint and exit.json; sees PRETRAINER_EXIT_REASON, _EXIT_CODE, _STEP, _RUN_DIR",
+    )
+    on_exit_timeout_s: float = opt(600.0, "run.on_exit is stopped after this many seconds", allowed="> 0")
 
 
 @dataclass
@@ -115,7 +133,25 @@ class TrainConfig:
         "sequences per optimizer step over all ranks; when set, grad_accum is derived from it",
         allowed=">= 0",
     )
-    max_steps: int = opt(1000, "optimizer steps; defines the LR schedule", allowed="> 0")
+    # the horizon: one of max_steps, max_tokens, tokens_per_param, epochs (resolve turns it into steps)
+    max_steps: int = opt(
+        0, "optimizer steps; defines the LR schedule (0: from the horizon key that is set)", allowed=">= 0"
+    )
+    max_tokens: int = opt(
+        0, "horizon in training tokens (rounded up to whole steps); 0 = unset", allowed=">= 0"
+    )
+    tokens_per_param: float = opt(
+        0.0, "horizon as training tokens per model parameter (Chinchilla: 20); 0 = unset", allowed=">= 0"
+    )
+    epochs: float = opt(
+        0.0, "horizon in passes over the train split's sequences of seq_len; 0 = unset", allowed=">= 0"
+    )
+    max_hours: float = opt(
+        0.0,
+        "wall-clock limit of the run (all launches): checkpoint and stop before it, exit 8; the schedule "
+        "keeps its horizon; 0 = none",
+        allowed=">= 0",
+    )
     stop_at_step: int = opt(
         0, "stop early (checkpoint and exit) without changing the schedule; 0 = off", allowed=">= 0"
     )
@@ -245,6 +281,9 @@ class CkptConfig:
     keep: int = opt(
         2, "newest complete checkpoints kept (>= 2, so a torn write never leaves none)", allowed=">= 2"
     )
+    keep_best: bool = opt(
+        False, "also keep the checkpoint with the lowest val loss (never rotated away): --checkpoint best"
+    )
 
 
 @dataclass
@@ -334,6 +373,27 @@ class MlflowConfig:
 
 
 @dataclass
+class AlertsConfig:
+    webhook_url: str = opt(
+        "",
+        "POST each alert as JSON (Slack and Discord incoming webhooks accept it); a secret: never written to "
+        'a file; "" = $PRETRAINER_WEBHOOK_URL if set, else alerts go to metrics.jsonl and the console only',
+    )
+    stall_factor: float = opt(
+        10.0, "alert when no step ends for this many times the median step time (a hang)", allowed="> 0"
+    )
+    stall_min_s: float = opt(60.0, "... and for at least this many seconds", allowed="> 0")
+    stall_drill_step: int = opt(0, "drill: pause before this step for stall_drill_s; 0 = off", allowed=">= 0")
+    stall_drill_s: float = opt(0.0, "drill: the pause, in seconds", allowed=">= 0")
+    off_curve_margin: float = opt(
+        0.1,
+        "alert when the loss forecast at the horizon (a power law fitted to the run's own losses) is this "
+        "much above plan's predicted loss, in nats; 0 = off",
+        allowed=">= 0",
+    )
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     init: InitConfig = field(default_factory=InitConfig)
@@ -348,11 +408,29 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     spike: SpikeConfig = field(default_factory=SpikeConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
 
 # Keys that may differ between a run and its resumption without changing what is computed.
 # run.dir: a run may be moved; data.verify: how hard a launch checks the data, not what it computes
-RESUME_FREE_KEYS = ("train.stop_at_step", "train.resume", "run.dir", "data.verify")
+# run.*/alerts.*/max_hours/keep_best: what happens around the computation, not the computation
+RESUME_FREE_KEYS = (
+    "train.stop_at_step",
+    "train.resume",
+    "run.dir",
+    "data.verify",
+    "run.requeue_signals",
+    "run.stop_margin_s",
+    "run.on_exit",
+    "run.on_exit_timeout_s",
+    "train.max_hours",
+    "ckpt.keep_best",
+    *(f"alerts.{f.name}" for f in dataclasses.fields(AlertsConfig)),
+)
+# values that are credentials as a whole: only their scheme and host are ever kept (core/secrets.py)
+SECRET_KEYS = ("alerts.webhook_url",)
+# the run's horizon: exactly one is set; resolve() derives train.max_steps from any of the others
+HORIZON_KEYS = ("train.max_steps", "train.max_tokens", "train.tokens_per_param", "train.epochs")
 
 
 def _key_name(field_name: str) -> str:

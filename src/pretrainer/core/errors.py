@@ -20,6 +20,9 @@ EXIT_BUDGET_SPENT = 5  # budget: spent over the cap; stopped at once, no checkpo
 EXIT_SLOW = 6
 # the machine refused a write (disk full, read-only, not a directory): nothing saved was lost; fix it, resume
 EXIT_WRITE_FAULT = 7
+# a wall-clock limit came (train.max_hours, or a SLURM job's end less run.stop_margin_s); a checkpoint was
+# written
+EXIT_TIME_LIMIT = 8
 EXIT_CRASH = 1  # anything unexpected (a bug, out of memory): see the traceback
 
 
@@ -27,6 +30,15 @@ EXIT_FILE_ENV = "PRETRAINER_EXIT_FILE"  # where a launcher wants rank 0's exit r
 # what "checkpoint and stop" means: a scheduler's or a terminal's stop (TERM, INT), a closed terminal
 # or SSH session (HUP), and the signals SLURM sites send before a time limit (--signal=USR1@120, USR2)
 STOP_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+def stop_signal_names(text: str) -> list[str] | None:
+    """'USR1, term' -> ['SIGUSR1', 'SIGTERM']; None unless each is one of STOP_SIGNAL_NAMES."""
+    names = [name.strip().upper() for name in text.split(",") if name.strip()]
+    names = [name if name.startswith("SIG") else f"SIG{name}" for name in names]
+    return names if names and all(name in STOP_SIGNAL_NAMES for name in names) else None
+
+
 SIGNAL_REPEAT_GRACE_S = 10.0  # a stop signal repeated within this many seconds is the same request
 
 
@@ -108,6 +120,6 @@ class RunStopped(Exception):
     """Training stopped on purpose before max_steps (budget guard, signal, throughput watchdog); carries
     why ("budget_stop", "budget_halt", "signal", "throughput_stop") and the exit code."""
 
-    def __init__(self, message: str, exit_code: int, reason: str = "signal"):
+    def __init__(self, message: str, exit_code: int, reason: str = "signal", requeue: bool = False):
         super().__init__(message)
-        self.exit_code, self.reason = exit_code, reason
+        self.exit_code, self.reason, self.requeue = exit_code, reason, requeue

@@ -31,12 +31,16 @@ def redact(text: str) -> str:
     return SECRET_QUERY.sub(lambda m: f"{m['name']}={MASK}" if m["secret"] != MASK else m[0], text)
 
 
-def keep_secret(value: str) -> str:
+def keep_secret(value: str, whole: bool = False) -> str:
     """-> `value` redacted, remembering the original for `reveal` (a config value, as it is read). Only
-    a URI is touched: a path stays as it is."""
+    a URI is touched: a path stays as it is. `whole`: a URI that is itself the credential (a Slack or
+    Discord webhook): only its scheme and host are kept."""
     if "://" not in value:
         return value
     redacted = redact(value)
+    if whole and value:
+        scheme, rest = value.split("://", 1)
+        redacted = f"{scheme}://{rest.split('/', 1)[0].rsplit('@', 1)[-1]}/{MASK}"
     if redacted != value:
         _revealed[redacted] = value
     return redacted
@@ -50,7 +54,7 @@ def reveal(value: str) -> str:
 def lost_secret(value: str) -> bool:
     """A redacted value whose original this process does not have: read back from a saved config, so
     what it names cannot be reached with it (pass the option again)."""
-    return value not in _revealed and (f":{MASK}@" in value or f"={MASK}" in value)
+    return value not in _revealed and any(f"{c}{MASK}" in value for c in (":", "=", "/"))
 
 
 def forget_secrets() -> None:

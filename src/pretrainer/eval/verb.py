@@ -117,7 +117,7 @@ def evaluate_target(
     data = open_training_data(cfg.data.dir, cfg.data.mixture)
     device = resolve_device(cfg.train.device)
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
-    cfg = resolve(cfg, data=data, source=weights.model, source_where=spec)
+    cfg = resolve(cfg, data=data, source=weights.model, source_where=spec, horizon=False)
     # read before the model: a bad name fails fast
     tasks = load_tasks(tasks_to_run(cfg), cfg.eval.num_fewshot, SUITE_ITEMS if limit is None else limit)
     prompts = read_probes(cfg.eval.probes)

@@ -302,3 +302,9 @@ def count_parameters(model: Transformer) -> dict[str, int]:
     total = sum(p.numel() for p in model.parameters())
     embedding = model.wte.weight.numel() + (model.wpe.weight.numel() if model.wpe is not None else 0)
     return {"total": total, "non_embedding": total - embedding}
+
+
+def total_parameters(cfg: ModelConfig) -> int:
+    """Unique parameters of cfg's model (count_parameters' total), built on the meta device: no memory."""
+    with torch.device("meta"):
+        return count_parameters(Transformer(cfg))["total"]

@@ -37,6 +37,7 @@ from pretrainer.core.errors import (
     exit_code_for_signal,
     read_exit_record,
 )
+from pretrainer.train.run_end import after_the_run
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -158,4 +159,6 @@ def launch(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> int:
         + (f"; checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""),
         file=sys.stderr,
     )
+    # after torchrun and every worker: a requeue, or the run's on_exit hook (rank 0 left it to us)
+    after_the_run(record, record.get("on_exit", ""), float(record.get("on_exit_timeout_s", 600)))
     return record["exit_code"]

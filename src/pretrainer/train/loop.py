@@ -15,6 +15,7 @@ which is what checkpoints save and what resume and rollback restore.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from tqdm import tqdm
 
 from pretrainer.artifacts.metrics import MetricsLog
 from pretrainer.artifacts.run_lock import RunDirLock
-from pretrainer.config.schema import Config
+from pretrainer.config.schema import Config, RunConfig
+from pretrainer.core.errors import EXIT_FILE_ENV
 from pretrainer.optim.adamw import adamw_update_norm
 from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
@@ -41,11 +43,13 @@ from pretrainer.train.distributed import (
 )
 from pretrainer.train.norms import layer_group_grad_norms, weight_norms
 from pretrainer.train.perf import SpeedMonitor
+from pretrainer.train.run_end import after_the_run
 from pretrainer.train.setup import run_record, set_up, training_unigram, write_run_dir
+from pretrainer.train.slurm import SlurmJob, requeue_signal_numbers
 from pretrainer.train.spikes import SpikeGuard
 from pretrainer.train.state import RunClock, TrainerState
 from pretrainer.train.step import forward_backward, stop_run
-from pretrainer.train.stopping import Stopper, StopSignal, exit_status, write_exit_record
+from pretrainer.train.stopping import Stopper, StopSignal, TimeLimits, exit_status, write_exit_record
 from pretrainer.train.tracking import RunLog
 
 
@@ -109,7 +113,18 @@ def train(cfg: Config, clock=time.time) -> dict:
         evals.attach(
             run_dir, start_step if resume else -1, env.is_main, run_log.write, say, run_clock.elapsed
         )
-        stopper = Stopper(cfg.budget, env, signals, clock, run_log.write, say, resume_command(cfg, env))
+        job = SlurmJob.from_env()  # None outside SLURM
+        stopper = Stopper(
+            cfg.budget,
+            env,
+            signals,
+            clock,
+            run_log.write,
+            say,
+            resume_command(cfg, env),
+            TimeLimits.of(cfg.train.max_hours, cfg.run.stop_margin_s, job),
+            requeue_signal_numbers(cfg.run.requeue_signals, job),
+        )
         state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
             state.load_state_dict(resume.state)
@@ -183,12 +198,12 @@ def train(cfg: Config, clock=time.time) -> dict:
 
             # the step's one agreement across ranks, on the host (no device sync): stop (signal, budget, too
             # slow), bad token ids
-            budget_action, signum, slow, out_of_vocab = agree_max(
+            budget_action, signum, limit, slow, out_of_vocab = agree_max(
                 stopper.local_view(state.step, run_clock.elapsed(), max_steps, cfg.parallel.hang_drill_step)
                 + [speed.watchdog.stop_wanted, spikes.out_of_vocab(micro_batches)],
                 env,
             )
-            request = stopper.request(state.step, budget_action, signum, slow, speed.watchdog.message)
+            request = stopper.request(state.step, budget_action, signum, limit, slow, speed.watchdog.message)
             if request is not None:  # this batch was not trained on: a resume reads it first
                 stop_run(request, speed, loader, cursor, save if state.saved_step != state.step else None)
             # ids outside the vocabulary never reach the embedding: an error, or the batch is dropped
@@ -277,6 +292,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     finally:  # whatever happened: close the sinks, then say why the run ended in RUN_DIR/exit.json
         end_run(
             run_dir,
+            cfg.run,
             lock,
             env,
             failure,
@@ -292,6 +308,7 @@ def train(cfg: Config, clock=time.time) -> dict:
 
 def end_run(
     run_dir: Path,
+    run: RunConfig,
     lock: RunDirLock,
     env: DistEnv,
     failure: BaseException | None,
@@ -301,7 +318,8 @@ def end_run(
 ) -> None:
     """Close what the run opened (the signal handlers first), record why it ended (rank 0:
     RUN_DIR/exit.json, when it holds the run dir's lock: never over another trainer's), release the
-    lock and leave the process group, even if closing something fails."""
+    lock and leave the process group, even if closing something fails. Then (rank 0, unless the
+    `--nproc` launcher does it once every worker is gone) requeue the SLURM job or run run.on_exit."""
     reason, exit_code = exit_status(failure)
     try:
         for thing in closing:
@@ -312,9 +330,23 @@ def end_run(
     finally:
         try:
             unused = run_log is None  # stopped before the first write: a new run dir goes again
+            # only the trainer that owned the run dir: one that found it in use must not run the hook
+            owned = lock.held
+            hook = run.on_exit if owned else ""
+            record, afterwards = None, {"on_exit": hook, "on_exit_timeout_s": run.on_exit_timeout_s}
             if env.is_main:
                 into_run_dir = lock.held and not (unused and lock.created)
-                write_exit_record(run_dir, reason, exit_code, step, failure, into_run_dir=into_run_dir)
+                record = write_exit_record(
+                    run_dir,
+                    reason,
+                    exit_code,
+                    step,
+                    failure,
+                    into_run_dir=into_run_dir,
+                    launcher_only=afterwards,
+                )
         finally:
             lock.close(remove_created=unused)
             shutdown()
+    if record is not None and owned and not os.environ.get(EXIT_FILE_ENV):  # else the launcher does it
+        after_the_run(record, hook, run.on_exit_timeout_s)

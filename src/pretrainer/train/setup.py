@@ -28,6 +28,7 @@ from pretrainer.data.verify import verify_data
 from pretrainer.eval.inloop import LoopEvals
 from pretrainer.model import count_parameters
 from pretrainer.model.flops import flops_per_token
+from pretrainer.model.transformer import total_parameters
 from pretrainer.optim.adamw import build_optimizer, describe_optimizer
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.console import resume_command
@@ -68,6 +69,7 @@ def resolve_for_training(cfg: Config, data, env: DistEnv, amp_dtype: torch.dtype
         parent.model if parent else None,
         f"init.from={cfg.init.from_}",
         search_micro_batch=search,
+        count_parameters=total_parameters,
     ), parent
 
 

@@ -50,4 +50,4 @@ def stop_run(request, speed: SpeedMonitor, loader: SequenceLoader, cursor, save)
     loader.cursor = cursor
     if request.checkpoint and save is not None:
         save()
-    raise RunStopped(request.message, request.exit_code, request.reason)
+    raise RunStopped(request.message, request.exit_code, request.reason, request.requeue)

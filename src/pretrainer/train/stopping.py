@@ -14,8 +14,11 @@ device sync), so all ranks stop at the same step and write one checkpoint togeth
 RUN_DIR/exit.json is the contract with schedulers and launchers: {"reason", "exit_code", "step",
 "checkpoint", "message", "time_utc"}, written atomically by rank 0 however the process ends:
   finished 0 | error 2 (bad input) or 1 (crash) | collective_timeout 3 | budget_stop 4 |
-  budget_halt 5 | throughput_stop 6 (train.watchdog_action = "stop") | signal 128+N (143 SIGTERM, 130 SIGINT;
-  "checkpoint" says whether one was written)
+  budget_halt 5 | throughput_stop 6 (train.watchdog_action = "stop") | write_fault 7 | time_limit 8
+  (train.max_hours, or a SLURM job's end less run.stop_margin_s) | signal 128+N (143 SIGTERM, 130 SIGINT,
+  129 SIGHUP, 138 SIGUSR1, 140 SIGUSR2; "checkpoint" says whether one was written)
+Inside a SLURM job a signal in run.requeue_signals (USR1, USR2 by default) and the job's end also
+requeue it: "requeued": true, and run_end.after_the_run calls `scontrol requeue`.
 `pretrainer train --nproc N` exits with that code, not torchrun's.
 """
 
@@ -41,6 +44,7 @@ from pretrainer.core.errors import (
     EXIT_FILE_ENV,
     EXIT_OK,
     EXIT_SLOW,
+    EXIT_TIME_LIMIT,
     EXIT_USER_ERROR,
     EXIT_WRITE_FAULT,
     SIGNAL_REPEAT_GRACE_S,
@@ -55,6 +59,7 @@ from pretrainer.core.files import atomic_write_json
 from pretrainer.core.secrets import redact
 from pretrainer.train.budget import ACTION_CODES, BudgetGuard, estimated_spend_usd
 from pretrainer.train.distributed import DistEnv, is_collective_timeout
+from pretrainer.train.slurm import SlurmJob
 
 
 class StopSignal:
@@ -91,6 +96,44 @@ class StopSignal:
         self.previous = {}
 
 
+LIMIT_MAX_HOURS, LIMIT_JOB_END = 1, 2  # TimeLimits.reached: which wall-clock limit is near
+
+
+@dataclass
+class TimeLimits:
+    """The wall-clock limits a run stops itself before, with a checkpoint: train.max_hours over all
+    its launches, and a SLURM job's end less run.stop_margin_s (whether or not a signal comes)."""
+
+    max_hours: float = 0.0
+    stop_at: float | None = None  # epoch seconds: the job's end less the margin
+    job_id: str = ""
+    margin_s: float = 0.0
+
+    @classmethod
+    def of(cls, max_hours: float, stop_margin_s: float, job: SlurmJob | None) -> TimeLimits:
+        if job is None or job.end_time is None or not stop_margin_s:
+            return cls(max_hours)
+        return cls(max_hours, job.end_time - stop_margin_s, job.job_id, stop_margin_s)
+
+    def reached(self, run_elapsed_s: float, step_time_s: float, now: float) -> int:
+        """LIMIT_* when the next step and the checkpoint after it (two step times) would pass a limit."""
+        ahead = 2 * step_time_s
+        if self.stop_at is not None and now + ahead >= self.stop_at:
+            return LIMIT_JOB_END
+        if self.max_hours and run_elapsed_s + ahead >= self.max_hours * 3600:
+            return LIMIT_MAX_HOURS
+        return 0
+
+    def message(self, limit: int, resume: str) -> str:
+        if limit == LIMIT_MAX_HOURS:
+            return f"train.max_hours = {self.max_hours:g} reached: {resume}"
+        ends = datetime.fromtimestamp(self.stop_at + self.margin_s, timezone.utc).strftime("%H:%M:%S UTC")
+        return (
+            f"SLURM job {self.job_id} ends at {ends}; stopped run.stop_margin_s = {self.margin_s:g} s "
+            f"before: {resume}"
+        )
+
+
 def exit_status(error: BaseException | None) -> tuple[str, int]:
     """(reason, exit code) for how a run ended: None is a normal finish."""
     if error is None:
@@ -115,10 +158,13 @@ def write_exit_record(
     step: int | None,
     error: BaseException | None,
     into_run_dir: bool = True,
+    launcher_only: dict | None = None,
 ) -> dict:
     """RUN_DIR/exit.json (only into a run dir that exists: bad input leaves no output dir; and not
     when `into_run_dir` is false: a trainer that found the run dir in use writes nothing there) and
-    the launcher's $PRETRAINER_EXIT_FILE when set. Atomic: a reader sees the old record or the new one."""
+    the launcher's $PRETRAINER_EXIT_FILE when set (with `launcher_only`: what the launcher does after
+    the run, kept out of the run dir). "requeued": the stop asked for the SLURM job's requeue.
+    Atomic: a reader sees the old record or the new one."""
     checkpoint = latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
     record = {
         "reason": reason,
@@ -127,12 +173,15 @@ def write_exit_record(
         "checkpoint": str(checkpoint) if checkpoint else None,
         "message": redact(str(error).splitlines()[0])[:500] if error is not None and str(error) else "",
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "requeued": bool(getattr(error, "requeue", False)),
+        "run_dir": str(run_dir),
     }
     targets = [Path(run_dir) / "exit.json"] if into_run_dir and Path(run_dir).is_dir() else []
     targets += [Path(os.environ[EXIT_FILE_ENV])] if os.environ.get(EXIT_FILE_ENV) else []
     for path in targets:
         try:
-            atomic_write_json(path, record)
+            launcher = str(path) == os.environ.get(EXIT_FILE_ENV)
+            atomic_write_json(path, {**record, **(launcher_only or {})} if launcher else record)
         except OSError as e:  # a full disk: the record is lost, the run's files are not
             print(f"warning: {path}: cannot write the exit record ({e.strerror})", file=sys.stderr)
     return record
@@ -144,6 +193,7 @@ class StopRequest:
     message: str
     exit_code: int
     checkpoint: bool  # write one before exiting (not when the money is already spent)
+    requeue: bool = False  # inside SLURM: requeue the job once the checkpoint and exit record are written
 
 
 class Stopper:
@@ -156,8 +206,11 @@ class Stopper:
         log: Callable[[dict], None],
         say: Callable[[str], None],
         resume_command: str = "the same command",
+        limits: TimeLimits | None = None,
+        requeue_on: frozenset[int] = frozenset(),
     ):
         self.budget, self.env, self.signal, self.log, self.say = budget, env, signals, log, say
+        self.limits, self.requeue_on = limits or TimeLimits(), requeue_on  # requeue_on: signal numbers
         self.resume_command = resume_command  # said when a stop leaves a checkpoint
         self.guard = (
             BudgetGuard(budget, env.world_size, clock=clock) if budget.cap_usd and env.is_main else None
@@ -177,15 +230,16 @@ class Stopper:
 
     def local_view(self, step: int, elapsed_s: float, max_steps: int, hang_drill_step: int = 0) -> list[int]:
         """This rank's side of the stop decision after `step` completed steps: [budget action code,
-        signal number]. The loop agrees on it across ranks (with its other per-step flags) and passes
-        the agreed values to `request`."""
+        signal number, time limit (LIMIT_*)]. The loop agrees on it across ranks (with its other per-step
+        flags) and passes the agreed values to `request`."""
         if hang_drill_step and step == hang_drill_step and self.env.rank == self.env.world_size - 1 > 0:
             self.hang()  # the drill: this rank stops answering before the agreement
         budget_action = ACTION_CODES["ok"]
         self.polls += 1
         # after a step of this process: its time projects the rest
+        step_time = (time.time() - self.started) / max(step - self.first_step, 1) if self.polls > 1 else 0.0
+        limit = self.limits.reached(elapsed_s, step_time, time.time())
         if self.guard is not None and self.polls > 1:
-            step_time = (time.time() - self.started) / max(step - self.first_step, 1)
             decision = self.guard.check(elapsed_s, (max_steps - step) * step_time)
             if decision is not None:
                 self.reading = decision.reading
@@ -205,13 +259,19 @@ class Stopper:
                         }
                     )
                 budget_action = ACTION_CODES[decision.action]
-        return [budget_action, self.signal.signum]
+        return [budget_action, self.signal.signum, limit]
 
     def request(
-        self, step: int, budget_action: int, signum: int, slow: int = 0, slow_message: str = ""
+        self,
+        step: int,
+        budget_action: int,
+        signum: int,
+        limit: int = 0,
+        slow: int = 0,
+        slow_message: str = "",
     ) -> StopRequest | None:
-        """From the agreed [budget action, signal, watchdog]: None, or why to stop after `step` completed
-        steps."""
+        """From the agreed [budget action, signal, time limit, watchdog]: None, or why to stop after
+        `step` completed steps."""
         cap = f"budget.cap_usd ${self.budget.cap_usd:.2f}"
         if budget_action == ACTION_CODES["halt"]:
             return StopRequest(
@@ -235,13 +295,20 @@ class Stopper:
                 EXIT_SLOW,
                 checkpoint=True,
             )
+        requeue = " (the SLURM job is requeued)"
         if signum:
+            again = signum in self.requeue_on
             return StopRequest(
                 "signal",
-                f"signal {signal.Signals(signum).name}: {resume}",
+                f"signal {signal.Signals(signum).name}: {resume}{requeue if again else ''}",
                 exit_code_for_signal(signum),
                 checkpoint=True,
+                requeue=again,
             )
+        if limit:
+            again = limit == LIMIT_JOB_END and bool(self.requeue_on)
+            message = self.limits.message(limit, resume) + (requeue if again else "")
+            return StopRequest("time_limit", message, EXIT_TIME_LIMIT, checkpoint=True, requeue=again)
         return None
 
     def hang(self) -> None:

@@ -23,7 +23,10 @@ pytest.importorskip("torchao")
 def test_plan_predicts_the_optimizer_state_bytes(name):
     """The quickstart's shapes (4,096 x 128 embedding, 64 x 128 key/value projections below the
     4,096-value quantisation threshold, norms): plan's figure within 5% of the state a step creates."""
-    cfg = load_config(None, ["--model.vocab_size=4096", "--model.n_kv_head=2", f"--optim.name={name}"])
+    cfg = load_config(
+        None,
+        ["--model.vocab_size=4096", "--model.n_kv_head=2", f"--optim.name={name}", "--train.max_steps=1000"],
+    )
     planned = make_plan(cfg)["memory_per_gpu_bytes"]["optimizer"]
     torch.manual_seed(0)
     model = Transformer(cfg.model)

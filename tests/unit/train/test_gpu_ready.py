@@ -131,6 +131,7 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
             f"--model.seq_len={seq_len}",
             f"--model.vocab_size={vocab}",
             f"--train.micro_batch={micro_batch}",
+            "--train.max_steps=1000",
         ],
     )
     memory = make_plan(cfg, gpus=1)["memory_per_gpu_bytes"]

@@ -1,0 +1,101 @@
+"""What happens once a run has ended and its exit record is on disk: the SLURM job is requeued when
+the stop asked for it, otherwise the user's `run.on_exit` command runs, once.
+
+    record = write_exit_record(...)        # RUN_DIR/exit.json, after the final checkpoint
+    after_the_run(record, cfg.run.on_exit, cfg.run.on_exit_timeout_s)
+
+Who calls it: the trainer itself (rank 0) when it runs alone or under a plain torchrun; under
+`pretrainer train --nproc N` the launcher, once torchrun and every worker are gone (a worker still
+busy with a hook would be killed by torchrun as soon as another rank exits non-zero). Imports no
+torch: the launcher uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from pretrainer.core.files import atomic_write_json
+
+HOOK_ENV = {  # the environment run.on_exit sees: why the run ended, and where it is
+    "PRETRAINER_EXIT_REASON": "reason",
+    "PRETRAINER_EXIT_CODE": "exit_code",
+    "PRETRAINER_STEP": "step",
+    "PRETRAINER_RUN_DIR": "run_dir",
+    "PRETRAINER_CHECKPOINT": "checkpoint",
+}
+
+
+def after_the_run(record: dict, on_exit: str, timeout_s: float) -> dict:
+    """Requeue the SLURM job (record["requeued"]), or run `on_exit` with the record in its
+    environment. A requeue that fails ends the run for real: the record says so and the hook runs.
+    -> the record as it finally stands."""
+    if record.get("requeued"):
+        problem = requeue_slurm_job(os.environ.get("SLURM_JOB_ID", ""))
+        if problem is None:
+            return record  # the run goes on in the requeued job: no hook
+        record = {**record, "requeued": False, "message": f"{record['message']}; {problem}"}
+        print(f"warning: {problem}; the run stays stopped", file=sys.stderr, flush=True)
+        rewrite_exit_record(record)
+    if on_exit:
+        run_exit_hook(on_exit, record, timeout_s)
+    return record
+
+
+def requeue_slurm_job(job_id: str) -> str | None:
+    """`scontrol requeue JOB_ID`: None when SLURM took it, else why not (one line)."""
+    if not job_id:
+        return "cannot requeue: SLURM_JOB_ID is not set"
+    if threading.current_thread() is threading.main_thread():
+        # SLURM ends this copy of the job with SIGTERM at once: everything is saved, let it finish saying so
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        done = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"scontrol requeue {job_id} failed ({e})"
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return f"scontrol requeue {job_id} failed: {said[-1] if said else f'exit {done.returncode}'}"
+    print(
+        f"pretrainer: SLURM job {job_id} requeued; it resumes from the checkpoint",
+        file=sys.stderr,
+        flush=True,
+    )
+    return None
+
+
+def run_exit_hook(command: str, record: dict, timeout_s: float) -> int | None:
+    """`command` in a shell with the record in its environment, its output on ours; stopped after
+    timeout_s. -> its exit code (None: it could not run or was stopped). Never raises: the run's
+    files are already safe, and the hook's failure is said in one line."""
+    env = {**os.environ, **{name: str(record.get(key) or "") for name, key in HOOK_ENV.items()}}
+    env["PRETRAINER_EXIT_CODE"] = str(record.get("exit_code", ""))
+    env["PRETRAINER_STEP"] = str(record.get("step") if record.get("step") is not None else "")
+    sys.stdout.flush(), sys.stderr.flush()
+    try:
+        code = subprocess.run(["/bin/sh", "-c", command], env=env, timeout=timeout_s, check=False).returncode
+    except subprocess.TimeoutExpired:
+        print(f"warning: run.on_exit was stopped after {timeout_s:g} s", file=sys.stderr, flush=True)
+        return None
+    except OSError as e:
+        print(f"warning: run.on_exit could not run ({e.strerror})", file=sys.stderr, flush=True)
+        return None
+    if code != 0:
+        print(f"warning: run.on_exit exited {code}", file=sys.stderr, flush=True)
+    return code
+
+
+def rewrite_exit_record(record: dict) -> None:
+    """RUN_DIR/exit.json again, after a failed requeue (the run no longer continues)."""
+    if not record.get("run_dir") or not Path(record["run_dir"]).is_dir():
+        return
+    try:
+        atomic_write_json(Path(record["run_dir"]) / "exit.json", record)
+    except OSError as e:
+        print(f"warning: {record['run_dir']}/exit.json: cannot rewrite it ({e.strerror})", file=sys.stderr)

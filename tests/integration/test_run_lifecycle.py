@@ -1,0 +1,75 @@
+"""How a run ends when nobody is watching: a wall-clock limit (train.max_hours, a SLURM job's end)
+checkpoints and exits 8, and run.on_exit runs once for every way of ending, after the exit record."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+
+import pytest
+from helpers import exit_hook, exit_hook_calls, losses, tiny_config
+
+from pretrainer.artifacts.checkpoint import list_checkpoints
+from pretrainer.core.errors import EXIT_TIME_LIMIT, RunStopped, UserError
+from pretrainer.train.loop import train
+
+
+def test_max_hours_stops_with_a_checkpoint_and_the_run_continues_exactly(stdlib_data, tmp_path):
+    """A limit of ~0.5 s over all launches: the run stops itself before it (exit 8, a checkpoint at the
+    stop), and a later launch with a longer limit continues to the losses of a run straight through."""
+    run, hook = tmp_path / "run", tmp_path / "hook"
+    settings = {"train.max_steps": 200, "ckpt.every": 1000, "eval.every": 0, "log.every": 10}
+    cfg = tiny_config(stdlib_data, run, **settings, **{"train.max_hours": 0.00015})
+    cfg.run.on_exit = exit_hook(hook)
+    with pytest.raises(RunStopped) as stopped:
+        train(cfg)
+    record = json.loads((run / "exit.json").read_text())
+    assert stopped.value.exit_code == EXIT_TIME_LIMIT == record["exit_code"] == 8
+    assert record["reason"] == "time_limit" and "train.max_hours = 0.00015 reached" in record["message"]
+    assert 0 < record["step"] < 200
+    assert [int(c.name.split("-")[1]) for c in list_checkpoints(run)] == [record["step"]]
+    assert exit_hook_calls(hook) == [("time_limit", 8, record["step"], str(run))]
+    train(tiny_config(stdlib_data, run, **settings))  # max_hours is a limit, not the computation: resumable
+    straight = tmp_path / "straight"
+    train(tiny_config(stdlib_data, straight, **settings))
+    assert losses(run) == losses(straight) and max(losses(run)) == 200
+
+
+def test_near_a_slurm_jobs_end_the_run_stops_and_asks_for_a_requeue(stdlib_data, tmp_path, monkeypatch):
+    """Inside a SLURM job whose end is within run.stop_margin_s: checkpoint at once, exit 8, and a
+    requeue. Without `scontrol` here the requeue fails, which the record says; the run then ended for
+    real, so run.on_exit runs (the real requeue: tests/distributed/test_slurm.py)."""
+    import time
+
+    run, hook = tmp_path / "run", tmp_path / "hook"
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 100))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
+    cfg = tiny_config(stdlib_data, run, **{"train.max_steps": 40, "eval.every": 0, "run.stop_margin_s": 200})
+    cfg.run.on_exit = exit_hook(hook)  # echo: /bin/sh's own
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(RunStopped, match="SLURM job 4242 ends at .*stop_margin_s = 200 s"):
+            train(cfg)
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)  # a requeue ignores SLURM's SIGTERM to the old copy
+    record = json.loads((run / "exit.json").read_text())
+    assert record["reason"] == "time_limit" and record["step"] == 0 and record["requeued"] is False
+    assert "scontrol requeue 4242 failed" in record["message"]
+    assert exit_hook_calls(hook) == [("time_limit", 8, 0, str(run))]
+
+
+def test_on_exit_runs_after_an_error_too(stdlib_data, tmp_path):
+    """Damaged data found at launch (after the run dir is taken): exit 2, and the hook still runs."""
+    data, run, hook = tmp_path / "data", tmp_path / "run", tmp_path / "hook"
+    shutil.copytree(stdlib_data, data)
+    shard = next(data.glob("train*.bin"))
+    raw = bytearray(shard.read_bytes())
+    raw[100] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    cfg = tiny_config(data, run, **{"data.verify": "full"})
+    cfg.run.on_exit = exit_hook(hook)
+    with pytest.raises(UserError, match="differ from the checksum"):
+        train(cfg)
+    assert [(reason, code) for reason, code, _, _ in exit_hook_calls(hook)] == [("error", 2)]
