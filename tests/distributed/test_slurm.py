@@ -3,14 +3,15 @@
 the sbatch command line (--gpus=0 overrides the script's #SBATCH --gpus=1) and --train.device=cpu added.
 
 Drills: USR1 to the batch shell -> checkpoint, requeue, the job runs again (SLURM_RESTART_COUNT=1) and
-finishes with the losses of a run straight through; a plain scancel (SIGTERM) -> checkpoint, exit 143, no
-requeue; a budget stop -> exit 4, no requeue; the 2-node script as two tasks of one node -> the 2-rank
-losses.
+finishes with the losses of a run straight through (script a), or the --nproc launcher passes USR1 to its
+workers and requeues the job (script b); a plain scancel (SIGTERM) -> checkpoint, exit 143, no requeue; a
+budget stop -> exit 4, no requeue; the 2-node script as two tasks of one node -> the 2-rank losses.
 
 A job spends most of its time starting Python and waiting for SLURM (a requeued job waits ~7 s for its
-credential to expire), little training: so the module submits every selected drill at once and the
-drills advance side by side (each a generator, stepped by one loop: no threads, so the references can be
-forked), and each test waits for its own.
+credential to expire), little training. So the module starts every selected drill at once: each is a
+generator, all stepped by one loop (no threads: the references are forked processes), and each test
+waits for its own. The requeue drills and the longest job go first; the others start once the requeue
+drills have sent their signal, and run while SLURM holds the requeued jobs.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from pretrainer.artifacts.checkpoint import latest_checkpoint
 from pretrainer.artifacts.metrics import read_metrics
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "slurm"
-STEPS = 60  # ~25 ms a step: the signal (sent once step SIGNAL_AT is logged) lands mid-run
-SIGNAL_AT = 3
+STEPS = 30  # ~25 ms a step: the signal (sent once step SIGNAL_AT is logged) lands mid-run
+SIGNAL_AT = 2
 SETTINGS = {  # helpers.tiny_overrides' model, as the TOML config file a job script is given
     "model": {"d_model": 64, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "seq_len": 64},
     "train": {"micro_batch": 8, "max_steps": STEPS},
@@ -76,6 +77,7 @@ class Drills:
     done: dict[str, tuple] = field(default_factory=dict)
     snapshot: dict = field(default_factory=dict)
     references: dict[str, tuple[Path, list]] = field(default_factory=dict)  # name -> run dir, processes
+    leading: set[str] = field(default_factory=set)  # requeue drills that have not sent their signal yet
 
     def submit(self, script: str, name: str, *sbatch: str, env: dict | None = None, args=()) -> Job:
         """sbatch [options] examples/slurm/SCRIPT --train.device=cpu ARGS, with CONFIG and RUN_DIR set, this
@@ -108,8 +110,22 @@ class Drills:
     def job(self, job: Job) -> dict[str, str]:
         return self.snapshot.get(job.id) or self.cluster.job(job.id)
 
-    def start(self, name: str, drill: Generator) -> None:
+    def start(self, name: str, drill: Generator, lead: bool = False) -> None:
         self.pending[name] = drill
+        if lead:
+            self.leading.add(name)
+
+    def after_leads(self) -> Generator:
+        """Wait until every requeue drill has sent its signal: they go first, since SLURM holds a requeued
+        job ~7 s whatever the load, and the other drills' jobs run in that time."""
+        yield from until(lambda: not self.leading, 120, "the requeue drills' signals")
+
+    def start_reference(self, name: str) -> None:
+        """Fork the run straight through that drill `name` compares with (once)."""
+        if name not in self.references:
+            nproc = {"one_rank": 1, "two_ranks": 2}[name]
+            run = self.root / f"reference-{nproc}"
+            self.references[name] = (run, fork_reference(self.config, run, nproc))
 
     def result(self, name: str):
         while name not in self.done:
@@ -123,6 +139,7 @@ class Drills:
                     self.done[key] = (None, e)
                 if key in self.done:
                     del self.pending[key]
+                    self.leading.discard(key)
             if name not in self.done:
                 time.sleep(0.1)
         value, error = self.done[name]
@@ -187,74 +204,87 @@ def output(job: Job) -> str:
 
 
 # the drills: each submits one job, drives it, and returns what its test checks
-def requeue_drill(drills: Drills) -> Generator:
-    """Script (a); USR1 to the batch shell (what --signal=B:USR1@180 sends) once it has trained a few
-    steps; the requeued job runs again and finishes."""
-    job = drills.submit("train-1gpu.sbatch", "requeue", "--gpus=0")
-    yield from wait_for_step(drills, job, SIGNAL_AT)
-    drills.cluster.scancel(job.id, "--signal=USR1", "--batch")
+def requeue_drill(drills: Drills, name: str, script: str, *sbatch: str, env=None, again: bool = True):
+    """USR1 to the batch shell (what --signal=B:USR1@180 sends) once the run has trained a few steps, then
+    (again) the requeued job runs again and finishes, or (not again) it is cancelled while it waits."""
+    job = drills.submit(script, name, *sbatch, env=env)
+    try:
+        yield from wait_for_step(drills, job, SIGNAL_AT)
+        drills.cluster.scancel(job.id, "--signal=USR1", "--batch")
+    finally:
+        drills.leading.discard(name)
     requeued = yield from until(
         lambda: drills.job(job).get("Restarts") == "1" or drills.job(job).get("JobState") in FINAL,
         60,
         f"job {job.id}: requeued",
     )
     assert drills.job(job).get("Restarts") == "1", f"not requeued: {requeued}\n{output(job)[-3000:]}"
-    stopped = exit_record(job.run)  # the first run's, before the second overwrites it
+    stopped = exit_record(job.run)  # the first run's, before a second overwrites it
+    if not again:
+        drills.cluster.scancel(job.id)
     final = yield from wait_final(drills, job)
     return job, stopped, final
 
 
-def scancel_drill(drills: Drills) -> Generator:
+def scancel_drill(drills: Drills, name: str) -> Generator:
     """Script (a); a plain scancel (SIGTERM to every process of the job) mid-run."""
-    job = drills.submit("train-1gpu.sbatch", "scancel", "--gpus=0")
+    yield from drills.after_leads()
+    job = drills.submit("train-1gpu.sbatch", name, "--gpus=0")
     yield from wait_for_step(drills, job, SIGNAL_AT)
     drills.cluster.scancel(job.id)
     final = yield from wait_final(drills, job)
     return job, final
 
 
-def budget_drill(drills: Drills) -> Generator:
+def budget_drill(drills: Drills, name: str) -> Generator:
     """Script (a) with a budget the run will overspend: budget.json (kept by a sidecar in real use) says
     $0.50 spent and $2 projected, against a $1 cap: the first check stops the run."""
+    yield from drills.after_leads()
     budget = drills.root / "budget.json"
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    budget.write_text(
-        json.dumps(
-            {
-                "spent_usd": 0.5,
-                "rate_usd_per_hr": 1.0,
-                "hours_elapsed": 0.5,
-                "projected_total_usd": 2.0,
-                "last_update_utc": now,
-            }
-        )
-    )
+    spend = {"spent_usd": 0.5, "rate_usd_per_hr": 1.0, "hours_elapsed": 0.5, "projected_total_usd": 2.0}
+    budget.write_text(json.dumps({**spend, "last_update_utc": now}))
     caps = ["--budget.cap_usd=1", "--budget.usd_per_gpu_hour=1", f"--budget.file={budget}"]
-    job = drills.submit("train-1gpu.sbatch", "budget", "--gpus=0", args=caps)
+    job = drills.submit("train-1gpu.sbatch", name, "--gpus=0", args=caps)
     final = yield from wait_final(drills, job)
     return job, final
 
 
-def two_nodes_drill(drills: Drills) -> Generator:
+def two_nodes_drill(drills: Drills, name: str) -> Generator:
     """Script (c) on one node: two srun tasks, each a torchrun with one worker, meeting at the c10d
-    rendezvous as two nodes would."""
+    rendezvous as two nodes would. The longest job: it starts with the requeue drills."""
+    tasks = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0"]
     job = drills.submit(
-        "train-2nodes.sbatch",
-        "two-nodes",
-        "--nodes=1",
-        "--ntasks-per-node=2",
-        "--gpus-per-node=0",
-        env={"NPROC_PER_NODE": "1", "MASTER_PORT": str(free_port())},
+        "train-2nodes.sbatch", name, *tasks, env={"NPROC_PER_NODE": "1", "MASTER_PORT": str(free_port())}
     )
     final = yield from wait_final(drills, job)
     return job, final
 
 
-DRILLS = {  # test -> drill, the references it compares with
-    "test_requeue_drill_resumes_to_the_uninterrupted_losses": (requeue_drill, "one_rank"),
-    "test_scancel_checkpoints_exits_143_and_is_not_requeued": (scancel_drill, None),
-    "test_budget_stop_exits_4_and_is_not_requeued": (budget_drill, None),
-    "test_two_node_script_as_two_tasks_trains_the_two_rank_losses": (two_nodes_drill, "two_ranks"),
+@dataclass
+class Drill:
+    name: str  # its run dir and job name
+    start: Callable  # (drills, name) -> the drill's generator
+    lead: bool = False  # a requeue drill: starts first, the others once it has sent its signal
+    reference: str = ""  # the run straight through it compares with: "one_rank" or "two_ranks"
+
+
+NPROC_2 = ("--gpus-per-node=0", "--cpus-per-task=2")
+DRILLS = {  # test -> its drill
+    "test_requeue_drill_resumes_to_the_uninterrupted_losses": Drill(
+        "requeue", lambda d, n: requeue_drill(d, n, "train-1gpu.sbatch", "--gpus=0"), True, "one_rank"
+    ),
+    "test_nproc_script_usr1_reaches_the_workers_and_the_launcher_requeues": Drill(
+        "nproc-requeue",
+        lambda d, n: requeue_drill(d, n, "train-8gpu.sbatch", *NPROC_2, env={"NPROC": "2"}, again=False),
+        True,
+        "two_ranks",
+    ),
+    "test_scancel_checkpoints_exits_143_and_is_not_requeued": Drill("scancel", scancel_drill),
+    "test_budget_stop_exits_4_and_is_not_requeued": Drill("budget", budget_drill),
+    "test_two_node_script_as_two_tasks_trains_the_two_rank_losses": Drill(
+        "two-nodes", two_nodes_drill, reference="two_ranks"
+    ),
 }
 
 
@@ -284,19 +314,16 @@ def fork_reference(config: Path, run: Path, nproc: int) -> list:
 
 @pytest.fixture(scope="module")
 def drills(request, slurm, stdlib_data, tmp_path_factory):
-    """Every selected test's drill submitted at once; the references it needs forked beside them."""
+    """Every selected test's drill, started together, and the references they need forked beside them."""
     root = tmp_path_factory.mktemp("slurm-drills")
     config = root / "tiny.toml"
     config.write_text(tomli_w.dumps({"data": {"dir": str(stdlib_data)}, **SETTINGS}))
-    selected = {item.name for item in request.session.items if item.module is request.module}
-    chosen = {name: DRILLS[name] for name in DRILLS if name in selected}
     runs = Drills(slurm, root, config)
-    for name, nproc in {"one_rank": 1, "two_ranks": 2}.items():
-        if any(reference == name for _, reference in chosen.values()):
-            run = root / f"reference-{nproc}"
-            runs.references[name] = (run, fork_reference(config, run, nproc))
-    for name, (drill, _) in chosen.items():
-        runs.start(name, drill(runs))
+    selected = [DRILLS[item.name] for item in request.session.items if item.name in DRILLS]
+    for drill in selected:
+        runs.start(drill.name, drill.start(runs, drill.name), lead=drill.lead)
+        if drill.reference:
+            runs.start_reference(drill.reference)
     yield runs
     for proc in (p for _, procs in runs.references.values() for p in procs):
         proc.join(30)
@@ -304,22 +331,40 @@ def drills(request, slurm, stdlib_data, tmp_path_factory):
             proc.kill()
 
 
-def test_requeue_drill_resumes_to_the_uninterrupted_losses(drills):
-    job, stopped, final = drills.result("test_requeue_drill_resumes_to_the_uninterrupted_losses")
-    log = output(job)
-    # the first run: stopped by USR1 with a checkpoint, and asked SLURM to requeue it
+def stopped_by_usr1_and_requeued(drills: Drills, job: Job, stopped: dict, final: dict, reference: str):
+    """The first run: stopped by USR1 with a checkpoint, exit.json "requeued", the job requeued once, and
+    every step it logged equal to the run straight through."""
     assert stopped["reason"] == "signal" and stopped.get("requeued") is True, stopped
     assert SIGNAL_AT <= stopped["step"] < STEPS and "USR1" in stopped["message"], stopped
-    # the second: SLURM_RESTART_COUNT=1, resumed from that checkpoint and finished; --open-mode=append kept
-    # the first run's output
-    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1" and final["ExitCode"] == "0:0", final
+    assert f"SLURM job {job.id} requeued" in output(job), output(job)[-3000:]
+    assert final["Restarts"] == "1", final
+    straight = losses(drills.reference(reference))
+    assert losses(job.run) == {step: straight[step] for step in losses(job.run)} and len(straight) == STEPS
+
+
+def test_requeue_drill_resumes_to_the_uninterrupted_losses(drills):
+    """Script (a): the trainer is the batch shell and requeues the job itself."""
+    job, stopped, final = drills.result("requeue")
+    stopped_by_usr1_and_requeued(drills, job, stopped, final, "one_rank")
+    # the second run: SLURM_RESTART_COUNT=1, resumed from that checkpoint and finished; --open-mode=append
+    # kept the first run's output
+    log = output(job)
+    assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", f"{final}\n{log[-3000:]}"
     assert "restart 0:" in log and "restart 1:" in log, log[-3000:]
-    assert exit_record(job.run)["reason"] == "finished"
-    assert losses(job.run) == losses(drills.reference("one_rank")) and len(losses(job.run)) == STEPS
+    assert exit_record(job.run)["reason"] == "finished" and len(losses(job.run)) == STEPS
+
+
+def test_nproc_script_usr1_reaches_the_workers_and_the_launcher_requeues(drills):
+    """Script (b) with NPROC=2: the launcher is the batch shell, passes USR1 to its 2 workers, and requeues
+    the job once they have stopped. (The requeued job is cancelled before it runs again: the resume is the
+    requeue drill's, and test_cluster's for --nproc.)"""
+    job, stopped, final = drills.result("nproc-requeue")
+    stopped_by_usr1_and_requeued(drills, job, stopped, final, "two_ranks")
+    assert final["JobState"] == "CANCELLED", final
 
 
 def test_scancel_checkpoints_exits_143_and_is_not_requeued(drills):
-    job, final = drills.result("test_scancel_checkpoints_exits_143_and_is_not_requeued")
+    job, final = drills.result("scancel")
     record = exit_record(job.run)
     assert record["reason"] == "signal" and record["exit_code"] == 143 and "SIGTERM" in record["message"]
     assert not record.get("requeued"), record
@@ -331,7 +376,7 @@ def test_scancel_checkpoints_exits_143_and_is_not_requeued(drills):
 
 
 def test_budget_stop_exits_4_and_is_not_requeued(drills):
-    job, final = drills.result("test_budget_stop_exits_4_and_is_not_requeued")
+    job, final = drills.result("budget")
     record = exit_record(job.run)
     assert record["reason"] == "budget_stop" and record["exit_code"] == 4, record
     assert not record.get("requeued"), record
@@ -341,7 +386,7 @@ def test_budget_stop_exits_4_and_is_not_requeued(drills):
 
 
 def test_two_node_script_as_two_tasks_trains_the_two_rank_losses(drills):
-    job, final = drills.result("test_two_node_script_as_two_tasks_trains_the_two_rank_losses")
+    job, final = drills.result("two-nodes")
     assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", f"{final}\n{output(job)[-3000:]}"
     assert exit_record(job.run)["reason"] == "finished"
     assert losses(job.run) == losses(drills.reference("two_ranks")) and len(losses(job.run)) == STEPS
