@@ -3,16 +3,16 @@
 the sbatch command line (--gpus=0 overrides the script's #SBATCH --gpus=1) and --train.device=cpu added.
 
 Drills: USR1 to the batch shell -> checkpoint, requeue, the job runs again (SLURM_RESTART_COUNT=1) and
-finishes with the losses of a run straight through (script a), or the --nproc launcher passes USR1 to its
-workers and requeues the job (script b); a plain scancel (SIGTERM) -> checkpoint, exit 143, no requeue; a
-budget stop -> exit 4, no requeue; the 2-node script as two tasks of one node, USR1 to every worker ->
-requeued, and the 2-rank losses.
+finishes with the losses of a run straight through (script a); the 2-node script as two tasks of one
+node, USR1 to every worker -> the same, with the 2-rank losses (script c); a plain scancel (SIGTERM) ->
+checkpoint, exit 143, no requeue; a budget stop -> exit 4, no requeue. (Script b, the --nproc launcher,
+is left to test_cluster's signal tests: each SLURM drill here costs seconds of the suite's time.)
 
 A job spends most of its time starting Python and waiting for SLURM (a requeued job waits ~7 s for its
 credential to expire), little training. So the module starts every selected drill at once: each is a
 generator, all stepped by one loop (no threads: the references are forked processes), and each test
-waits for its own. The requeue drills go first; the others start once the requeue
-drills have sent their signal, and run while SLURM holds the requeued jobs.
+waits for its own. The requeue drills go first; the others start once the requeue drills have sent
+their signal, and run while SLURM holds the requeued jobs.
 """
 
 from __future__ import annotations
@@ -226,12 +226,10 @@ def output(job: Job) -> str:
 
 
 # the drills: each submits one job, drives it, and returns what its test checks
-def requeue_drill(
-    drills: Drills, name: str, script: str, *sbatch: str, env=None, to="--batch", again: bool = True
-):
+def requeue_drill(drills: Drills, name: str, script: str, *sbatch: str, env=None, to="--batch"):
     """USR1 once the run has trained a few steps: to the batch shell (to="--batch": what
     --signal=B:USR1@180 sends) or to every process of the job's steps (to="": --signal=USR1@180); then
-    (again) the requeued job runs again and finishes, or (not again) it is cancelled while it waits."""
+    the requeued job runs again and finishes."""
     job = drills.submit(script, name, *sbatch, env=env)
     try:
         yield from wait_for_step(drills, job, SIGNAL_AT)
@@ -244,9 +242,7 @@ def requeue_drill(
         f"job {job.id}: requeued",
     )
     assert drills.job(job).get("Restarts") == "1", f"not requeued: {requeued}\n{output(job)[-3000:]}"
-    stopped = exit_record(job.run)  # the first run's, before a second overwrites it
-    if not again:
-        drills.cluster.scancel(job.id)
+    stopped = exit_record(job.run)  # the first run's, before the second overwrites it
     final = yield from wait_final(drills, job)
     return job, stopped, final
 
@@ -283,17 +279,10 @@ class Drill:
     reference: str = ""  # the run straight through it compares with: "one_rank" or "two_ranks"
 
 
-NPROC_2 = ("--gpus-per-node=0", "--cpus-per-task=2")
 TWO_TASKS = ("--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0")  # the 2-node script's, on one node
 DRILLS = {  # test -> its drill
     "test_requeue_drill_resumes_to_the_uninterrupted_losses": Drill(
         "requeue", lambda d, n: requeue_drill(d, n, "train-1gpu.sbatch", "--gpus=0"), True, "one_rank"
-    ),
-    "test_nproc_script_usr1_reaches_the_workers_and_the_launcher_requeues": Drill(
-        "nproc-requeue",
-        lambda d, n: requeue_drill(d, n, "train-8gpu.sbatch", *NPROC_2, env={"NPROC": "2"}, again=False),
-        True,
-        "two_ranks",
     ),
     "test_scancel_checkpoints_exits_143_and_is_not_requeued": Drill("scancel", scancel_drill),
     "test_budget_stop_exits_4_and_is_not_requeued": Drill("budget", budget_drill),
@@ -382,15 +371,6 @@ def test_requeue_drill_resumes_to_the_uninterrupted_losses(drills):
     job, stopped, final = drills.result("requeue")
     stopped_by_usr1_and_requeued(drills, job, stopped, final, "one_rank")
     ran_again_and_finished(job, final)
-
-
-def test_nproc_script_usr1_reaches_the_workers_and_the_launcher_requeues(drills):
-    """Script (b) with NPROC=2: the launcher is the batch shell, passes USR1 to its 2 workers, and requeues
-    the job once they have stopped. (The requeued job is cancelled before it runs again: the resume is the
-    requeue drill's, and test_cluster's for --nproc.)"""
-    job, stopped, final = drills.result("nproc-requeue")
-    stopped_by_usr1_and_requeued(drills, job, stopped, final, "two_ranks")
-    assert final["JobState"] == "CANCELLED", final
 
 
 def test_scancel_checkpoints_exits_143_and_is_not_requeued(drills):
