@@ -31,6 +31,7 @@ import pytest
 import tomli_w
 from helpers import _child, _cli_train, fork_train, losses
 from support.slurm_cluster import FINAL_STATES as FINAL
+from support.slurm_cluster import SlurmCluster
 
 import pretrainer
 from pretrainer.artifacts.checkpoint import latest_checkpoint
@@ -75,7 +76,7 @@ class Drills:
     (every 0.1 s) until that one returns, and re-raises what it raised. One `scontrol show job` per step
     serves every drill."""
 
-    cluster: object
+    cluster: SlurmCluster
     root: Path
     config: Path
     pending: dict[str, Generator] = field(default_factory=dict)
