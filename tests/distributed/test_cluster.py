@@ -134,6 +134,43 @@ def test_usr1_to_the_launcher_reaches_the_workers_past_torchrun_and_resumes_bit_
     assert losses(run) == losses(straight)
 
 
+def test_hup_usr2_and_int_under_nproc_checkpoint_once_and_resume_bit_exactly(straight, stdlib_data, tmp_path):
+    """Three `--nproc 2` runs at once: HUP to the launcher (its terminal closed), USR2 to the workers
+    only (`srun --signal=USR2@N` to a step's processes), INT to every process (Ctrl-C to the foreground
+    process group). Each: one checkpoint at the stop, exit.json names the signal, exit 128 + N, and the
+    same arguments resume to the uninterrupted run's losses."""
+    sent = {"SIGHUP": "launcher", "SIGUSR2": "workers", "SIGINT": "all"}
+    runs = {name: tmp_path / name for name in sent}
+    procs = {name: start(*nproc_args(stdlib_data, run)) for name, run in runs.items()}
+    for name, proc in procs.items():
+        wait_for_step(runs[name], 10, proc)
+        tree = process_tree(proc.pid)  # the launcher, torchrun, the workers
+        workers = [pid for pid in tree if pid not in (proc.pid, *children_of(proc.pid))]
+        targets = {"launcher": [proc.pid], "workers": workers, "all": tree}[sent[name]]
+        assert targets, tree
+        for pid in targets:
+            os.kill(pid, getattr(signal, name))
+    for name, proc in procs.items():
+        code, out = finish(proc)
+        signum = getattr(signal, name)
+        assert code == 128 + signum, (name, out[-3000:])
+        record = exit_record(runs[name])
+        assert record["reason"] == "signal" and name in record["message"] and record["exit_code"] == code
+        assert [int(c.name.split("-")[1]) for c in list_checkpoints(runs[name])] == [record["step"]]
+        assert record["step"] < STEPS
+    for run in runs.values():
+        train_ranks(2, *nproc_args(stdlib_data, run)[3:])
+        assert losses(run) == losses(straight), run.name
+
+
+def children_of(pid: int) -> list[int]:
+    return [child for child in process_tree(pid) if child != pid and parent_of(child) == pid]
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def budget_file(path: Path, spent: float, projected: float) -> Path:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path.write_text(

@@ -48,16 +48,16 @@ def test_sigterm_checkpoints_and_resume_is_bit_exact(stdlib_data, tmp_path, run_
     assert losses(stopped) == losses(straight) and len(losses(straight)) == 60
 
 
-def test_hup_usr1_usr2_checkpoint_and_stop_like_sigterm_and_resume_bit_exactly(stdlib_data, tmp_path):
-    """A closed terminal (HUP) and a SLURM time-limit warning (USR1, USR2): each of three runs, forked
-    at once, gets one; each writes one checkpoint, names the signal in exit.json, exits 128 + N, and
-    resumes to the losses of a run straight through (all forked: the same threads)."""
+def test_hup_usr1_usr2_int_checkpoint_and_stop_like_sigterm_and_resume_bit_exactly(stdlib_data, tmp_path):
+    """A closed terminal (HUP), a SLURM time-limit warning (USR1, USR2) and Ctrl-C (INT): each of four
+    runs, forked at once, gets one; each writes one checkpoint, names the signal in exit.json, exits
+    128 + N, and resumes to the losses of a run straight through (all forked: the same threads)."""
     import json
 
     from helpers import exit_hook, exit_hook_calls, fork_train
 
     settings = {"train.max_steps": 100, "ckpt.every": 1000, "eval.every": 0}
-    sent = {name: getattr(signal, name) for name in ("SIGHUP", "SIGUSR1", "SIGUSR2")}
+    sent = {name: getattr(signal, name) for name in ("SIGHUP", "SIGUSR1", "SIGUSR2", "SIGINT")}
     runs = {name: tmp_path / name for name in sent}
     hooked = lambda run: {**settings, "run.on_exit": exit_hook(run.parent / f"{run.name}.hook")}  # noqa: E731
     procs = {

@@ -73,3 +73,37 @@ def test_on_exit_runs_after_an_error_too(stdlib_data, tmp_path):
     with pytest.raises(UserError, match="differ from the checksum"):
         train(cfg)
     assert [(reason, code) for reason, code, _, _ in exit_hook_calls(hook)] == [("error", 2)]
+
+
+def test_keep_best_keeps_the_lowest_val_checkpoint_and_verbs_can_pick_it(stdlib_data, tmp_path, run_cli):
+    """An LR spike late in the run makes the newest checkpoints worse than an older one: rotation
+    (ckpt.keep = 2) keeps that one too, and `export RUN --checkpoint best` reads it."""
+    from pretrainer.artifacts.checkpoint import best_checkpoint
+    from pretrainer.artifacts.metrics import read_metrics
+
+    run = tmp_path / "run"
+    spike = {
+        "spike.inject_at_step": 42,
+        "spike.inject_kind": "lr",
+        "spike.lr_factor": 300,
+        "spike.inject_batches": 8,
+    }
+    settings = {
+        "train.max_steps": 60,
+        "eval.every": 10,
+        "ckpt.every": 10,
+        "ckpt.keep": 2,
+        "ckpt.keep_best": True,
+    }
+    train(tiny_config(stdlib_data, run, **settings, **spike))
+    vals = {r["step"]: r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if "val_loss" in r}
+    best_step = min((step for step in vals if step), key=vals.get)
+    assert best_step < 50, vals  # the spike made the newest two worse
+    kept = [int(c.name.split("-")[1]) for c in list_checkpoints(run)]
+    assert kept == [best_step, 50, 60] and best_checkpoint(run).name == f"step-{best_step:07d}"
+    code, out, _ = run_cli(
+        "export", run, "--checkpoint", "best", "--format", "safetensors", "--out", tmp_path / "b"
+    )
+    assert code == 0 and f"(step {best_step})" in out, out
+    code, _, err = run_cli("export", tmp_path / "straight-missing", "--checkpoint", "best")
+    assert code == 2 and err.startswith("error: ")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -75,6 +76,36 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def checkpoint_val_loss(path: Path) -> float | None:
+    """The val loss measured at the checkpoint's own step (state.json "val_loss"), if one was."""
+    try:
+        value = json.loads((Path(path) / "state.json").read_text()).get("val_loss")
+    except (OSError, ValueError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """The complete checkpoint with the lowest val loss at its own step (the newer one on a tie)."""
+    scored = [(checkpoint_val_loss(c), -checkpoint_step(c), c) for c in list_checkpoints(run_dir)]
+    scored = [entry for entry in scored if entry[0] is not None]
+    return min(scored)[2] if scored else None
+
+
+def pick_checkpoint(path: Path, which: str) -> Path:
+    """`--checkpoint newest|best` of a run dir: newest -> `path` (a run dir or checkpoint dir, as is);
+    best -> the run's lowest-val checkpoint (ckpt.keep_best keeps it), else one line saying why not."""
+    if which != "best":
+        return Path(path)
+    best = best_checkpoint(path) if Path(path).is_dir() else None
+    if best is None:
+        raise UserError(
+            f"{path}: no checkpoint of this run dir has a val loss at its own step; --checkpoint best "
+            f"needs a run trained with ckpt.keep_best = true (and eval.every dividing ckpt.every)"
+        )
+    return best
+
+
 def model_weights(
     model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
 ) -> dict[str, torch.Tensor]:
@@ -121,6 +152,7 @@ def save_checkpoint(
     optimizer_state: dict,
     trainer_state: dict,
     keep: int,
+    keep_best: bool = False,
 ) -> Path:
     root = checkpoints_root(run_dir)
     final = root / f"step-{step:07d}"
@@ -138,8 +170,10 @@ def save_checkpoint(
         if fault is None:
             raise
         raise fault from None
+    best = best_checkpoint(run_dir) if keep_best else None  # beside the newest `keep`, never rotated away
     for old in list_checkpoints(run_dir)[:-keep]:
-        remove_unless_pinned(old)  # a reader's: the next rotation removes it
+        if old != best:
+            remove_unless_pinned(old)  # a reader's: the next rotation removes it
     for stale in root.glob(".step-*.tmp-*"):  # left by a crash mid-write
         shutil.rmtree(stale, ignore_errors=True)
     return final

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 import sys
 
+from pretrainer.cli.output import print_to_stderr
 from pretrainer.cli.parser import build_parser, join_dotted_overrides
 from pretrainer.cli.verbs_data import cmd_fetch_gpt2, cmd_prepare
 from pretrainer.cli.verbs_model import cmd_chat, cmd_eval, cmd_export, cmd_sample, cmd_serve_cost
@@ -65,6 +66,13 @@ VERBS = {
 
 def run_verb(args, extra: list[str], argv: list[str]) -> int:
     try:
+        if getattr(args, "checkpoint", "newest") == "best":  # RUN_DIR --checkpoint best: that checkpoint dir
+            from pretrainer.artifacts.checkpoint import pick_checkpoint
+
+            where = "target" if args.verb == "eval" else "run"
+            if not getattr(args, where):
+                raise UserError(f"{args.verb}: --checkpoint best needs a RUN_DIR")
+            setattr(args, where, str(pick_checkpoint(getattr(args, where), "best")))
         return VERBS[args.verb](args, extra, argv) or 0
     finally:  # the checkpoints this command read are a trainer's to rotate again
         if "pretrainer.artifacts.checkpoint" in sys.modules:
@@ -85,35 +93,34 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_verb(args, extra, argv)
     except UserError as e:
-        print(f"error: {redact(str(e))}", file=sys.stderr)
+        print_to_stderr(f"error: {redact(str(e))}")
         return EXIT_USER_ERROR
     except WriteFault as e:
-        print(f"error: {redact(str(e))}", file=sys.stderr)
+        print_to_stderr(f"error: {redact(str(e))}")
         return EXIT_WRITE_FAULT
     except RunStopped as e:
-        print(f"stopped: {e}", file=sys.stderr)
+        print_to_stderr(f"stopped: {e}")
         return e.exit_code
     except KeyboardInterrupt:
         import signal
 
-        print("interrupted", file=sys.stderr)
+        print_to_stderr("interrupted")
         return exit_code_for_signal(signal.SIGINT)
     except Exception as e:
         from pretrainer.train.distributed import is_collective_timeout
 
         fault = write_fault(e)  # disk full or read-only anywhere (metrics, prepare, exports): one line
         if fault is not None:
-            print(f"error: {redact(str(fault))}", file=sys.stderr)
+            print_to_stderr(f"error: {redact(str(fault))}")
             return EXIT_WRITE_FAULT
 
         if not is_collective_timeout(e):
             raise
-        print(
+        print_to_stderr(
             "error: a collective operation timed out (parallel.timeout_s): a rank is stuck, dead or "
             "unreachable. Check every rank's log; on cloud GPUs without NVLink/InfiniBand try "
             "NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1, and NCCL_DEBUG=INFO to see the transport. "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})",
-            file=sys.stderr,
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})"
         )
         return EXIT_COLLECTIVE_TIMEOUT
 

@@ -15,3 +15,13 @@ def print_to_stdout(text: str) -> None:
         # fail again
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+
+
+def print_to_stderr(text: str) -> None:
+    """A last line on stderr (an error, why a run stopped); a console that is gone is no error: the run
+    dir's exit.json and train.log say the same."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())

@@ -118,6 +118,7 @@ def verb_parser() -> argparse.ArgumentParser:
         "--section.key=value "
         "overrides follow (--data.dir=DIR, --eval.batches=N, ...)",
     )
+    add_checkpoint_choice(p)
     p.add_argument(
         "--out",
         help="write the results as JSON here (default for a run's checkpoint: RUN_DIR/eval-STEP.json)",
@@ -258,6 +259,7 @@ def verb_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR_OR_CHECKPOINT",
         help="a run dir (its newest intact checkpoint) or a checkpoint dir",
     )
+    add_checkpoint_choice(p)
     p.add_argument(
         "--format",
         default="report",
@@ -310,6 +312,7 @@ def verb_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR_OR_CHECKPOINT",
         help="a run dir (its newest intact checkpoint) or a checkpoint dir",
     )
+    add_checkpoint_choice(p)
     p.add_argument(
         "--variants",
         help="comma-separated, the first is the baseline of the deltas: fp32, bf16, int8, int4 "
@@ -413,6 +416,7 @@ def add_generation_arguments(p: argparse.ArgumentParser, max_new_tokens: int, te
         metavar="RUN_DIR_OR_CHECKPOINT",
         help="a run dir (its newest intact checkpoint) or a checkpoint dir",
     )
+    add_checkpoint_choice(p)
     p.add_argument(
         "--max-new-tokens",
         type=int,
@@ -470,3 +474,14 @@ def join_dotted_overrides(argv: list[str]) -> list[str]:
             out.append(arg)
             i += 1
     return out
+
+
+def add_checkpoint_choice(p: argparse.ArgumentParser) -> None:
+    """--checkpoint newest|best: which of a run dir's checkpoints a verb reads."""
+    p.add_argument(
+        "--checkpoint",
+        choices=("newest", "best"),
+        default="newest",
+        help="of a run dir: its newest intact checkpoint (default) or the one with the lowest val loss "
+        "(kept by ckpt.keep_best)",
+    )

@@ -385,10 +385,15 @@ class AlertsConfig:
     stall_min_s: float = opt(60.0, "... and for at least this many seconds", allowed="> 0")
     stall_drill_step: int = opt(0, "drill: pause before this step for stall_drill_s; 0 = off", allowed=">= 0")
     stall_drill_s: float = opt(0.0, "drill: the pause, in seconds", allowed=">= 0")
+    expected_loss: float = opt(
+        0.0,
+        "the final loss to expect (e.g. `pretrainer plan --fit`'s predicted loss); 0 = no off-curve alert",
+        allowed=">= 0",
+    )
     off_curve_margin: float = opt(
         0.1,
         "alert when the loss forecast at the horizon (a power law fitted to the run's own losses) is this "
-        "much above plan's predicted loss, in nats; 0 = off",
+        "much above alerts.expected_loss, in nats",
         allowed=">= 0",
     )
 

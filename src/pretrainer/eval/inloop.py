@@ -53,6 +53,7 @@ def data_validation_batches(data, cfg: Config) -> list:
 class LoopEvals:
     def __init__(self, cfg: Config, data, device: torch.device, amp_dtype: torch.dtype | None):
         self.cfg, self.tokenizer, self.device, self.amp_dtype = cfg, data.tokenizer, device, amp_dtype
+        self.last_val: tuple[int, float] | None = None  # (step, val loss) of the latest validation
         seq_len, micro_batch = cfg.model.seq_len, cfg.train.micro_batch
         self.val_batches = data_validation_batches(data, cfg)
         self.separator = data.eot_id if cfg.data.packing == "document" else None
@@ -82,7 +83,12 @@ class LoopEvals:
         )
         self.write({"step": step, **scores, "tokens": tokens, "elapsed_s": self.elapsed()})
         self.say(f"step {step}: val loss {scores['val_loss']:.4f}, {scores['val_bpb']:.4f} bits/byte")
+        self.last_val = (step, scores["val_loss"])
         return scores["val_loss"]
+
+    def val_loss_at(self, step: int) -> float | None:
+        """The val loss measured at `step` in this process, if the last validation was there."""
+        return self.last_val[1] if self.last_val is not None and self.last_val[0] == step else None
 
     def in_context(
         self, model: torch.nn.Module, plain_model: torch.nn.Module, step: int, tokens: int

@@ -59,14 +59,15 @@ def write_checkpoint(
     keep: int,
     env: DistEnv,
     trainer_state: Callable[[], dict],
+    keep_best: bool = False,
 ) -> None:
     """A collective: every rank gathers full weights and optimizer state, rank 0 writes them with
-    trainer_state() (called on rank 0 only, after the gather)."""
+    trainer_state() (called on rank 0 only, after the gather). keep_best: the lowest-val checkpoint
+    stays beside the newest `keep`."""
     full_weights, full_optimizer = full_state(wrapped, optimizer)
     if env.is_main:
-        save_checkpoint(
-            run_dir, step, model_weights(model, full_weights), full_optimizer, trainer_state(), keep
-        )
+        weights = model_weights(model, full_weights)
+        save_checkpoint(run_dir, step, weights, full_optimizer, trainer_state(), keep, keep_best)
     barrier(env)
 
 

@@ -1,8 +1,15 @@
-"""What the console (and train.log) shows for a logged step: one line that reads well in a file."""
+"""What the console shows, and RUN_DIR/train.log with it: one line per logged step that reads well
+in a file. The console is optional: `Console` copies everything printed to train.log (rank 0), and a
+console that goes away (`| head`, a closed pipe to tee, a terminal that vanished: EPIPE or EIO) is
+switched off while training goes on to its end and its final checkpoint."""
 
 from __future__ import annotations
 
+import errno
+import io
+import os
 import shlex
+import sys
 from pathlib import Path
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
@@ -10,6 +17,87 @@ from pretrainer.config.schema import Config
 from pretrainer.train.distributed import DistEnv
 
 # --- the console ---
+
+GONE = (errno.EPIPE, errno.EIO, errno.ENXIO, errno.EBADF)  # a reader or terminal that is no more
+
+
+class Console:
+    """sys.stdout and sys.stderr, each copied to train.log once `attach`ed (lines before that are kept
+    and written then), each switched off for good when its console is gone. `terminal`: the stream for
+    a progress bar (on the console only: its redraws are not log lines)."""
+
+    def __init__(self):
+        self.log: io.TextIOBase | None = None
+        self.pending: list[str] = []
+        self.original = (sys.stdout, sys.stderr)
+        sys.stdout, sys.stderr = _Tee(sys.stdout, 1, self), _Tee(sys.stderr, 2, self)
+        self.terminal = _Tee(self.original[1], 2, None)
+
+    def attach(self, path: Path) -> None:
+        """Copy to `path` (appended: a resumed run's launches follow each other) from now on."""
+        self.log = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed by close())
+        self.log.write("".join(self.pending))
+        self.pending = []
+
+    def record(self, text: str) -> None:
+        if self.log is not None:
+            try:
+                self.log.write(text)
+            except OSError:  # a full disk: the run's own files say the rest
+                pass
+        elif len(self.pending) < 10_000:
+            self.pending.append(text)
+
+    def close(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = self.original
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+class _Tee(io.TextIOBase):
+    """A console stream that copies to its Console's log and survives the console going away."""
+
+    def __init__(self, stream, fd: int, console: Console | None):
+        self.stream, self.fd, self.console, self.gone = stream, fd, console, False
+
+    def write(self, text: str) -> int:
+        if self.console is not None:
+            self.console.record(text)
+        if not self.gone:
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except OSError as e:
+                self._lost(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except OSError as e:
+                self._lost(e)
+
+    def _lost(self, error: OSError) -> None:
+        if error.errno not in GONE and not isinstance(error, BrokenPipeError):
+            raise error
+        self.gone = True  # from now on only train.log; the fd goes to /dev/null so that nothing else
+        devnull = os.open(os.devnull, os.O_WRONLY)  # writing to it (a flush at exit, a hook) fails either
+        os.dup2(devnull, self.fd)
+        os.close(devnull)
+
+    def isatty(self) -> bool:
+        return not self.gone and self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", "utf-8")
 
 
 def format_duration(seconds: float) -> str:

@@ -37,7 +37,7 @@ from pretrainer.core.errors import (
     exit_code_for_signal,
     read_exit_record,
 )
-from pretrainer.train.run_end import after_the_run
+from pretrainer.train.run_end import after_the_run, tell
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -149,15 +149,11 @@ def launch(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> int:
     shutil.rmtree(exit_file.parent, ignore_errors=True)
     if record is None:  # rank 0 never got to write one (killed, or died before its run dir existed)
         code = exit_code_for_signal(-torchrun_code) if torchrun_code < 0 else (torchrun_code or EXIT_CRASH)
-        print(
-            f"pretrainer: no exit record from rank 0; torchrun exited {torchrun_code}; exiting {code}",
-            file=sys.stderr,
-        )
+        tell(f"pretrainer: no exit record from rank 0; torchrun exited {torchrun_code}; exiting {code}")
         return code
-    print(
+    tell(
         f"pretrainer: run ended: {record['reason']} (exit {record['exit_code']}) at step {record['step']}"
-        + (f"; checkpoint {record['checkpoint']}" if record.get("checkpoint") else ""),
-        file=sys.stderr,
+        + (f"; checkpoint {record['checkpoint']}" if record.get("checkpoint") else "")
     )
     # after torchrun and every worker: a requeue, or the run's on_exit hook (rank 0 left it to us)
     after_the_run(record, record.get("on_exit", ""), float(record.get("on_exit_timeout_s", 600)))

@@ -26,12 +26,14 @@ from pretrainer.artifacts.metrics import MetricsLog
 from pretrainer.artifacts.run_lock import RunDirLock
 from pretrainer.config.schema import Config, RunConfig
 from pretrainer.core.errors import EXIT_FILE_ENV
+from pretrainer.core.secrets import redact
 from pretrainer.optim.adamw import adamw_update_norm
 from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
+from pretrainer.train.alerts import Alerts
 from pretrainer.train.budget import launch_cost_check
 from pretrainer.train.checkpoint import restore_checkpoint, write_checkpoint
-from pretrainer.train.console import closing_lines, resume_command, step_line
+from pretrainer.train.console import Console, closing_lines, resume_command, step_line
 from pretrainer.train.distributed import (
     DistEnv,
     agree_max,
@@ -61,12 +63,15 @@ def train(cfg: Config, clock=time.time) -> dict:
     env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)
     device, strategy = env.device, cfg.parallel.strategy
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
+    console = Console()  # a console that goes away is switched off; rank 0 copies it all to train.log
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
-    run_log = sequences = evals = progress = state = failure = start_step = speed = None
+    run_log = sequences = evals = progress = state = failure = start_step = speed = alerts = None
     lock = RunDirLock(run_dir)  # rank 0 holds it for the job: one trainer per run dir
     try:
         on_rank0(lock.acquire, env, f"{run_dir}: cannot lock it")  # before anything reads or writes the run
+        if env.is_main:
+            console.attach(run_dir / "train.log")
         start = set_up(cfg, run_dir, env, say)  # config, data, resume, model, loader, evals; said
         cfg, resume, model, wrapped, optimizer = (
             start.cfg,
@@ -93,6 +98,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
         # cut back to the checkpoint's step
         run_log = RunLog(cfg, run_dir, start_step if resume else -1, env.is_main, say)
+        # budget, spikes, throughput, stalls, the run's end: to metrics.jsonl and alerts.webhook_url
+        alerts = run_log.alerts = Alerts(cfg.alerts, run_dir, env.is_main, run_log.write, say, max_steps)
         run_clock = RunClock()
         spikes = SpikeGuard(
             cfg.spike,
@@ -144,7 +151,9 @@ def train(cfg: Config, clock=time.time) -> dict:
                     **state.state_dict(),
                     **run_info,
                     "optimizer_state_bytes_rank0": optimizer_state_bytes(optimizer),
+                    "val_loss": evals.val_loss_at(state.step),  # what --checkpoint best ranks by
                 },
+                cfg.ckpt.keep_best,
             )
             state.saved_step = state.step
 
@@ -161,7 +170,8 @@ def train(cfg: Config, clock=time.time) -> dict:
             dynamic_ncols=True,
             mininterval=1.0,
             disable=True if not env.is_main else None,
-        )  # None: a bar on a terminal only
+            file=console.terminal,
+        )  # None: a bar on a terminal only (its redraws are not train.log's lines)
         # tokens/s, MFU, data wait, host syncs between logging steps; the watchdog (too slow after warm-up:
         # diagnose)
         speed = SpeedMonitor(
@@ -181,6 +191,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             step = state.step + 1  # the step about to run, 1-based as in every log
             logging_step = step % cfg.log.every == 0 or step == end_step
             speed.start_step(step, logging_step)
+            alerts.drill(step)  # the stall drill: a pause, as a hung loader makes
             cursor = loader.cursor
             read = speed.read_batch(loader)
             micro_batches, lr = spikes.before_step(
@@ -270,6 +281,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 run_log.write(record)
                 say(step_line(record, end_step, step_tokens))
                 speed.check(step, figures)  # the throughput watchdog, once after its warm-up
+            alerts.step_done(step, last_loss if logging_step else None)  # the stall watchdog's heartbeat
 
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
                 last_val = evals.validate(wrapped, step, state.tokens)  # every rank, the same batches
@@ -298,6 +310,8 @@ def train(cfg: Config, clock=time.time) -> dict:
             failure,
             state.step if state else start_step,
             run_log,
+            console,
+            alerts,
             speed,
             signals,
             progress,
@@ -314,6 +328,8 @@ def end_run(
     failure: BaseException | None,
     step: int | None,
     run_log: RunLog | None,
+    console: Console,
+    alerts: Alerts | None,
     *closing,
 ) -> None:
     """Close what the run opened (the signal handlers first), record why it ended (rank 0:
@@ -322,6 +338,9 @@ def end_run(
     `--nproc` launcher does it once every worker is gone) requeue the SLURM job or run run.on_exit."""
     reason, exit_code = exit_status(failure)
     try:
+        if alerts is not None:  # finished, stopped or died: the last alert, waited for at most a second
+            alerts.ended(reason, exit_code, step, redact(str(failure).splitlines()[0]) if failure else "")
+            alerts.close()
         for thing in closing:
             if thing is not None:
                 thing.close()
@@ -345,7 +364,12 @@ def end_run(
                     into_run_dir=into_run_dir,
                     launcher_only=afterwards,
                 )
+            if (
+                record is not None
+            ):  # train.log's last line: how the run ended (the console's is printed later)
+                console.record(f"exit: {reason} (exit {exit_code}) at step {step}: {record['message']}\n")
         finally:
+            console.close()
             lock.close(remove_created=unused)
             shutdown()
     if record is not None and owned and not os.environ.get(EXIT_FILE_ENV):  # else the launcher does it

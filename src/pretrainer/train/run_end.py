@@ -30,6 +30,14 @@ HOOK_ENV = {  # the environment run.on_exit sees: why the run ended, and where i
 }
 
 
+def tell(text: str) -> None:
+    """One line on stderr; a console that is gone is no error (the run's files say it all)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def after_the_run(record: dict, on_exit: str, timeout_s: float) -> dict:
     """Requeue the SLURM job (record["requeued"]), or run `on_exit` with the record in its
     environment. A requeue that fails ends the run for real: the record says so and the hook runs.
@@ -39,7 +47,7 @@ def after_the_run(record: dict, on_exit: str, timeout_s: float) -> dict:
         if problem is None:
             return record  # the run goes on in the requeued job: no hook
         record = {**record, "requeued": False, "message": f"{record['message']}; {problem}"}
-        print(f"warning: {problem}; the run stays stopped", file=sys.stderr, flush=True)
+        tell(f"warning: {problem}; the run stays stopped")
         rewrite_exit_record(record)
     if on_exit:
         run_exit_hook(on_exit, record, timeout_s)
@@ -62,11 +70,7 @@ def requeue_slurm_job(job_id: str) -> str | None:
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip().splitlines()
         return f"scontrol requeue {job_id} failed: {said[-1] if said else f'exit {done.returncode}'}"
-    print(
-        f"pretrainer: SLURM job {job_id} requeued; it resumes from the checkpoint",
-        file=sys.stderr,
-        flush=True,
-    )
+    tell(f"pretrainer: SLURM job {job_id} requeued; it resumes from the checkpoint")
     return None
 
 
@@ -81,13 +85,13 @@ def run_exit_hook(command: str, record: dict, timeout_s: float) -> int | None:
     try:
         code = subprocess.run(["/bin/sh", "-c", command], env=env, timeout=timeout_s, check=False).returncode
     except subprocess.TimeoutExpired:
-        print(f"warning: run.on_exit was stopped after {timeout_s:g} s", file=sys.stderr, flush=True)
+        tell(f"warning: run.on_exit was stopped after {timeout_s:g} s")
         return None
     except OSError as e:
-        print(f"warning: run.on_exit could not run ({e.strerror})", file=sys.stderr, flush=True)
+        tell(f"warning: run.on_exit could not run ({e.strerror})")
         return None
     if code != 0:
-        print(f"warning: run.on_exit exited {code}", file=sys.stderr, flush=True)
+        tell(f"warning: run.on_exit exited {code}")
     return code
 
 
@@ -98,4 +102,4 @@ def rewrite_exit_record(record: dict) -> None:
     try:
         atomic_write_json(Path(record["run_dir"]) / "exit.json", record)
     except OSError as e:
-        print(f"warning: {record['run_dir']}/exit.json: cannot rewrite it ({e.strerror})", file=sys.stderr)
+        tell(f"warning: {record['run_dir']}/exit.json: cannot rewrite it ({e.strerror})")

@@ -4,6 +4,7 @@ loop writes to (a no-op on ranks other than 0)."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -76,7 +77,7 @@ class RunLog:
     def __init__(self, cfg: Config, run_dir: Path, keep_through_step: int, is_main: bool, say):
         if is_main:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
-        self.say = say
+        self.say, self.lock, self.alerts = say, threading.RLock(), None  # alerts: train/alerts.Alerts
         self.metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step) if is_main else None
         self.tracker = self._tracked(lambda: open_tracker(cfg, run_dir, say)) if is_main else None
 
@@ -96,10 +97,13 @@ class RunLog:
             return None
 
     def write(self, record: dict) -> None:
-        if self.metrics:
-            self.metrics.write(record)
-        if self.tracker:
-            self._tracked(lambda: self.tracker.write(record))
+        with self.lock:  # the stall watchdog's alert comes from its own thread
+            if self.metrics:
+                self.metrics.write(record)
+            if self.tracker:
+                self._tracked(lambda: self.tracker.write(record))
+        if self.alerts is not None:  # the events in it (budget, spikes, throughput) reach a person
+            self.alerts.observe(record)
 
     def close(self, reason: str) -> None:
         """`reason`: why the run ended (train/stopping.py's exit reasons)."""

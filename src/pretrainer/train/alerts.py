@@ -1,0 +1,236 @@
+"""Alerts that reach a person at 3 a.m.: the budget's warning and stop, a flagged spike, a non-finite
+loss, a throughput drop, a stall (no step for alerts.stall_factor x the median step time: a hung
+loader or collective), a loss curve heading above the expected loss, and the run's end.
+
+    alerts = Alerts(cfg.alerts, run_dir, is_main, write, say)
+    run_log.alerts = alerts          # the events the run logs (budget_warn, spike, ...) become alerts
+    alerts.step_done(step, loss)     # each step: the stall watchdog's heartbeat, the curve's points
+    alerts.ended(reason, code, step) # the last one; then close()
+
+Each alert is a record in metrics.jsonl ({"step", "alert", "message"}) and a console line; with
+alerts.webhook_url (or $PRETRAINER_WEBHOOK_URL) also a JSON POST that Slack ("text") and Discord
+("content") incoming webhooks accept, sent by a background thread with a timeout and retries: an
+endpoint that hangs or fails never slows or stops training (close() waits at most CLOSE_WAIT_S for
+what is queued). The URL is a secret: it is read from the process, never written anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from pretrainer.config.schema import AlertsConfig
+from pretrainer.core.secrets import lost_secret, reveal
+
+WEBHOOK_ENV = "PRETRAINER_WEBHOOK_URL"
+POST_TIMEOUT_S, RETRIES, CLOSE_WAIT_S, REPEAT_S = 5.0, 3, 0.5, 60.0
+# a logged event (train/stopping.py, spikes.py, perf.py) -> (alert kind, what to say)
+EVENTS = {
+    "budget_warn": ("budget_warning", lambda r: f"spent ${r.get('spent_usd', 0):,.2f}"),
+    "budget_stop": ("budget_stop", lambda r: f"projected ${r.get('projected_usd', 0):,.2f}: exit 4"),
+    "budget_halt": ("budget_halt", lambda r: f"spent ${r.get('spent_usd', 0):,.2f}: exit 5, no checkpoint"),
+    "spike": (
+        "spike",
+        lambda r: f"loss {r.get('spike_loss', 0):.4g}, grad norm {r.get('spike_grad_norm', 0):.4g}",
+    ),
+    "spike_regime": ("spike_regime", lambda r: f"loss {r.get('loss_at_regime', 0):.4g}: a new regime"),
+    "rollback": ("rollback", lambda r: f"rolled back to step {r.get('to_step')}"),
+    "invalid_tokens": ("invalid_tokens", lambda r: f"token ids up to {r.get('max_token_id')}"),
+    "watchdog_slow": ("throughput", lambda r: "throughput below train.min_mfu / min_tokens_per_s"),
+}
+CURVE_MIN_POINTS, CURVE_FROM = 20, 0.3  # the off-curve forecast needs this many losses and 30% of the horizon
+
+
+class Alerts:
+    def __init__(
+        self,
+        cfg: AlertsConfig,
+        run_dir: Path,
+        is_main: bool,
+        write: Callable[[dict], None],
+        say: Callable[[str], None],
+        max_steps: int = 0,
+    ):
+        self.cfg, self.run_name, self.write, self.say = cfg, Path(run_dir).name, write, say
+        self.is_main, self.max_steps = is_main, max_steps
+        url = cfg.webhook_url if cfg.webhook_url and not lost_secret(cfg.webhook_url) else ""
+        url = reveal(url) or os.environ.get(WEBHOOK_ENV, "")
+        if cfg.webhook_url and lost_secret(cfg.webhook_url) and not url and is_main:
+            say(
+                f"warning: alerts.webhook_url is never saved and this launch was not given it: alerts go to "
+                f"metrics.jsonl only (pass --alerts.webhook_url again, or set ${WEBHOOK_ENV})"
+            )
+        self.sender = WebhookSender(url, say) if url and is_main else None
+        self.step, self.last_beat, self.intervals = 0, time.monotonic(), deque(maxlen=64)
+        self.stalled, self.off_curve_said, self.losses = False, False, []
+        self.sent: dict[str, float] = {}  # alert kind -> when it last went to the webhook
+        self.stop = threading.Event()
+        self.watchdog = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
+        if is_main:
+            self.watchdog.start()
+
+    # --- what the loop calls ---
+
+    def step_done(self, step: int, loss: float | None = None) -> None:
+        now = time.monotonic()
+        self.intervals.append(now - self.last_beat)
+        self.step, self.last_beat, self.stalled = step, now, False
+        if loss is not None and self.cfg.expected_loss and self.cfg.off_curve_margin:
+            self.losses.append((step, loss))
+            self._check_curve(step)
+
+    def drill(self, step: int) -> None:
+        """The stall drill: pause before alerts.stall_drill_step, as a hung loader would."""
+        if self.cfg.stall_drill_step and step == self.cfg.stall_drill_step:
+            time.sleep(self.cfg.stall_drill_s)
+
+    def observe(self, record: dict) -> None:
+        """A record the run logs: its events become alerts (an alert record itself does not)."""
+        for key, (kind, said) in EVENTS.items():
+            if key in record and "alert" not in record:
+                if key == "spike" and not math.isfinite(record.get("spike_loss", 0)):
+                    kind = "non_finite"
+                self.alert(kind, record.get("step", self.step), said(record), say=False)  # said by its source
+
+    def ended(self, reason: str, exit_code: int, step: int | None, message: str) -> None:
+        """The run's last alert: finished, stopped (on purpose: budget, signal, limit) or died."""
+        on_purpose = exit_code in (4, 5, 6, 8) or exit_code > 128
+        kind = "finished" if reason == "finished" else "stopped" if on_purpose else "died"
+        said = f"{reason} (exit {exit_code})" + (f": {message}" if message else "")
+        self.alert(kind, step if step is not None else self.step, said)
+
+    def alert(self, kind: str, step: int, message: str, say: bool = True) -> None:
+        """metrics.jsonl and the console; the webhook too, unless the same kind went out less than
+        REPEAT_S ago (ten flagged steps in a row are one ping)."""
+        if not self.is_main:
+            return
+        self.write({"step": step, "alert": kind, "message": message})  # RunLog.write holds a lock
+        if say:
+            self.say(f"alert: {kind} at step {step}: {message}")
+        now = time.monotonic()
+        if self.sender is not None and now - self.sent.get(kind, -REPEAT_S) >= REPEAT_S:
+            self.sent[kind] = now
+            text = f"[pretrainer] {self.run_name}: {kind} at step {step}: {message}"
+            payload = {
+                "text": text,
+                "content": text[:2000],
+                "event": kind,
+                "step": step,
+                "run": self.run_name,
+            }
+            self.sender.send(payload)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.sender is not None:
+            self.sender.close(CLOSE_WAIT_S)
+
+    # --- the stall watchdog and the loss forecast ---
+
+    def _watch(self) -> None:
+        while not self.stop.wait(min(1.0, self.cfg.stall_min_s / 4)):
+            if self.stalled or len(self.intervals) < 3:
+                continue
+            quiet = time.monotonic() - self.last_beat
+            limit = max(self.cfg.stall_min_s, self.cfg.stall_factor * statistics.median(self.intervals))
+            if quiet > limit:
+                self.stalled = True  # once per stall: the next step re-arms it
+                self.alert(
+                    "stall",
+                    self.step,
+                    f"no step for {quiet:,.1f} s (the limit: {limit:,.1f} s, alerts.stall_min_s or "
+                    f"{self.cfg.stall_factor:g} x the median step time): a hung data loader or collective?",
+                )
+
+    def _check_curve(self, step: int) -> None:
+        if self.off_curve_said or not self.max_steps or step < CURVE_FROM * self.max_steps:
+            return
+        if len(self.losses) < CURVE_MIN_POINTS:
+            return
+        forecast = forecast_loss(self.losses, self.max_steps)
+        if forecast is not None and forecast > self.cfg.expected_loss + self.cfg.off_curve_margin:
+            self.off_curve_said = True
+            self.alert(
+                "off_curve",
+                step,
+                f"the loss heads for {forecast:.3f} at step {self.max_steps}, above the expected "
+                f"{self.cfg.expected_loss:.3f} + {self.cfg.off_curve_margin:g}",
+            )
+
+
+def forecast_loss(points: list[tuple[int, float]], at_step: int) -> float | None:
+    """The loss at `at_step` of L(s) = a + b s^-c fitted to the run's own (step, loss) points, the later
+    half, c on a grid (least squares for a and b): a curve that flattens, not a straight line."""
+    import numpy as np
+
+    steps, losses = (np.array(v, dtype=float) for v in zip(*points[len(points) // 2 :]))
+    finite = np.isfinite(losses)
+    if finite.sum() < 5:
+        return None
+    steps, losses = steps[finite], losses[finite]
+    best = None
+    for c in np.linspace(0.05, 1.5, 30):
+        design = np.stack([np.ones_like(steps), steps**-c], axis=1)
+        coef, *_ = np.linalg.lstsq(design, losses, rcond=None)
+        residual = float(((design @ coef - losses) ** 2).sum())
+        if best is None or residual < best[0]:
+            best = (residual, float(coef[0] + coef[1] * at_step**-c))
+    return best[1]
+
+
+class WebhookSender:
+    """POSTs JSON from a daemon thread: a timeout per attempt, RETRIES attempts with backoff, one
+    warning (never the URL) when an alert cannot be delivered."""
+
+    def __init__(self, url: str, say: Callable[[str], None]):
+        self.url, self.say, self.pending = url, say, queue.Queue()
+        self.warned = False
+        threading.Thread(target=self._run, name="alerts-webhook", daemon=True).start()
+
+    def send(self, payload: dict) -> None:
+        self.pending.put(payload)
+
+    def close(self, wait_s: float) -> None:
+        """Wait up to wait_s for what is queued (the run's last alert), then leave the rest."""
+        deadline = time.monotonic() + wait_s
+        while self.pending.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _run(self) -> None:
+        while True:
+            payload = self.pending.get()
+            try:
+                self._post(payload)
+            finally:
+                self.pending.task_done()
+
+    def _post(self, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        problem = ""
+        for attempt in range(RETRIES):
+            request = urllib.request.Request(
+                self.url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S) as response:
+                    if response.status < 300:
+                        return
+                    problem = f"HTTP {response.status}"
+            except urllib.error.HTTPError as e:
+                problem = f"HTTP {e.code}"
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                problem = type(getattr(e, "reason", e)).__name__
+            time.sleep(min(2**attempt, 4))
+        if not self.warned:  # once: the endpoint is down, training goes on
+            self.warned = True
+            self.say(f"warning: the alerts webhook did not take an alert ({problem}); see metrics.jsonl")
