@@ -39,7 +39,10 @@ lint: $(VENV)/.dev-stamp
 	$(BIN)/lint-imports
 
 # The whole suite: unit, integration and distributed tiers, nothing left out (CI runs this).
+# install-test-deps.sh: a real SLURM for tests/distributed/test_slurm.py where it can (root, apt);
+# elsewhere one line, and those tests skip.
 test: setup lint
+	sh scripts/install-test-deps.sh
 	$(BIN)/python -m pytest -q
 
 # The fast tier: no subprocess, no whole training run.

@@ -96,6 +96,24 @@ def chat_data(tmp_path_factory, text_data) -> Path:
     return prepare_chat(write_jsonl(root / "chat.jsonl", records), root / "data", tokenizer_from=text_data)
 
 
+@pytest.fixture(scope="session")
+def slurm():
+    """A private one-node SLURM cluster (support/slurm_cluster.py), started on first use and stopped at the
+    end of the session (its jobs cancelled, then its daemons by PID). Where SLURM is not installed or cannot
+    start here, the tests that use it skip, saying why."""
+    import shutil
+
+    from support.slurm_cluster import SlurmUnavailable, start_cluster
+
+    try:
+        cluster = start_cluster()
+    except SlurmUnavailable as e:
+        pytest.skip(f"no SLURM cluster: {e}")
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(cluster.scratch, ignore_errors=True)
+
+
 # A small corpus for the Hugging Face tokenizer tests
 @pytest.fixture
 def corpus(tmp_path) -> Path:
