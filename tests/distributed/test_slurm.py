@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from helpers import _child, _cli_train, fork_train, losses
+from helpers import _child, _cli_train, exit_hook, exit_hook_calls, fork_train, losses
 from support.slurm_cluster import FINAL_STATES as FINAL
 from support.slurm_cluster import SlurmCluster
 
@@ -109,6 +109,7 @@ class Drills:
             *sbatch,
             EXAMPLES / script,
             CPU,
+            f"--run.on_exit={exit_hook(self.root / f'{name}.hook')}",  # must run once, never on the requeue
             *args,
             env=job_env,
         )
@@ -365,6 +366,11 @@ def ran_again_and_finished(job: Job, final: dict) -> None:
     assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", f"{final}\n{log[-3000:]}"
     assert "restart 0:" in log and "restart 1:" in log, log[-3000:]
     assert exit_record(job.run)["reason"] == "finished" and len(losses(job.run)) == STEPS
+    assert [call[:3] for call in hook_calls(job)] == [("finished", 0, STEPS)]  # not on the requeue
+
+
+def hook_calls(job: Job) -> list:
+    return exit_hook_calls(job.out.with_suffix(".hook"))
 
 
 def test_requeue_drill_resumes_to_the_uninterrupted_losses(drills):
@@ -384,6 +390,7 @@ def test_scancel_checkpoints_exits_143_and_is_not_requeued(drills):
     assert SIGNAL_AT <= int(checkpoint.name.split("-")[1]) == record["step"] < STEPS
     assert final["JobState"] == "CANCELLED" and final["Restarts"] == "0", final
     assert "restart 1:" not in output(job)
+    assert [call[:3] for call in hook_calls(job)] == [("signal", 143, record["step"])]
 
 
 def test_budget_stop_exits_4_and_is_not_requeued(drills):
@@ -394,6 +401,7 @@ def test_budget_stop_exits_4_and_is_not_requeued(drills):
     assert latest_checkpoint(job.run) is not None  # a budget stop checkpoints before it exits
     assert final["JobState"] == "FAILED" and final["ExitCode"] == "4:0" and final["Restarts"] == "0", final
     assert "restart 1:" not in output(job)
+    assert [call[:3] for call in hook_calls(job)] == [("budget_stop", 4, record["step"])]
 
 
 def test_two_node_script_usr1_to_every_worker_requeues_and_resumes_to_the_two_rank_losses(drills):
