@@ -107,7 +107,9 @@ class Alerts:
         on_purpose = exit_code in (4, 5, 6, 8) or exit_code > 128
         kind = "finished" if reason == "finished" else "stopped" if on_purpose else "died"
         said = f"{reason} (exit {exit_code})" + (f": {message}" if message else "")
-        self.alert(kind, step if step is not None else self.step, said)
+        self.alert(
+            kind, step if step is not None else self.step, said, say=False
+        )  # the CLI says how it ended
 
     def alert(self, kind: str, step: int, message: str, say: bool = True) -> None:
         """metrics.jsonl and the console; the webhook too, unless the same kind went out less than
