@@ -84,7 +84,12 @@ def run_in_ranks(nproc: int, target, *args, timeout: int = 240) -> subprocess.Co
     with socket.socket() as probe:  # a free port for the rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    envs = [
+    return run_forked(target, *args, envs=rank_envs(nproc, port), timeout=timeout)
+
+
+def rank_envs(nproc: int, port: int) -> list[dict]:
+    """The torchrun environment of each of `nproc` ranks on this machine, rendezvous on `port`."""
+    return [
         {
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
@@ -95,7 +100,6 @@ def run_in_ranks(nproc: int, target, *args, timeout: int = 240) -> subprocess.Co
         }
         for rank in range(nproc)
     ]
-    return run_forked(target, *args, envs=envs, timeout=timeout)
 
 
 def run_forked(

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from helpers import _child, _cli_train, exit_hook, exit_hook_calls, fork_train, losses
+from helpers import _child, _cli_train, exit_hook, exit_hook_calls, fork_train, losses, rank_envs
 from support.slurm_cluster import FINAL_STATES as FINAL
 from support.slurm_cluster import SlurmCluster
 
@@ -311,15 +311,7 @@ def fork_reference(config: Path, run: Path, nproc: int) -> list:
     import multiprocessing
 
     port, context, procs = free_port(), multiprocessing.get_context("fork"), []
-    for rank in range(nproc):
-        env = {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(nproc),
-            "LOCAL_WORLD_SIZE": str(nproc),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
+    for rank, env in enumerate(rank_envs(nproc, port)):
         fd = os.open(run.with_suffix(f".rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         args = ([str(config), f"--run.dir={run}", CPU],)
         procs.append(context.Process(target=_child, args=(fd, env, _cli_train, args)))
