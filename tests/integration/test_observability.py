@@ -48,3 +48,26 @@ def test_micro_batch_auto_is_a_clear_error_on_cpu(stdlib_data, tmp_path):
                 stdlib_data, tmp_path / "run", **{"train.micro_batch": "auto", "train.global_batch": 16}
             )
         )
+
+
+def test_tokens_per_s_after_an_eval_or_a_checkpoint_on_a_non_logging_step_is_not_inflated(
+    stdlib_data, tmp_path
+):
+    """log.every = 10, eval.every = ckpt.every = 15: the interval after step 15's evaluation and
+    checkpoint counts the tokens since them over the time since them (it divided the interval's
+    tokens by the time after the pause: 2.26x the median)."""
+    import statistics
+
+    run = tmp_path / "run"
+    cadence = {
+        "log.every": 10,
+        "eval.every": 15,
+        "ckpt.every": 15,
+        "eval.batches": 32,
+        "train.micro_batch": 32,
+    }
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 120, **cadence}))
+    rates = [r["tokens_per_s"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r][
+        1:
+    ]  # after warm-up
+    assert max(rates) <= 1.5 * statistics.median(rates), rates

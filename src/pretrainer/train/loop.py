@@ -186,7 +186,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             say,
             run_log.write,
         )
-        stopper.start(state.step, run_clock.started)
+        stopper.start(state.step)
         while state.step < end_step:
             step = state.step + 1  # the step about to run, 1-based as in every log
             logging_step = step % cfg.log.every == 0 or step == end_step
@@ -285,15 +285,15 @@ def train(cfg: Config, clock=time.time) -> dict:
 
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == max_steps:
                 last_val = evals.validate(wrapped, step, state.tokens)  # every rank, the same batches
-                speed.restart()  # tokens/s measures training, not evaluation
+                speed.restart(state.tokens)  # tokens/s measures training, not evaluation
 
             if cfg.eval.tasks_every and (step % cfg.eval.tasks_every == 0 or step == max_steps):
                 evals.in_context(wrapped, model, step, state.tokens)  # the task subset and the probes
-                speed.restart()
+                speed.restart(state.tokens)
 
             if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
                 save()
-                speed.restart()
+                speed.restart(state.tokens)
 
         progress.close()
         say(closing_lines(cfg, env, state.step, state.tokens, time.time() - run_clock.started))

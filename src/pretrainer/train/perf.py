@@ -282,8 +282,9 @@ class SpeedMonitor:
     def check(self, step: int, figures: dict) -> None:
         self.watchdog.check(step, figures, {**figures, **self.setup})
 
-    def restart(self) -> None:
-        self.throughput.restart()
+    def restart(self, tokens: int) -> None:
+        """After an evaluation or a checkpoint: the next interval starts now, at `tokens`."""
+        self.throughput.restart(tokens)
         self.data_wait_s = 0.0
 
     def close(self) -> None:
@@ -298,8 +299,10 @@ class Throughput:
         self.started, self.tokens = time.time(), tokens
         self.flops_per_token, self.peak_tflops, self.world_size = flops_per_token, peak_tflops, world_size
 
-    def restart(self) -> None:
-        self.started = time.time()
+    def restart(self, tokens: int) -> None:
+        # the clock and the token count together: the tokens of the steps before an evaluation must not
+        # be divided by the time after it (a logged tokens/s 2x the real one)
+        self.started, self.tokens = time.time(), tokens
 
     def interval_s(self) -> float:
         """Seconds since the interval began (read before rate(), which starts the next one)."""

@@ -216,18 +216,32 @@ class Stopper:
             BudgetGuard(budget, env.world_size, clock=clock) if budget.cap_usd and env.is_main else None
         )
         self.reading = None  # the budget guard's latest reading (budget.json or the estimate)
-        self.started, self.first_step = time.time(), 0
+        self.first_step = 0
+        # (time, step) the step-time estimate counts from: the end of this process's first step, so that
+        # start-up, step 0's evaluation and the first step's compile are not projected onto every step
+        self.timed_from: tuple[float, int] | None = None
         self.polls = 0  # local_view calls in this process: the first comes before any step has run
 
-    def start(self, first_step: int, started: float) -> None:
-        """`started` and `first_step` time the steps for the budget projection."""
-        self.first_step, self.started = first_step, started
+    def start(self, first_step: int) -> None:
+        """`first_step`: the step this process starts from."""
+        self.first_step = first_step
         if self.limits.stop_at is not None and self.limits.stop_at <= time.time():
             self.say(
                 f"warning: SLURM job {self.limits.job_id} ends in less than run.stop_margin_s = "
                 f"{self.limits.margin_s:g} s: the run stops before its first step, without a requeue; "
                 f"ask for more time or lower run.stop_margin_s"
             )
+
+    def step_time(self, step: int) -> float:
+        """Seconds per step since this process's first step ended (evaluations and checkpoints
+        included: they cost money too); 0 until a second step has run."""
+        now = time.time()
+        if self.timed_from is None:
+            if step > self.first_step:
+                self.timed_from = (now, step)
+            return 0.0
+        since, from_step = self.timed_from
+        return (now - since) / (step - from_step) if step > from_step else 0.0
 
     def spent_usd(self, elapsed_s: float) -> float:
         if self.reading is not None:
@@ -243,7 +257,7 @@ class Stopper:
         budget_action = ACTION_CODES["ok"]
         self.polls += 1
         # after a step of this process: its time projects the rest
-        step_time = (time.time() - self.started) / max(step - self.first_step, 1) if self.polls > 1 else 0.0
+        step_time = self.step_time(step)
         limit = self.limits.reached(elapsed_s, step_time, time.time())
         if self.guard is not None and self.polls > 1:
             decision = self.guard.check(elapsed_s, (max_steps - step) * step_time)
