@@ -16,8 +16,15 @@ from pretrainer.core.errors import UserError
 from pretrainer.core.hardware import GPUS, gpu_from_device_name
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0, paid: bool = False) -> torch.device:
+    """`name` ("auto", "cpu", "cuda", "cuda:N") as a device. paid: a training run, where "auto" on a
+    machine with NVIDIA GPUs that torch cannot use (a CPU build, an old driver) is refused rather than
+    run on the CPU: eight CPU workers billed as eight GPUs."""
+    if paid:
+        check_torch_version(torch.__version__)
     if name == "auto":
+        if not torch.cuda.is_available() and paid:
+            refuse_cpu_fallback()
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
@@ -31,6 +38,46 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         if device.index is None:
             device = torch.device("cuda", local_rank)
     return device
+
+
+TORCH_FLOOR = (2, 6)  # FSDP2's public fully_shard (torch.distributed.fsdp) arrived in 2.6
+
+
+def check_torch_version(version: str) -> None:
+    """One line instead of a crash deep in FSDP2 or a lost final checkpoint, for a torch below the floor."""
+    parts = version.split("+")[0].split(".")
+    found = tuple(int(p) if p.isdigit() else 0 for p in parts[:2])
+    if found < TORCH_FLOOR:
+        floor = ".".join(map(str, TORCH_FLOOR))
+        raise UserError(
+            f"torch {version} is older than {floor}, which pretrainer's training needs (FSDP2's fully_shard, "
+            f"torchrun's shutdown grace); pip install 'torch>={floor}'"
+        )
+
+
+def listed_gpus() -> list[str]:
+    """The GPUs `nvidia-smi -L` lists (none where it is missing or fails)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        said = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=15).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line for line in said.splitlines() if line.startswith("GPU ")]
+
+
+def refuse_cpu_fallback() -> None:
+    gpus = listed_gpus()
+    if gpus:
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
+        raise UserError(
+            f"train.device = auto: this machine has {len(gpus)} NVIDIA GPU(s) ({gpus[0][:60]}) but {build} "
+            f"cannot use CUDA (a CPU build or a driver too old for it): install a CUDA build of torch, or "
+            f"pass --train.device=cpu to train on the CPU anyway"
+        )
 
 
 def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:

@@ -92,8 +92,9 @@ def adamw_update_norm(optimizer: torch.optim.Optimizer, skipped: torch.Tensor | 
                 update.add_(p.detach(), alpha=weight_decay)
             squares = update.float().pow(2).sum() * (lr / (1 - lr * weight_decay)) ** 2
             total = squares if total is None else total + squares
-    if total is None:
-        return torch.zeros(())
+    if total is None:  # no step taken yet (the first skipped): a zero where the weights are, not on the CPU
+        device = next((p.device for group in optimizer.param_groups for p in group["params"]), None)
+        return torch.zeros((), device=device)
     norm = (total.full_tensor() if hasattr(total, "full_tensor") else total).sqrt()
     if skipped is not None:  # (where, not a product: with no update ever taken the formula is 0/0)
         norm = torch.where(skipped.bool(), torch.zeros_like(norm), norm)

@@ -1,0 +1,47 @@
+"""Which device a run trains on: never the CPU by accident on a GPU machine, never an old torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pretrainer.core.device import check_torch_version, resolve_device
+from pretrainer.core.errors import UserError
+from pretrainer.optim.adamw import adamw_update_norm
+
+
+@pytest.fixture
+def gpu_machine(tmp_path, monkeypatch):
+    """A machine whose nvidia-smi lists a GPU that this (CPU) torch cannot use."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU torch on a GPU machine is what is tested")
+def test_auto_never_falls_back_to_the_cpu_on_a_gpu_machine(gpu_machine):
+    with pytest.raises(UserError, match=r"1 NVIDIA GPU\(s\) \(GPU 0: NVIDIA H100.*--train.device=cpu"):
+        resolve_device("auto", paid=True)
+    assert resolve_device("cpu", paid=True).type == "cpu"  # said explicitly: the CPU it is
+    assert resolve_device("auto").type == "cpu"  # sample, eval: no money at stake
+
+
+def test_auto_is_the_cpu_where_there_is_no_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    assert resolve_device("auto", paid=True).type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_an_old_torch_is_one_line():
+    with pytest.raises(UserError, match=r"torch 2.5.1\+cu121 is older than 2.6.*pip install 'torch>=2.6'"):
+        check_torch_version("2.5.1+cu121")
+    for version in ("2.6.0", "2.13.0+cpu", "2.14.0a0+git1234", torch.__version__):
+        check_torch_version(version)
+
+
+def test_the_update_norm_of_a_first_skipped_step_is_where_the_weights_are():
+    """No optimizer state yet (low-bit AdamW skipped step 1): the zero norm is on the weights' device,
+    not a CPU tensor that fails when logged beside CUDA ones."""
+    weight = torch.nn.Parameter(torch.ones(4, device="meta"))
+    norm = adamw_update_norm(torch.optim.AdamW([weight]))
+    assert norm.device == weight.device and norm.shape == ()
