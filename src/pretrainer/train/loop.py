@@ -59,6 +59,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     """Train cfg's model on cfg's data in cfg.run.dir, resuming from its newest checkpoint.
     `clock` is the budget guard's (tests pass a fake one). -> the final step, tokens and losses."""
     run_dir = Path(cfg.run.dir)
+    run_clock = RunClock()  # from entry: start-up (data, checkpoint load, init, compile) is billed time too
     # rank, world size, device (torchrun or not)
     env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)
     device, strategy = env.device, cfg.parallel.strategy
@@ -100,7 +101,6 @@ def train(cfg: Config, clock=time.time) -> dict:
             console.attach(run_dir / "train.log")
         # budget, spikes, throughput, stalls, the run's end: to metrics.jsonl and alerts.webhook_url
         alerts = run_log.alerts = Alerts(cfg.alerts, run_dir, env.is_main, run_log.write, say, max_steps)
-        run_clock = RunClock()
         spikes = SpikeGuard(
             cfg.spike,
             training_unigram(data, cfg.model.vocab_size),
@@ -157,7 +157,6 @@ def train(cfg: Config, clock=time.time) -> dict:
             )
             state.saved_step = state.step
 
-        run_clock.start()
         # step 0's, once per run
         last_loss, last_val = (None, evals.validate(wrapped, 0, 0) if resume is None else None)
         if cfg.eval.tasks_every and resume is None:

@@ -25,13 +25,11 @@ from pretrainer.train.spikes import SpikeGuard
 
 
 class RunClock:
-    """Wall-clock seconds of a run over all its processes (resumes add up)."""
+    """Wall-clock seconds of a run over all its processes (resumes add up), each from its entry into
+    train(): start-up is paid for as the steps are."""
 
     def __init__(self):
         self.before = 0.0  # seconds run by earlier processes of this run
-        self.started = time.time()
-
-    def start(self) -> None:
         self.started = time.time()
 
     def elapsed(self) -> float:
