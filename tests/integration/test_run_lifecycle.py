@@ -16,18 +16,20 @@ from pretrainer.train.loop import train
 
 
 def test_max_hours_stops_with_a_checkpoint_and_the_run_continues_exactly(stdlib_data, tmp_path):
-    """A limit of ~0.5 s over all launches: the run stops itself before it (exit 8, a checkpoint at the
-    stop), and a later launch with a longer limit continues to the losses of a run straight through."""
+    """A limit of 2 s over all launches (start-up included), and a 2.5 s pause before step 40 (the stall
+    drill): the run stops itself there (exit 8, a checkpoint at the stop), and a later launch without
+    the limit continues to the losses of a run straight through."""
     run, hook = tmp_path / "run", tmp_path / "hook"
     settings = {"train.max_steps": 200, "ckpt.every": 1000, "eval.every": 0, "log.every": 10}
-    cfg = tiny_config(stdlib_data, run, **settings, **{"train.max_hours": 0.00015})
+    limit = {"train.max_hours": 2 / 3600, "alerts.stall_drill_step": 40, "alerts.stall_drill_s": 2.5}
+    cfg = tiny_config(stdlib_data, run, **settings, **limit)
     cfg.run.on_exit = exit_hook(hook)
     with pytest.raises(RunStopped) as stopped:
         train(cfg)
     record = json.loads((run / "exit.json").read_text())
     assert stopped.value.exit_code == EXIT_TIME_LIMIT == record["exit_code"] == 8
-    assert record["reason"] == "time_limit" and "train.max_hours = 0.00015 reached" in record["message"]
-    assert 0 < record["step"] < 200
+    assert record["reason"] == "time_limit" and "train.max_hours = 0.000555556 reached" in record["message"]
+    assert record["step"] in (39, 40)  # the limit is checked before each step
     assert [int(c.name.split("-")[1]) for c in list_checkpoints(run)] == [record["step"]]
     assert exit_hook_calls(hook) == [("time_limit", 8, record["step"], str(run))]
     train(tiny_config(stdlib_data, run, **settings))  # max_hours is a limit, not the computation: resumable
@@ -116,3 +118,39 @@ def test_keep_best_keeps_the_lowest_val_checkpoint_and_verbs_can_pick_it(stdlib_
     assert code == 0 and f"(step {best_step})" in out, out
     code, _, err = run_cli("export", tmp_path / "straight-missing", "--checkpoint", "best")
     assert code == 2 and err.startswith("error: ")
+
+
+def test_a_bare_interrupt_still_ends_the_run_in_order(stdlib_data, tmp_path):
+    """A second Ctrl-C raises KeyboardInterrupt with no message: the run's end still writes exit.json,
+    runs the hook once, restores the console and releases the run dir's lock."""
+    import sys
+
+    import torch
+
+    from pretrainer.artifacts.run_lock import RunDirLock
+    from pretrainer.train.console import Console
+    from pretrainer.train.distributed import DistEnv
+    from pretrainer.train.loop import end_run
+
+    run, hook = tmp_path / "run", tmp_path / "hook"
+    cfg = tiny_config(stdlib_data, run)
+    cfg.run.on_exit = exit_hook(hook)
+    run.mkdir()  # a run dir that exists (one the lock made is removed again when nothing was written)
+    lock = RunDirLock(run)
+    lock.acquire()
+    streams, console = (sys.stdout, sys.stderr), Console()
+    end_run(
+        run,
+        cfg.run,
+        lock,
+        DistEnv(0, 1, 0, torch.device("cpu"), None),
+        KeyboardInterrupt(),
+        5,
+        None,
+        console,
+        None,
+    )
+    assert json.loads((run / "exit.json").read_text())["exit_code"] == 130
+    assert exit_hook_calls(hook) == [("signal", 130, 5, str(run))]
+    assert (sys.stdout, sys.stderr) == streams and not lock.held
+    RunDirLock(run).acquire()  # free again

@@ -472,10 +472,19 @@ def key_allowed() -> dict[str, str | tuple]:
 
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
-    return {
+    """Every section's keys and values, a secret key's value redacted (a config built in Python was not
+    read through config/load.py, which redacts as it reads)."""
+    from pretrainer.core.secrets import keep_secret
+
+    out = {
         section: {_key_name(k): v for k, v in values.items()}
         for section, values in dataclasses.asdict(cfg).items()
     }
+    for key in SECRET_KEYS:
+        section, name = key.split(".")
+        if out[section][name]:
+            out[section][name] = keep_secret(out[section][name], whole=True)
+    return out
 
 
 def flatten(cfg: Config) -> dict[str, Any]:

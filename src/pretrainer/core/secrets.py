@@ -35,12 +35,15 @@ def keep_secret(value: str, whole: bool = False) -> str:
     """-> `value` redacted, remembering the original for `reveal` (a config value, as it is read). Only
     a URI is touched: a path stays as it is. `whole`: a URI that is itself the credential (a Slack or
     Discord webhook): only its scheme and host are kept."""
+    if whole and value and not value.endswith(f"/{MASK}") and value != MASK:
+        scheme, rest = value.split("://", 1) if "://" in value else ("", value)
+        host = re.split(r"[/?#]", rest, maxsplit=1)[0].rsplit("@", 1)[-1]
+        redacted = f"{scheme}://{host}/{MASK}" if scheme else MASK
+        _revealed[redacted] = value
+        return redacted
     if "://" not in value:
         return value
     redacted = redact(value)
-    if whole and value:
-        scheme, rest = value.split("://", 1)
-        redacted = f"{scheme}://{rest.split('/', 1)[0].rsplit('@', 1)[-1]}/{MASK}"
     if redacted != value:
         _revealed[redacted] = value
     return redacted
@@ -54,7 +57,7 @@ def reveal(value: str) -> str:
 def lost_secret(value: str) -> bool:
     """A redacted value whose original this process does not have: read back from a saved config, so
     what it names cannot be reached with it (pass the option again)."""
-    return value not in _revealed and any(f"{c}{MASK}" in value for c in (":", "=", "/"))
+    return value not in _revealed and (value == MASK or any(f"{c}{MASK}" in value for c in (":", "=", "/")))
 
 
 def forget_secrets() -> None:

@@ -4,7 +4,8 @@ loader or collective), a loss curve heading above the expected loss, and the run
 
     alerts = Alerts(cfg.alerts, run_dir, is_main, write, say)
     run_log.alerts = alerts          # the events the run logs (budget_warn, spike, ...) become alerts
-    alerts.step_done(step, loss)     # each step: the stall watchdog's heartbeat, the curve's points
+    alerts.step_started(step)        # each step: the stall watchdog times it (not the evaluations and
+    alerts.step_done(step, loss)     # checkpoints between steps); the curve's points
     alerts.ended(reason, code, step) # the last one; then close()
 
 Each alert is a record in metrics.jsonl ({"step", "alert", "message"}) and a console line; with
@@ -30,9 +31,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pretrainer.config.schema import AlertsConfig
+from pretrainer.core.errors import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, EXIT_SLOW, EXIT_TIME_LIMIT
 from pretrainer.core.secrets import lost_secret, reveal
 
 WEBHOOK_ENV = "PRETRAINER_WEBHOOK_URL"
+STOPPED_ON_PURPOSE = (EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, EXIT_SLOW, EXIT_TIME_LIMIT)
 POST_TIMEOUT_S, RETRIES, CLOSE_WAIT_S, REPEAT_S = 5.0, 3, 0.5, 60.0
 # a logged event (train/stopping.py, spikes.py, perf.py) -> (alert kind, what to say)
 EVENTS = {
@@ -49,6 +52,7 @@ EVENTS = {
     "watchdog_slow": ("throughput", lambda r: "throughput below train.min_mfu / min_tokens_per_s"),
 }
 CURVE_MIN_POINTS, CURVE_FROM = 20, 0.3  # the off-curve forecast needs this many losses and 30% of the horizon
+CURVE_EVERY, CURVE_KEEP = 10, 2000  # fit every 10 logged losses, on the newest 2000
 
 
 class Alerts:
@@ -72,7 +76,7 @@ class Alerts:
             )
         self.sender = WebhookSender(url, say) if url and is_main else None
         self.step, self.last_beat, self.intervals = 0, time.monotonic(), deque(maxlen=64)
-        self.stalled, self.off_curve_said, self.losses = False, False, []
+        self.stalled, self.off_curve_said, self.losses, self.in_step = False, False, [], False
         self.sent: dict[str, float] = {}  # alert kind -> when it last went to the webhook
         self.stop = threading.Event()
         self.watchdog = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
@@ -81,18 +85,22 @@ class Alerts:
 
     # --- what the loop calls ---
 
+    def step_started(self, step: int) -> None:
+        """A step begins: the watchdog times it from here (an evaluation or checkpoint before it is not a
+        stall). The stall drill pauses before alerts.stall_drill_step, as a hung loader would."""
+        self.last_beat, self.in_step = time.monotonic(), True
+        if self.cfg.stall_drill_step and step == self.cfg.stall_drill_step:
+            time.sleep(self.cfg.stall_drill_s)
+
     def step_done(self, step: int, loss: float | None = None) -> None:
         now = time.monotonic()
         self.intervals.append(now - self.last_beat)
-        self.step, self.last_beat, self.stalled = step, now, False
-        if loss is not None and self.cfg.expected_loss and self.cfg.off_curve_margin:
+        self.step, self.last_beat, self.stalled, self.in_step = step, now, False, False
+        if loss is not None and self.is_main and self.cfg.expected_loss and self.cfg.off_curve_margin:
             self.losses.append((step, loss))
-            self._check_curve(step)
-
-    def drill(self, step: int) -> None:
-        """The stall drill: pause before alerts.stall_drill_step, as a hung loader would."""
-        if self.cfg.stall_drill_step and step == self.cfg.stall_drill_step:
-            time.sleep(self.cfg.stall_drill_s)
+            if len(self.losses) % CURVE_EVERY == 0:  # a fit every few logged steps, on a bounded history
+                self.losses = self.losses[-CURVE_KEEP:]
+                self._check_curve(step)
 
     def observe(self, record: dict) -> None:
         """A record the run logs: its events become alerts (an alert record itself does not)."""
@@ -104,7 +112,7 @@ class Alerts:
 
     def ended(self, reason: str, exit_code: int, step: int | None, message: str) -> None:
         """The run's last alert: finished, stopped (on purpose: budget, signal, limit) or died."""
-        on_purpose = exit_code in (4, 5, 6, 8) or exit_code > 128
+        on_purpose = exit_code in STOPPED_ON_PURPOSE or exit_code > 128  # 128 + N: a signal
         kind = "finished" if reason == "finished" else "stopped" if on_purpose else "died"
         said = f"{reason} (exit {exit_code})" + (f": {message}" if message else "")
         self.alert(
@@ -134,6 +142,8 @@ class Alerts:
 
     def close(self) -> None:
         self.stop.set()
+        if self.watchdog.is_alive():  # no stall alert after this: metrics.jsonl closes next
+            self.watchdog.join(timeout=2)
         if self.sender is not None:
             self.sender.close(CLOSE_WAIT_S)
 
@@ -141,7 +151,7 @@ class Alerts:
 
     def _watch(self) -> None:
         while not self.stop.wait(min(1.0, self.cfg.stall_min_s / 4)):
-            if self.stalled or len(self.intervals) < 3:
+            if self.stalled or not self.in_step or len(self.intervals) < 3:
                 continue
             quiet = time.monotonic() - self.last_beat
             limit = max(self.cfg.stall_min_s, self.cfg.stall_factor * statistics.median(self.intervals))
@@ -213,8 +223,13 @@ class WebhookSender:
             payload = self.pending.get()
             try:
                 self._post(payload)
+            except Exception as e:  # noqa: BLE001 (an odd reply must not end the thread: later alerts)
+                self._warn(type(e).__name__)
             finally:
                 self.pending.task_done()
+
+    def _warn(self, problem: str) -> None:
+        self._warn(problem)
 
     def _post(self, payload: dict) -> None:
         body = json.dumps(payload).encode()
@@ -233,6 +248,4 @@ class WebhookSender:
             except (urllib.error.URLError, OSError, ValueError) as e:
                 problem = type(getattr(e, "reason", e)).__name__
             time.sleep(min(2**attempt, 4))
-        if not self.warned:  # once: the endpoint is down, training goes on
-            self.warned = True
-            self.say(f"warning: the alerts webhook did not take an alert ({problem}); see metrics.jsonl")
+        self._warn(problem)

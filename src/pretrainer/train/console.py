@@ -49,12 +49,20 @@ class Console:
             self.pending.append(text)
 
     def close(self) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        sys.stdout, sys.stderr = self.original
-        if self.log is not None:
-            self.log.close()
-            self.log = None
+        """The streams back as they were, whatever a last flush or closing train.log meets."""
+        tees, (sys.stdout, sys.stderr) = (sys.stdout, sys.stderr), self.original
+        log, self.log = self.log, None
+        for stream in (*tees, log):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except OSError:
+                pass
+        try:
+            if log is not None:
+                log.close()
+        except OSError:  # a full disk: what train.log could not take, the run's other files keep
+            pass
 
 
 class _Tee(io.TextIOBase):

@@ -16,6 +16,7 @@ which is what checkpoints save and what resume and rollback restore.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from pretrainer.train.console import Console, closing_lines, resume_command, ste
 from pretrainer.train.distributed import (
     DistEnv,
     agree_max,
+    broadcast_object,
     full_tensor,
     init_distributed,
     keep_grads,
@@ -120,7 +122,8 @@ def train(cfg: Config, clock=time.time) -> dict:
         evals.attach(
             run_dir, start_step if resume else -1, env.is_main, run_log.write, say, run_clock.elapsed
         )
-        job = SlurmJob.from_env()  # None outside SLURM
+        # None outside SLURM; read on rank 0 (its end time may need squeue) so every rank stops alike
+        job = broadcast_object(SlurmJob.from_env() if env.is_main else None, env)
         stopper = Stopper(
             cfg.budget,
             env,
@@ -190,7 +193,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             step = state.step + 1  # the step about to run, 1-based as in every log
             logging_step = step % cfg.log.every == 0 or step == end_step
             speed.start_step(step, logging_step)
-            alerts.drill(step)  # the stall drill: a pause, as a hung loader makes
+            alerts.step_started(step)  # the stall watchdog times each step (and its drill pauses here)
             cursor = loader.cursor
             read = speed.read_batch(loader)
             micro_batches, lr = spikes.before_step(
@@ -319,6 +322,15 @@ def train(cfg: Config, clock=time.time) -> dict:
         )
 
 
+def quietly(close) -> None:
+    """close(); a failure to close one thing (a full disk under metrics.jsonl) is one warning line, so
+    the others are still closed and the exit record still written."""
+    try:
+        close()
+    except Exception as e:  # noqa: BLE001 (whatever it is, the run's end goes on)
+        print(f"warning: while ending the run: {type(e).__name__}: {redact(str(e))[:200]}", file=sys.stderr)
+
+
 def end_run(
     run_dir: Path,
     run: RunConfig,
@@ -336,15 +348,16 @@ def end_run(
     lock and leave the process group, even if closing something fails. Then (rank 0, unless the
     `--nproc` launcher does it once every worker is gone) requeue the SLURM job or run run.on_exit."""
     reason, exit_code = exit_status(failure)
+    said = str(failure).strip().splitlines() if failure is not None else []  # a bare KeyboardInterrupt: none
     try:
         if alerts is not None:  # finished, stopped or died: the last alert, waited for at most a second
-            alerts.ended(reason, exit_code, step, redact(str(failure).splitlines()[0]) if failure else "")
-            alerts.close()
-        for thing in closing:
+            quietly(lambda: alerts.ended(reason, exit_code, step, redact(said[0]) if said else ""))
+            quietly(alerts.close)
+        for thing in closing:  # each closed whatever the one before did: the signal handlers first
             if thing is not None:
-                thing.close()
+                quietly(thing.close)
         if run_log is not None:
-            run_log.close(reason)
+            quietly(lambda: run_log.close(reason))
     finally:
         try:
             unused = run_log is None  # stopped before the first write: a new run dir goes again
@@ -368,8 +381,10 @@ def end_run(
             ):  # train.log's last line: how the run ended (the console's is printed later)
                 console.record(f"exit: {reason} (exit {exit_code}) at step {step}: {record['message']}\n")
         finally:
-            console.close()
-            lock.close(remove_created=unused)
-            shutdown()
+            try:
+                console.close()
+            finally:
+                lock.close(remove_created=unused)
+                shutdown()
     if record is not None and owned and not os.environ.get(EXIT_FILE_ENV):  # else the launcher does it
         after_the_run(record, hook, run.on_exit_timeout_s)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pretrainer.core.files import atomic_write_json
 
+LAUNCHER_ONLY = ("on_exit", "on_exit_timeout_s")  # in the launcher's copy of the record only
 HOOK_ENV = {  # the environment run.on_exit sees: why the run ended, and where it is
     "PRETRAINER_EXIT_REASON": "reason",
     "PRETRAINER_EXIT_CODE": "exit_code",
@@ -58,18 +59,23 @@ def requeue_slurm_job(job_id: str) -> str | None:
     """`scontrol requeue JOB_ID`: None when SLURM took it, else why not (one line)."""
     if not job_id:
         return "cannot requeue: SLURM_JOB_ID is not set"
-    if threading.current_thread() is threading.main_thread():
-        # SLURM ends this copy of the job with SIGTERM at once: everything is saved, let it finish saying so
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    main_thread = threading.current_thread() is threading.main_thread()
+    # SLURM ends this copy of the job with SIGTERM at once: everything is saved, let it finish saying so
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main_thread else None
     try:
         done = subprocess.run(
             ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60, check=False
         )
+        problem = None
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            problem = f"scontrol requeue {job_id} failed: {said[-1] if said else f'exit {done.returncode}'}"
     except (OSError, subprocess.TimeoutExpired) as e:
-        return f"scontrol requeue {job_id} failed ({e})"
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip().splitlines()
-        return f"scontrol requeue {job_id} failed: {said[-1] if said else f'exit {done.returncode}'}"
+        problem = f"scontrol requeue {job_id} failed ({e})"
+    if problem is not None:
+        if main_thread:  # not requeued: SIGTERM means what it meant again (the hook inherits it)
+            signal.signal(signal.SIGTERM, previous)
+        return problem
     tell(f"pretrainer: SLURM job {job_id} requeued; it resumes from the checkpoint")
     return None
 
@@ -78,17 +84,24 @@ def run_exit_hook(command: str, record: dict, timeout_s: float) -> int | None:
     """`command` in a shell with the record in its environment, its output on ours; stopped after
     timeout_s. -> its exit code (None: it could not run or was stopped). Never raises: the run's
     files are already safe, and the hook's failure is said in one line."""
-    env = {**os.environ, **{name: str(record.get(key) or "") for name, key in HOOK_ENV.items()}}
-    env["PRETRAINER_EXIT_CODE"] = str(record.get("exit_code", ""))
-    env["PRETRAINER_STEP"] = str(record.get("step") if record.get("step") is not None else "")
-    sys.stdout.flush(), sys.stderr.flush()
-    try:
-        code = subprocess.run(["/bin/sh", "-c", command], env=env, timeout=timeout_s, check=False).returncode
-    except subprocess.TimeoutExpired:
-        tell(f"warning: run.on_exit was stopped after {timeout_s:g} s")
-        return None
+    shown = lambda value: "" if value is None else str(value)  # noqa: E731 (0 is a step and a code)
+    env = {**os.environ, **{name: shown(record.get(key)) for name, key in HOOK_ENV.items()}}
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass
+    try:  # its own process group: a timeout stops the command and everything it started
+        hook = subprocess.Popen(["/bin/sh", "-c", command], env=env, start_new_session=True)
     except OSError as e:
         tell(f"warning: run.on_exit could not run ({e.strerror})")
+        return None
+    try:
+        code = hook.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(hook.pid, signal.SIGKILL)
+        hook.wait()
+        tell(f"warning: run.on_exit was stopped after {timeout_s:g} s")
         return None
     if code != 0:
         tell(f"warning: run.on_exit exited {code}")
@@ -100,6 +113,7 @@ def rewrite_exit_record(record: dict) -> None:
     if not record.get("run_dir") or not Path(record["run_dir"]).is_dir():
         return
     try:
-        atomic_write_json(Path(record["run_dir"]) / "exit.json", record)
+        kept = {key: value for key, value in record.items() if key not in LAUNCHER_ONLY}
+        atomic_write_json(Path(record["run_dir"]) / "exit.json", kept)
     except OSError as e:
         tell(f"warning: {record['run_dir']}/exit.json: cannot rewrite it ({e.strerror})")

@@ -127,7 +127,8 @@ class TimeLimits:
     def message(self, limit: int, resume: str) -> str:
         if limit == LIMIT_MAX_HOURS:
             return f"train.max_hours = {self.max_hours:g} reached: {resume}"
-        ends = datetime.fromtimestamp(self.stop_at + self.margin_s, timezone.utc).strftime("%H:%M:%S UTC")
+        end = (self.stop_at or 0) + self.margin_s
+        ends = datetime.fromtimestamp(end, timezone.utc).strftime("%H:%M:%S UTC") if self.stop_at else "soon"
         return (
             f"SLURM job {self.job_id} ends at {ends}; stopped run.stop_margin_s = {self.margin_s:g} s "
             f"before: {resume}"

@@ -107,6 +107,10 @@ class RunLog:
 
     def close(self, reason: str) -> None:
         """`reason`: why the run ended (train/stopping.py's exit reasons)."""
+        with self.lock:
+            self._close(reason)
+
+    def _close(self, reason: str) -> None:
         if self.metrics:
             self.metrics.close()
         if self.tracker:
@@ -115,8 +119,11 @@ class RunLog:
                 "budget_stop": "KILLED",
                 "budget_halt": "KILLED",
                 "signal": "KILLED",
+                "time_limit": "KILLED",  # stopped on purpose, like a signal (and maybe requeued)
+                "throughput_stop": "KILLED",
             }
             self._tracked(lambda: self.tracker.close(status.get(reason, "FAILED")))
+        self.metrics = self.tracker = None  # a late write (another thread's) is then a no-op
 
 
 def open_tracker(cfg: Config, run_dir: Path, say) -> MlflowLogger | None:

@@ -343,8 +343,10 @@ def plan_runs(sweep: SweepConfig, base: Config, sweep_dir: Path) -> list[RunSpec
                         f"the size"
                     )
                 # warmup, eval and checkpoints keep the base's fractions
-                fraction = steps / base.train.max_steps
-                cfg.train.max_steps = steps
+                # (a base given in tokens or epochs has no steps of its own: its cadences stand as given)
+                fraction = steps / (base.train.max_steps or steps)
+                cfg.train.max_steps = steps  # the run's one horizon
+                cfg.train.max_tokens, cfg.train.tokens_per_param, cfg.train.epochs = 0, 0.0, 0.0
                 cfg.optim.warmup_steps = min(steps - 1, round(base.optim.warmup_steps * fraction))
                 cfg.eval.every = max(1, round(base.eval.every * fraction)) if base.eval.every else 0
                 cfg.ckpt.every = max(1, round(base.ckpt.every * fraction)) if base.ckpt.every else 0
