@@ -85,6 +85,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         start_step, end_step, max_steps = start.start_step, start.end_step, cfg.train.max_steps
         if start_step >= end_step:
             say(f"nothing to do: the run is already at step {start_step}")
+            cfg.run.on_exit = ""  # (resolve's copy) no run ended here: its hook ran when it did
             return {"step": start_step, "tokens": resume.state["tokens"] if resume else 0}
         launch_cost_check(
             cfg.budget,
