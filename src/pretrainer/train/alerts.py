@@ -229,7 +229,9 @@ class WebhookSender:
                 self.pending.task_done()
 
     def _warn(self, problem: str) -> None:
-        self._warn(problem)
+        if not self.warned:  # once: the endpoint is down, training goes on
+            self.warned = True
+            self.say(f"warning: the alerts webhook did not take an alert ({problem}); see metrics.jsonl")
 
     def _post(self, payload: dict) -> None:
         body = json.dumps(payload).encode()
