@@ -133,9 +133,9 @@ def test_checkpoint_moves_between_strategies_and_world_sizes(first, then, single
 def _collective_rank_1_never_joins() -> int:
     from pretrainer.train.distributed import init_distributed, is_collective_timeout, mean_across_ranks
 
-    env = init_distributed("cpu", timeout_s=3)
+    env = init_distributed("cpu", timeout_s=2)
     if env.rank == 1:
-        time.sleep(6)
+        time.sleep(4)  # past rank 0's timeout
         return 0
     try:
         mean_across_ranks(torch.ones(()), env)  # a deadlock without the timeout

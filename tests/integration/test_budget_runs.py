@@ -118,14 +118,14 @@ def test_launch_is_refused_when_the_plan_exceeds_the_cap(stdlib_data, tmp_path, 
 
 
 def test_a_slow_first_step_is_not_projected_onto_every_step(stdlib_data, tmp_path):
-    """A run under a cap it can afford ($1 per second, cap $400; the whole run takes seconds) whose
-    first step is slow (2 s: what compile and CUDA start-up make of it on a GPU; here the stall drill's
+    """A run under a cap it can afford ($1 per second, cap $50; the whole run takes seconds) whose
+    first step is slow (1 s: what compile and CUDA start-up make of it on a GPU; here the stall drill's
     pause): that step, start-up and step 0's validation are not taken as the step time (the projection,
-    299 x 2 s x $1, stopped it at step 1, exit 4). Not train.compile itself: compiled graphs cached in
+    99 x 1 s x $1, stopped it at step 1, exit 4). Not train.compile itself: compiled graphs cached in
     this process would change what other tests see compile."""
     run = tmp_path / "run"
-    capped = {"budget.cap_usd": 400, "budget.usd_per_gpu_hour": 3600, "budget.check_every_s": 0.01}
-    slow_first = {"alerts.stall_drill_step": 1, "alerts.stall_drill_s": 2.0}
-    result = train(tiny_config(stdlib_data, run, **{"train.max_steps": 300, **capped, **slow_first}))
-    assert result["step"] == 300
+    capped = {"budget.cap_usd": 50, "budget.usd_per_gpu_hour": 3600, "budget.check_every_s": 0.01}
+    slow_first = {"alerts.stall_drill_step": 1, "alerts.stall_drill_s": 1.0}
+    result = train(tiny_config(stdlib_data, run, **{"train.max_steps": 100, **capped, **slow_first}))
+    assert result["step"] == 100
     assert not [r for r in read_metrics(run / "metrics.jsonl") if "budget_stop" in r]

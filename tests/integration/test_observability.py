@@ -63,10 +63,10 @@ def test_tokens_per_s_after_an_eval_or_a_checkpoint_on_a_non_logging_step_is_not
         "log.every": 10,
         "eval.every": 15,
         "ckpt.every": 15,
-        "eval.batches": 32,
+        "eval.batches": 8,
         "train.micro_batch": 32,
     }
-    train(tiny_config(stdlib_data, run, **{"train.max_steps": 120, **cadence}))
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 60, **cadence}))
     rates = [r["tokens_per_s"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r][
         1:
     ]  # after warm-up

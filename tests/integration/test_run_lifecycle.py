@@ -20,7 +20,7 @@ def test_max_hours_stops_with_a_checkpoint_and_the_run_continues_exactly(stdlib_
     drill): the run stops itself there (exit 8, a checkpoint at the stop), and a later launch without
     the limit continues to the losses of a run straight through."""
     run, hook = tmp_path / "run", tmp_path / "hook"
-    settings = {"train.max_steps": 200, "ckpt.every": 1000, "eval.every": 0, "log.every": 10}
+    settings = {"train.max_steps": 60, "ckpt.every": 1000, "eval.every": 0, "log.every": 10}
     limit = {"train.max_hours": 2 / 3600, "alerts.stall_drill_step": 40, "alerts.stall_drill_s": 2.5}
     cfg = tiny_config(stdlib_data, run, **settings, **limit)
     cfg.run.on_exit = exit_hook(hook)
@@ -35,7 +35,7 @@ def test_max_hours_stops_with_a_checkpoint_and_the_run_continues_exactly(stdlib_
     train(tiny_config(stdlib_data, run, **settings))  # max_hours is a limit, not the computation: resumable
     straight = tmp_path / "straight"
     train(tiny_config(stdlib_data, straight, **settings))
-    assert losses(run) == losses(straight) and max(losses(run)) == 200
+    assert losses(run) == losses(straight) and max(losses(run)) == 60
 
 
 def test_near_a_slurm_jobs_end_the_run_stops_and_asks_for_a_requeue(stdlib_data, tmp_path, monkeypatch):
