@@ -7,23 +7,48 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
+import pytest
 from helpers import fork_cli
 from support.scaling_helpers import read_csv, sweep_args
 
 from pretrainer.analysis.scaling.report import fit_sweep
 from pretrainer.analysis.scaling.sweep import TIMING_COLUMNS
+from pretrainer.cli.main import main
+
+
+def sizes_args(data: Path, out: Path, sizes: str = "1x32,2x64,3x96") -> list[str]:
+    return sweep_args(data, out, sizes, "20480", "--log.every=1")  # (shapes: no search)
+
+
+@pytest.fixture(scope="module")
+def straight(stdlib_data, tmp_path_factory) -> Path:
+    """The sweep run straight through, in this process."""
+    out = tmp_path_factory.mktemp("straight") / "sweep"
+    assert main(sizes_args(stdlib_data, out)) == 0
+    return out
+
+
+def test_parallel_runs_are_separate_processes_with_the_same_numbers(straight, stdlib_data, tmp_path, run_cli):
+    """--parallel-runs 2: each run a `pretrainer train` process of its own, two at once; every row of
+    the CSV is the in-process sweep's."""
+    code, _, err = run_cli(
+        *sizes_args(stdlib_data, tmp_path, "1x32,2x64"), "--parallel-runs", "2", "--train.device=cpu"
+    )
+    assert code == 0, err
+    assert strip(read_csv(tmp_path / "sweep.csv")) == strip(read_csv(straight / "sweep.csv"))[:2]
+
+
+def strip(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]
 
 
 def test_interrupted_sweep_resumes_without_redoing_runs_and_equals_an_uninterrupted_one(
-    stdlib_data, tmp_path, run_cli
+    straight, stdlib_data, tmp_path, run_cli
 ):
-    """SIGTERM mid-run, the same command again: the same CSV as a sweep run straight through (here
-    with --parallel-runs 2, separate `pretrainer train` processes: the same numbers as in-process)."""
-    args = lambda out: sweep_args(stdlib_data, out, "1x32,2x64,3x96", "20480", "--log.every=1")  # noqa: E731 (shapes: no search)
-    straight = tmp_path / "straight"
-    code, _, err = run_cli(*args(straight), "--parallel-runs", "2", "--train.device=cpu")
-    assert code == 0, err
+    """SIGTERM mid-run, the same command again: the same CSV as the sweep run straight through."""
+    args = lambda out: sizes_args(stdlib_data, out)  # noqa: E731
 
     stopped, log = tmp_path / "stopped", tmp_path / "sweep.log"
     proc = fork_cli(*args(stopped), log=log)  # a process to signal (forked: no interpreter start-up)
@@ -47,7 +72,6 @@ def test_interrupted_sweep_resumes_without_redoing_runs_and_equals_an_uninterrup
     assert code == 0, err
     assert "1 of 3 runs already finished (l1-d32): kept" in out
     assert "resuming from" in out and (stopped / "runs" / "l1-d32" / "exit.json").read_text() == first_exit
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]  # noqa: E731
     assert strip(read_csv(stopped / "sweep.csv")) == strip(read_csv(straight / "sweep.csv"))
     assert len(read_csv(straight / "sweep.csv")) == 3
 
