@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,12 @@ from pretrainer.train.state import RunClock, TrainerState
 from pretrainer.train.step import forward_backward, stop_run
 from pretrainer.train.stopping import Stopper, StopSignal, TimeLimits, exit_status, write_exit_record
 from pretrainer.train.tracking import RunLog
+
+# tqdm's default write lock includes a multiprocessing semaphore that forked processes share: one killed
+# while printing (kill -9, the OOM killer) would leave it taken for good, and every later line would
+# hang. A thread lock, and a fresh one in each forked child (a thread may hold it at the fork).
+tqdm.set_lock(threading.RLock())
+os.register_at_fork(after_in_child=lambda: tqdm.set_lock(threading.RLock()))
 
 
 def train(cfg: Config, clock=time.time) -> dict:
