@@ -16,7 +16,7 @@ from pretrainer.core.errors import UserError
 from pretrainer.core.hardware import GPUS, gpu_from_device_name
 
 
-def resolve_device(name: str, local_rank: int = 0, paid: bool = False) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0, paid: bool = False, world_size: int = 1) -> torch.device:
     """`name` ("auto", "cpu", "cuda", "cuda:N") as a device. paid: a training run, where "auto" on a
     machine with NVIDIA GPUs that torch cannot use (a CPU build, an old driver) is refused rather than
     run on the CPU: eight CPU workers billed as eight GPUs."""
@@ -32,6 +32,11 @@ def resolve_device(name: str, local_rank: int = 0, paid: bool = False) -> torch.
         raise UserError(f"device '{name}': not a device here; use auto, cpu, cuda or cuda:N") from None
     if device.type not in ("cpu", "cuda"):
         raise UserError(f"device '{name}': pretrainer runs on cpu or cuda; use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and device.index is not None and world_size > 1 and device.index != local_rank:
+        raise UserError(
+            f"train.device = '{name}' under torchrun puts every rank on GPU {device.index}; use "
+            f"--train.device=cuda (each rank takes its own, LOCAL_RANK's, GPU)"
+        )
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"train.device = '{name}' but CUDA is not available; use --train.device=cpu")
@@ -81,8 +86,11 @@ def refuse_cpu_fallback() -> None:
 
 
 def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA by default; plain float32 on CPU (bf16 matmuls there are slow and inexact)."""
-    if name == "bfloat16" or (name == "auto" and device.type == "cuda"):
+    """bf16 autocast on CUDA by default, where the GPU has bf16 (not a T4 or V100: float32 there, as
+    fp16 would need a loss scaler); plain float32 on CPU (bf16 matmuls there are slow and inexact)."""
+    if name == "bfloat16":
+        return torch.bfloat16
+    if name == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.bfloat16
     return None
 

@@ -49,6 +49,7 @@ def gpu_from_device_name(device_name: str) -> str | None:
     n = device_name.upper()
     rules = [
         ("B200", "b200"),
+        ("H200 NVL", None),  # its own (lower) peak: no MFU rather than the SXM part's
         ("H200", "h200"),
         ("H100 NVL", None),
         ("H100", "h100-pcie" if "PCIE" in n else "h100-sxm"),

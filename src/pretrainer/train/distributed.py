@@ -54,7 +54,7 @@ def init_distributed(device_name: str, timeout_s: float) -> DistEnv:
     """Read torchrun's environment; start the process group when there is more than one rank."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(device_name, local_rank, paid=True)
+    device = resolve_device(device_name, local_rank, paid=True, world_size=world_size)
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)

@@ -45,3 +45,26 @@ def test_the_update_norm_of_a_first_skipped_step_is_where_the_weights_are():
     weight = torch.nn.Parameter(torch.ones(4, device="meta"))
     norm = adamw_update_norm(torch.optim.AdamW([weight]))
     assert norm.device == weight.device and norm.shape == ()
+
+
+def test_auto_precision_is_float32_on_a_gpu_without_bf16(monkeypatch):
+    """A T4 or V100 (no bf16): float32, not a bf16 autocast the GPU emulates slowly or not at all."""
+    from pretrainer.core.device import autocast_dtype
+
+    cuda = torch.device("cuda", 0)  # a device object only: nothing runs on it here
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    assert autocast_dtype("auto", cuda) is None and autocast_dtype("bfloat16", cuda) is torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert autocast_dtype("auto", cuda) is torch.bfloat16
+    assert autocast_dtype("auto", torch.device("cpu")) is None
+
+
+def test_one_gpu_index_for_every_rank_is_refused():
+    with pytest.raises(UserError, match=r"train.device = 'cuda:0' under torchrun puts every rank on GPU 0"):
+        resolve_device("cuda:0", local_rank=1, world_size=2)
+
+
+def test_an_h200_nvl_is_not_priced_as_the_sxm_part():
+    from pretrainer.core.hardware import gpu_from_device_name
+
+    assert gpu_from_device_name("NVIDIA H200 NVL") is None and gpu_from_device_name("NVIDIA H200") == "h200"
