@@ -12,7 +12,15 @@ from __future__ import annotations
 import math
 
 from pretrainer.config.preflight import config_warnings
-from pretrainer.config.resolve import DataInfo, resolve, tokens_per_step, train_sequences
+from pretrainer.config.resolve import (
+    DataInfo,
+    horizon_keys_set,
+    horizon_line,
+    horizon_units,
+    resolve,
+    tokens_per_step,
+    train_sequences,
+)
 from pretrainer.config.schema import HORIZON_KEYS, Config
 from pretrainer.core.errors import UserError
 from pretrainer.core.hardware import GPU, GPUS, lookup_gpu, training_seconds
@@ -60,7 +68,7 @@ def make_plan(
     memory_gb = gpu_memory_gb or (known.memory_gb if known else None)
     watts = gpu_watts or (known.board_power_w if known else None)
 
-    given = next((key for key in HORIZON_KEYS[1:] if getattr(cfg.train, key.split(".")[1])), HORIZON_KEYS[0])
+    given = (horizon_keys_set(cfg.train) or [HORIZON_KEYS[0]])[0]
     given_value = getattr(cfg.train, given.split(".")[1])
     # the same derivations as train: vocab, d_ff, grad_accum, the horizon's steps
     # (--tokens or --tokens-per-param replace the config's horizon)
@@ -112,10 +120,7 @@ def make_plan(
         "horizon": {
             "key": given,
             "value": given_value,
-            "steps": steps,
-            "tokens": steps * step_tokens,
-            "tokens_per_param": steps * step_tokens / counts["total"],
-            **({"epochs": steps * step_tokens / epoch_tokens} if epoch_tokens else {}),
+            **horizon_units(steps, step_tokens, counts["total"], epoch_tokens),
         },
         "chinchilla_tokens": chinchilla_tokens,
         "chinchilla_steps": math.ceil(chinchilla_tokens / step_tokens),
@@ -151,17 +156,6 @@ def make_plan(
         if watts:
             plan["energy_kwh"] = seconds / 3600 * gpus * watts / 1000
     return plan
-
-
-def horizon_line(h: dict) -> str:
-    """The run's horizon in every unit: steps, tokens, tokens per parameter, epochs, and where
-    train.max_hours stops it."""
-    line = f"{h['steps']:,} steps = {h['tokens']:,} tokens = {h['tokens_per_param']:.2f} tokens/parameter"
-    line += f" = {h['epochs']:.3g} epochs" if "epochs" in h else ""
-    if "max_hours_steps" in h:
-        reached = "the horizon" if h["max_hours_steps"] >= h["steps"] else f"step {h['max_hours_steps']:,}"
-        line += f"; train.max_hours = {h['max_hours']:g} stops at {reached} at the planned speed"
-    return line
 
 
 def format_plan(plan: dict) -> str:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from pretrainer.config.load import apply_overrides, from_dict, load_config
+from pretrainer.config.resolve import horizon_keys_set
 from pretrainer.config.schema import Config
 from pretrainer.core.errors import UserError
 
@@ -32,7 +33,7 @@ def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
         print(f"note: continuing with the saved config {source}")
     cfg.train.stop_at_step, cfg.train.resume = Config().train.stop_at_step, Config().train.resume
     cfg.run.dir = str(run_dir)  # where it is now, if the run dir was moved
-    if cfg.train.max_tokens or cfg.train.tokens_per_param or cfg.train.epochs:
+    if horizon_keys_set(cfg.train):
         cfg.train.max_steps = 0  # derived again from the run's horizon: the world size may differ
     cfg = apply_overrides(cfg, overrides)
     if not Path(cfg.data.dir).is_absolute() and not Path(cfg.data.dir).is_dir():

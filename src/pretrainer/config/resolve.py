@@ -147,7 +147,7 @@ def horizon_tokens(cfg: Config, data: DataInfo | None, count_parameters) -> tupl
     None too when its tokens cannot be counted here (no data for epochs, no model for tokens per
     parameter) and train.max_steps already holds them: a saved, resolved config."""
     t = cfg.train
-    given = [key for key in HORIZON_KEYS[1:] if getattr(t, key.split(".")[1])]
+    given = horizon_keys_set(t)
     if len(given) > 1:
         raise UserError(
             f"{' and '.join(given)} are both set: a run has one horizon; keep one of "
@@ -165,6 +165,31 @@ def horizon_tokens(cfg: Config, data: DataInfo | None, count_parameters) -> tupl
     if data is None:
         return None if t.max_steps else _cannot_count(key, "data.dir (its train split)")
     return key, t.epochs * train_sequences(data, cfg.model.seq_len) * cfg.model.seq_len
+
+
+def horizon_keys_set(train) -> list[str]:
+    """The horizon keys other than train.max_steps that a config sets (a resolved one keeps its steps
+    beside the key they came from)."""
+    return [key for key in HORIZON_KEYS[1:] if getattr(train, key.split(".")[1])]
+
+
+def horizon_units(steps: int, step_tokens: int, params: int, epoch_tokens: int) -> dict:
+    """The horizon in every unit (epochs only when the epoch's tokens are known)."""
+    tokens = steps * step_tokens
+    units = {"steps": steps, "tokens": tokens, "tokens_per_param": tokens / params}
+    return {**units, "epochs": tokens / epoch_tokens} if epoch_tokens else units
+
+
+def horizon_line(h: dict) -> str:
+    """horizon_units in one line, and where train.max_hours stops the run (when `h` says)."""
+    line = f"{h['steps']:,} steps = {h['tokens']:,} tokens = {h['tokens_per_param']:.2f} tokens/parameter"
+    line += f" = {h['epochs']:.3g} epochs" if "epochs" in h else ""
+    if "max_hours_steps" in h:
+        reached = "the horizon" if h["max_hours_steps"] >= h["steps"] else f"step {h['max_hours_steps']:,}"
+        line += f"; train.max_hours = {h['max_hours']:g} stops at {reached} at the planned speed"
+    elif h.get("max_hours"):
+        line += f"; train.max_hours = {h['max_hours']:g}"
+    return line
 
 
 def _cannot_count(key: str, needs: str) -> None:

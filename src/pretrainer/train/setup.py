@@ -18,7 +18,7 @@ from pretrainer import __version__
 from pretrainer.artifacts.checkpoint import read_resume_checkpoint, weights_problem
 from pretrainer.artifacts.runs import InitSource, build_model, grow_vocabulary, open_init_source
 from pretrainer.config.preflight import config_warnings, data_warnings
-from pretrainer.config.resolve import resolve, resume_changes, tokens_per_step
+from pretrainer.config.resolve import horizon_line, horizon_units, resolve, resume_changes, tokens_per_step
 from pretrainer.config.schema import Config, config_hash, save_config, to_dict
 from pretrainer.core.device import autocast_dtype, device_peak_tflops, hardware_info
 from pretrainer.core.errors import UserError
@@ -222,13 +222,13 @@ def describe(
         f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
         f"{cfg.train.max_steps}; run dir {cfg.run.dir}"
     )
-    horizon_tokens = cfg.train.max_steps * tokens_per_step(cfg, env.world_size)
-    say(  # the horizon in every unit (resolve turned the one given into steps)
-        f"horizon: {cfg.train.max_steps:,} steps = {horizon_tokens:,} tokens = "
-        f"{horizon_tokens / counts['total']:.2f} tokens/parameter = "
-        f"{horizon_tokens / max(loader.n_sequences * cfg.model.seq_len, 1):.3g} epochs"
-        + (f"; train.max_hours = {cfg.train.max_hours:g}" if cfg.train.max_hours else "")
+    units = horizon_units(  # resolve turned the one given into steps; an epoch is the loader's
+        cfg.train.max_steps,
+        tokens_per_step(cfg, env.world_size),
+        counts["total"],
+        loader.n_sequences * cfg.model.seq_len,
     )
+    say(f"horizon: {horizon_line({**units, 'max_hours': cfg.train.max_hours})}")
     saved_threads = resume.state.get("hardware", {}).get("cpu_threads") if resume else None
     if env.device.type == "cpu" and saved_threads and saved_threads != torch.get_num_threads():
         say(
