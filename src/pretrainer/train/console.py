@@ -5,20 +5,17 @@ switched off while training goes on to its end and its final checkpoint."""
 
 from __future__ import annotations
 
-import errno
 import io
-import os
 import shlex
 import sys
 from pathlib import Path
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
 from pretrainer.config.schema import Config
+from pretrainer.core.streams import GONE, switch_off
 from pretrainer.train.distributed import DistEnv
 
 # --- the console ---
-
-GONE = (errno.EPIPE, errno.EIO, errno.ENXIO, errno.EBADF)  # a reader or terminal that is no more
 
 
 class Console:
@@ -90,12 +87,10 @@ class _Tee(io.TextIOBase):
                 self._lost(e)
 
     def _lost(self, error: OSError) -> None:
-        if error.errno not in GONE and not isinstance(error, BrokenPipeError):
+        if error.errno not in GONE:
             raise error
-        self.gone = True  # from now on only train.log; the fd goes to /dev/null so that nothing else
-        devnull = os.open(os.devnull, os.O_WRONLY)  # writing to it (a flush at exit, a hook) fails either
-        os.dup2(devnull, self.fd)
-        os.close(devnull)
+        self.gone = True  # from now on only train.log
+        switch_off(self.fd)
 
     def isatty(self) -> bool:
         return not self.gone and self.stream.isatty()

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from pretrainer.core.files import atomic_write_json
+from pretrainer.core.streams import print_line
 
 LAUNCHER_ONLY = ("on_exit", "on_exit_timeout_s")  # in the launcher's copy of the record only
 HOOK_ENV = {  # the environment run.on_exit sees: why the run ended, and where it is
@@ -33,10 +34,7 @@ HOOK_ENV = {  # the environment run.on_exit sees: why the run ended, and where i
 
 def tell(text: str) -> None:
     """One line on stderr; a console that is gone is no error (the run's files say it all)."""
-    try:
-        print(text, file=sys.stderr, flush=True)
-    except OSError:
-        pass
+    print_line(text, sys.stderr, last_words=True)
 
 
 def after_the_run(record: dict, on_exit: str, timeout_s: float) -> dict:

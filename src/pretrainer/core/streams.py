@@ -1,0 +1,37 @@
+"""Writing to a console that may be gone: a reader that stopped early (`| head`), a closed pipe, a
+terminal or multiplexer that vanished. Such a stream is switched off (its fd pointed at /dev/null,
+so that the flush at exit, or a child writing to it, does not fail again); nothing else is lost:
+the run dir's files say the same.
+
+    print_line("error: ...", sys.stderr)   # a last line; never raises because the console is gone
+    switch_off(1)                          # what a console tee does when it finds stdout gone
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+GONE = (errno.EPIPE, errno.EIO, errno.ENXIO, errno.EBADF)  # a reader or terminal that is no more
+
+
+def switch_off(fd: int) -> None:
+    """Point `fd` at /dev/null (Python's docs, signal, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def print_line(text: str, stream=None, last_words: bool = False) -> None:
+    """Print `text` on `stream` (stdout by default); a stream that is gone is switched off, not an
+    error. Any other failure (a full disk under a redirected stdout) is raised, unless `last_words`
+    (an error or a stop being reported: nothing more can be done, and the run's files hold it)."""
+    stream = stream if stream is not None else sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+    except OSError as e:
+        if e.errno in GONE:
+            switch_off(stream.fileno())
+        elif not last_words:
+            raise
