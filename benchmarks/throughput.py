@@ -69,7 +69,7 @@ from pretrainer.cli.main import join_dotted_overrides
 from pretrainer.config.load import load_config
 from pretrainer.config.resolve import resolve, tokens_per_step
 from pretrainer.config.schema import Config
-from pretrainer.core.device import autocast, autocast_dtype, device_peak_tflops, resolve_device
+from pretrainer.core.device import autocast, autocast_dtype, compiles, device_peak_tflops, resolve_device
 from pretrainer.core.errors import UserError
 from pretrainer.core.hardware import mfu
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir
@@ -177,8 +177,9 @@ def bare_loop(
     amp_dtype = autocast_dtype(cfg.train.dtype, device)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg).to(device)
-    model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)  # as the trainer does
-    optimizer = build_optimizer(model, cfg.optim, device.type)
+    compiled = compiles(cfg.train.compile, device)
+    model.configure_blocks(cfg.train.activation_checkpointing, compiled)  # as the trainer does
+    optimizer = build_optimizer(model, cfg.optim, device.type, compile_step=compiled)
     forward = model
     loader = SequenceLoader(
         data.tokens("train"),
@@ -308,7 +309,7 @@ def nanogpt_overrides(cfg: Config, device: torch.device, warmup: int, steps: int
         "log_interval": 1,
         "always_save_checkpoint": False,
         "wandb_log": False,
-        "compile": t.compile,
+        "compile": compiles(t.compile, device),
         "device": str(device),
         "dtype": "bfloat16" if autocast_dtype(t.dtype, device) else "float32",
         "grad_clip": float(t.grad_clip),

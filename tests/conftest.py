@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from chat_tasks import conversation, split_reversal, sum_items, write_jsonl
 from helpers import DOCS
 from support.chat_helpers import prepare_chat
@@ -32,6 +33,26 @@ def _isolated_cache() -> None:
 
 
 _isolated_cache()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: runs on a CUDA GPU (skipped where there is none)")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None and not torch.cuda.is_available():
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_unless_marked_cuda(request, monkeypatch):
+    """On a GPU machine the CPU-tuned tests stay on the CPU (their sizes, float32, their tolerances):
+    no GPU for this process's device=auto nor for the processes it starts, unless marked `cuda`."""
+    if request.node.get_closest_marker("cuda") is None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import losses, tiny_config, tiny_overrides
 
 from pretrainer.artifacts.metrics import read_metrics
@@ -48,7 +47,7 @@ def test_sync_audit_catches_a_host_read_in_a_step(read, stdlib_data, tmp_path, m
     assert audited(run) == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CUDA's sync debug mode)")
+@pytest.mark.cuda  # CUDA's sync debug mode
 def test_no_host_sync_outside_logging_steps_cuda(stdlib_data, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(stdlib_data, run, **AUDIT, **{"train.device": "cuda"}))

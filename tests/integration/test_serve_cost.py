@@ -111,7 +111,7 @@ def test_int8_logits_match_fp32_and_int4_skips_layers_its_group_size_does_not_di
     assert len([what for what in skipped if what.startswith("layers.")]) == 14
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_serve_cost_runs_on_cuda(tiny_run, run_cli):
     out_dir = tiny_run / "cuda"
     code, _, err = run_cli(

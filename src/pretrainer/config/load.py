@@ -16,6 +16,7 @@ from typing import Any
 from pretrainer.config.schema import (
     HORIZON_KEYS,
     SECRET_KEYS,
+    SWITCH_KEYS,
     Config,
     all_keys,
     canonical_key,
@@ -58,7 +59,8 @@ BOOL_WORDS = {
 
 
 def is_bool_key(key: str) -> bool:
-    return all_keys().get(canonical_key(key)) is bool
+    """A key a bare `--key` sets to true: a boolean, or a switch with an "auto" (train.compile)."""
+    return all_keys().get(canonical_key(key)) is bool or canonical_key(key) in SWITCH_KEYS
 
 
 MAX_INT = 2**62  # no count or size here comes near it; beyond it, tensors and seeds overflow
@@ -105,6 +107,9 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
     try:
         if key == "train.micro_batch" and value == "auto":
             return 0
+        if key in SWITCH_KEYS and (isinstance(value, bool) or str(value).strip().lower() in BOOL_WORDS):
+            on = value if isinstance(value, bool) else BOOL_WORDS[str(value).strip().lower()]
+            return "true" if on else "false"
         if typ is list:
             return _mixture(value)
         if isinstance(value, str) and typ is not str:

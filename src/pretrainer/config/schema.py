@@ -157,7 +157,12 @@ class TrainConfig:
     )
     seed: int = opt(1337, "seed of the random init and the data order", allowed="[0, 4294967295]")
     resume: str = opt("auto", '"auto" (newest complete checkpoint in run.dir), "never", or a checkpoint path')
-    compile: bool = opt(False, "torch.compile each transformer block")
+    compile: str = opt(
+        "auto",
+        '"auto" (on CUDA: torch.compile each transformer block; off on CPU, where it does not pay), "true", '
+        '"false"',
+        allowed=("auto", "true", "false"),
+    )
     activation_checkpointing: bool = opt(
         False, "recompute each block in backward: memory for ~1/3 more compute"
     )
@@ -432,6 +437,8 @@ RESUME_FREE_KEYS = (
     "ckpt.keep_best",
     *(f"alerts.{f.name}" for f in dataclasses.fields(AlertsConfig)),
 )
+# words that also read as booleans: true/false/yes/no/on/off/1/0 and a bare --flag give "true"/"false"
+SWITCH_KEYS = ("train.compile",)
 # values that are credentials as a whole: only their scheme and host are ever kept (core/secrets.py)
 SECRET_KEYS = ("alerts.webhook_url",)
 # the run's horizon: exactly one is set; resolve() derives train.max_steps from any of the others

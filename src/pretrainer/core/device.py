@@ -2,6 +2,7 @@
 
 device = resolve_device("auto")                  # cuda (this rank's local GPU) if available, else cpu
 amp_dtype = autocast_dtype("auto", device)       # bf16 autocast on CUDA, None (float32) on CPU
+compiled = compiles("auto", device)              # torch.compile per block on CUDA, eager on CPU
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def listed_gpus() -> list[str]:
 
 
 def refuse_cpu_fallback() -> None:
+    """Unless CUDA_VISIBLE_DEVICES is set and empty: GPUs hidden on purpose (a job given none on a GPU
+    node)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return
     gpus = listed_gpus()
     if gpus:
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
@@ -93,6 +98,12 @@ def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
     if name == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.bfloat16
     return None
+
+
+def compiles(setting: str, device: torch.device) -> bool:
+    """train.compile: "auto" compiles on CUDA (a GPU step's many small kernels fuse) and not on CPU, where
+    compile time is not won back; "true"/"false" as given."""
+    return setting == "true" or (setting == "auto" and device.type == "cuda")
 
 
 def autocast(device: torch.device, amp_dtype: torch.dtype | None):

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from pretrainer.config.schema import Config
-from pretrainer.core.device import autocast
+from pretrainer.core.device import autocast, compiles
 from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
 from pretrainer.optim.adamw import build_optimizer
@@ -60,8 +60,9 @@ def trial_fits(
     fitted = False
     try:
         model = Transformer(cfg.model).to(device)
-        model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)
-        optimizer = build_optimizer(model, cfg.optim, device.type, compile_step=cfg.train.compile)
+        compiled = compiles(cfg.train.compile, device)
+        model.configure_blocks(cfg.train.activation_checkpointing, compiled)
+        optimizer = build_optimizer(model, cfg.optim, device.type, compile_step=compiled)
         for _ in range(TRIAL_STEPS):
             ids = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len + 1), device=device)
             with autocast(device, amp_dtype):
@@ -111,7 +112,7 @@ def find_micro_batch(
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         found = largest_that_fits(candidates, fits or (lambda b: trial_fits(cfg, b, device, amp_dtype, say)))
     # the tries' graphs (a batch dimension made dynamic by several sizes) are not the run's
-    if cfg.train.compile:
+    if compiles(cfg.train.compile, device):
         torch._dynamo.reset()
     if not found:
         raise UserError(
@@ -121,7 +122,7 @@ def find_micro_batch(
         )
     say(
         f"micro-batch auto: {found} sequences fit ({TRIAL_STEPS} full "
-        f"steps{', compiled' if cfg.train.compile else ''}"
+        f"steps{', compiled' if compiles(cfg.train.compile, device) else ''}"
         f"{', activation checkpointing' if cfg.train.activation_checkpointing else ''})"
     )
     return found

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pretrainer.config.schema import Config, TrainConfig
+from pretrainer.core.device import compiles
 from pretrainer.core.hardware import mfu
 
 SCALAR_READ = torch.ops.aten._local_scalar_dense.default
@@ -242,9 +243,10 @@ class SpeedMonitor:
         self.watchdog = ThroughputWatchdog(cfg.train, first_step, say, log)
         self.audit_always, self.log_every = cfg.train.audit_syncs, cfg.log.every
         self.device, self.audit_for_watchdog = device, self.watchdog.active and device.type == "cuda"
-        self.syncs = HostSyncAudit(device, self.audit_always or self.audit_for_watchdog, cfg.train.compile)
+        compiled = compiles(cfg.train.compile, device)
+        self.syncs = HostSyncAudit(device, self.audit_always or self.audit_for_watchdog, compiled)
         self.setup = {
-            "compile": cfg.train.compile,
+            "compile": compiled,
             "attention": attention,
             "activation_checkpointing": cfg.train.activation_checkpointing,
         }

@@ -20,7 +20,7 @@ from pretrainer.artifacts.runs import InitSource, build_model, grow_vocabulary, 
 from pretrainer.config.preflight import config_warnings, data_warnings
 from pretrainer.config.resolve import horizon_line, horizon_units, resolve, resume_changes, tokens_per_step
 from pretrainer.config.schema import Config, config_hash, save_config, to_dict
-from pretrainer.core.device import autocast_dtype, device_peak_tflops, hardware_info
+from pretrainer.core.device import autocast_dtype, compiles, device_peak_tflops, hardware_info
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json
 from pretrainer.data.loader import SequenceLoader, open_training_data
@@ -135,9 +135,10 @@ def build_training_model(
     # before sharding: on plain tensors
     attention = attention_backend(model, cfg.model.seq_len, env.device, amp_dtype)
     # torchtitan's order: then shard
-    model.configure_blocks(cfg.train.activation_checkpointing, cfg.train.compile)
+    compiled = compiles(cfg.train.compile, env.device)
+    model.configure_blocks(cfg.train.activation_checkpointing, compiled)
     wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
-    optimizer = build_optimizer(model, cfg.optim, env.device.type, compile_step=cfg.train.compile)
+    optimizer = build_optimizer(model, cfg.optim, env.device.type, compile_step=compiled)
     if resume is not None or parent is not None:  # AdamW moments too when resuming (name-keyed)
         load_full_state(
             wrapped,
@@ -214,7 +215,7 @@ def describe(
         f"{cfg.model.seq_len} seq_len x {cfg.train.grad_accum} grad_accum x {env.world_size} ranks; device "
         f"{env.device}, "
         f"{'bf16 autocast' if amp_dtype else 'float32'}, attention {attention}"
-        + (", compiled per block" if cfg.train.compile else "")
+        + (", compiled per block" if compiles(cfg.train.compile, env.device) else "")
         + (", activation checkpointing" if cfg.train.activation_checkpointing else "")
         + (f", {cfg.parallel.strategy}" if env.world_size > 1 else "")
     )

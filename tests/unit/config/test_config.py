@@ -2,11 +2,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 from pretrainer.cli.main import main
 from pretrainer.config.doc import config_text_with_help, keys_reference
 from pretrainer.config.load import load_config, parse_overrides
 from pretrainer.config.schema import all_keys, config_hash, key_help, save_config
+from pretrainer.core.device import compiles
 from pretrainer.core.errors import UserError
 
 
@@ -17,7 +19,7 @@ def test_toml_and_dotted_overrides(tmp_path: Path):
     assert cfg.model.arch == "gpt2" and cfg.model.d_model == 96
     assert cfg.optim.lr == 3e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.train.max_steps == 1000 and isinstance(cfg.train.max_steps, int)
-    assert cfg.train.compile is True
+    assert cfg.train.compile == "true"
 
 
 def test_unknown_key_in_file_names_key_and_suggests(tmp_path: Path):
@@ -41,7 +43,22 @@ def test_wrong_type_is_an_error():
     with pytest.raises(UserError, match=r"'train\.micro_batch' must be int, got '2\.5'"):
         load_config(None, ["--train.micro_batch=2.5"])
     with pytest.raises(UserError, match="must be bool"):
+        load_config(None, ["--mlflow.enabled=maybe"])
+    with pytest.raises(UserError, match="compile = 'maybe' is not allowed: it must be one of auto, true"):
         load_config(None, ["--train.compile=maybe"])
+
+
+def test_compile_is_on_for_cuda_and_off_on_cpu_unless_set(tmp_path):
+    """train.compile = auto (the default): the first GPU run is compiled, a CPU run is not; TOML's
+    booleans and the CLI's words still set it either way."""
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert load_config(None, []).train.compile == "auto"
+    assert compiles("auto", cuda) and not compiles("auto", cpu)
+    assert compiles("true", cpu) and not compiles("false", cuda)
+    path = tmp_path / "c.toml"
+    path.write_text("[train]\ncompile = false\n")
+    assert load_config(path, []).train.compile == "false"
+    assert load_config(path, ["--train.compile=on"]).train.compile == "true"
 
 
 def test_invalid_values_are_errors():
@@ -100,8 +117,8 @@ def test_bare_boolean_flag_means_true():
         ("train.compile", "true"),
         ("log.sequences", "off"),
     ]
-    assert load_config(None, ["--train.compile", "--optim.lr=1"]).train.compile is True
-    assert load_config(None, ["--train.compile", "false"]).train.compile is False
+    assert load_config(None, ["--train.compile", "--optim.lr=1"]).train.compile == "true"
+    assert load_config(None, ["--train.compile", "false"]).train.compile == "false"
     with pytest.raises(UserError, match=r"'--train\.max_steps' needs a value"):
         load_config(None, ["--train.max_steps"])
 
@@ -149,7 +166,9 @@ def test_config_verb_prints_commented_toml_with_overrides(capsys):
     assert main(["config", "configs/tiny-cpu.toml", "--optim.lr", "2e-3", "--train.compile"]) == 0
     out = capsys.readouterr().out
     raw = tomllib.loads(out)
-    assert raw["optim"]["lr"] == 2e-3 and raw["train"]["compile"] is True and raw["train"]["max_steps"] == 360
+    assert (
+        raw["optim"]["lr"] == 2e-3 and raw["train"]["compile"] == "true" and raw["train"]["max_steps"] == 360
+    )
     assert "# peak learning rate" in out
 
 
@@ -188,7 +207,7 @@ def test_bare_boolean_flag_on_the_command_line(capsys):
     assert main(["config", "--train.compile", "configs/tiny-cpu.toml", "--mlflow.enabled", "false"]) == 0
     raw = tomllib.loads(capsys.readouterr().out)
     assert (
-        raw["train"]["compile"] is True
+        raw["train"]["compile"] == "true"
         and raw["mlflow"]["enabled"] is False
         and raw["train"]["max_steps"] == 360
     )

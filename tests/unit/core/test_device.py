@@ -17,14 +17,16 @@ def gpu_machine(tmp_path, monkeypatch):
     smi.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)"\n')
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # conftest hides GPUs from CPU tests
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU torch on a GPU machine is what is tested")
-def test_auto_never_falls_back_to_the_cpu_on_a_gpu_machine(gpu_machine):
+def test_auto_never_falls_back_to_the_cpu_on_a_gpu_machine(gpu_machine, monkeypatch):
     with pytest.raises(UserError, match=r"1 NVIDIA GPU\(s\) \(GPU 0: NVIDIA H100.*--train.device=cpu"):
         resolve_device("auto", paid=True)
     assert resolve_device("cpu", paid=True).type == "cpu"  # said explicitly: the CPU it is
     assert resolve_device("auto").type == "cpu"  # sample, eval: no money at stake
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # GPUs hidden on purpose: the CPU is what was asked for
+    assert resolve_device("auto", paid=True).type == "cpu"
 
 
 def test_auto_is_the_cpu_where_there_is_no_gpu(tmp_path, monkeypatch):
