@@ -149,6 +149,61 @@ def test_a_rank_dependent_collective_times_out_instead_of_hanging():
     assert "TIMEOUT" in result.stdout, result.stdout[-2000:]
 
 
+class CountingModel(torch.nn.Module):
+    """A bigram model that counts its forwards (the trainer's forward signature)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.logits = torch.nn.Embedding(16, 16)
+        self.forwards = 0
+
+    def forward(self, x, y, per_token=False, doc_separator=None):
+        self.forwards += 1
+        losses = torch.nn.functional.cross_entropy(
+            self.logits(x).flatten(0, 1), y.flatten(), ignore_index=-100, reduction="none"
+        ).view_as(y)
+        return losses, losses.sum() / (y != -100).sum()
+
+
+def validation_batches_for_test() -> list:
+    generator = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, 16, (2, 8), generator=generator),) * 2 for _ in range(5)]
+    batches = [(x, torch.roll(y, 1, 1)) for x, y in batches]
+    batches[3][1][0, :4] = -100  # a loss mask: these targets count nowhere
+    return batches
+
+
+def _validate_in_rank() -> int:
+    import torch.distributed as dist
+
+    from pretrainer.eval.loss import evaluate
+
+    dist.init_process_group("gloo")
+    model = CountingModel()
+    scores = evaluate(model, validation_batches_for_test(), torch.device("cpu"), None, torch.arange(16) % 3)
+    print(json.dumps({"rank": dist.get_rank(), "forwards": model.forwards, **scores}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def test_validation_splits_its_batches_across_ranks():
+    """Two ranks score 5 batches as 3 forwards each (one re-scored with weight 0, as FSDP2's all-gathers
+    and DDP's buffer broadcast need equal counts), and agree with one process on all 5."""
+    from pretrainer.eval.loss import evaluate
+
+    one = evaluate(
+        CountingModel(), validation_batches_for_test(), torch.device("cpu"), None, torch.arange(16) % 3
+    )
+    result = run_in_ranks(2, _validate_in_rank, timeout=60)
+    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert result.returncode == 0 and sorted(r["rank"] for r in ranks) == [0, 1], result.stdout[-2000:]
+    assert [r["forwards"] for r in ranks] == [3, 3]
+    for r in ranks:
+        assert r["val_loss"] == pytest.approx(one["val_loss"], rel=1e-12)
+        assert r["val_bpb"] == pytest.approx(one["val_bpb"], rel=1e-12)
+
+
 def test_global_batch_must_divide_by_micro_batch_times_world(stdlib_data, tmp_path):
     with pytest.raises(
         UserError, match=r"train.global_batch = 10 is not divisible by train.micro_batch x world size = 4 x 1"

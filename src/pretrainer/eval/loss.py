@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from pretrainer.core.device import autocast
 from pretrainer.model.loss import IGNORE_INDEX
@@ -27,31 +28,37 @@ def evaluate(
     nats of the scored tokens / (ln 2 x their bytes), special tokens (0 bytes) left out of both. Unlike
     the loss, bits per byte compare models with different tokenizers. Targets outside the loss mask
     (IGNORE_INDEX) count in neither; doc_separator: document packing, as in training."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model.eval()
-    total_loss, total_tokens = 0.0, 0
-    nats, n_bytes = (
-        torch.zeros((), dtype=torch.float64, device=device),
-        torch.zeros((), dtype=torch.int64, device=device),
-    )
+    # [sum of loss x counted targets, counted targets, nats of the bytes, bytes], summed on the device: one
+    # host sync for the whole evaluation, not two per batch
+    totals = torch.zeros(4, dtype=torch.float64, device=device)
     lengths = token_bytes.to(device) if token_bytes is not None else None
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
+    # each rank scores every world-th batch; every rank runs as many forwards (DDP's buffer broadcast and
+    # FSDP2's all-gathers are collectives), a rank short of one re-scoring a batch with weight 0
+    for round_ in range(-(-len(batches) // world)):
+        index = rank + round_ * world
+        x, y = batches[index if index < len(batches) else 0]
+        x, y, weight = x.to(device), y.to(device), float(index < len(batches))
         with autocast(device, amp_dtype):
             losses, loss = model(x, y, per_token=True, doc_separator=doc_separator)
-        counted = int((y != IGNORE_INDEX).sum())
-        total_loss += loss.item() * counted
-        total_tokens += counted
+        counted = (y != IGNORE_INDEX).sum().double() * weight
+        totals[0] += loss.double() * counted
+        totals[1] += counted
         if lengths is not None:
-            target_bytes = lengths[y.clamp(min=0)] * (y != IGNORE_INDEX)
-            nats += (losses.double() * (target_bytes > 0)).sum()
-            n_bytes += target_bytes.sum()
+            target_bytes = lengths[y.clamp(min=0)] * (y != IGNORE_INDEX) * int(weight)
+            totals[2] += (losses.double() * (target_bytes > 0)).sum()
+            totals[3] += target_bytes.sum()
+    if world > 1:
+        dist.all_reduce(totals)
     # FSDP2 keeps the root's parameters gathered after a forward without backward
     if hasattr(model, "reshard"):
         model.reshard()
     model.train()
-    result = {"val_loss": total_loss / max(total_tokens, 1)}
+    loss_sum, n_targets, nats, n_bytes = totals.tolist()
+    result = {"val_loss": loss_sum / max(n_targets, 1)}
     if lengths is not None:
-        result["val_bpb"] = nats.item() / (math.log(2) * max(n_bytes.item(), 1))
+        result["val_bpb"] = nats / (math.log(2) * max(n_bytes, 1))
     return result
 
 
