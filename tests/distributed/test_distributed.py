@@ -204,6 +204,106 @@ def test_validation_splits_its_batches_across_ranks():
         assert r["val_bpb"] == pytest.approx(one["val_bpb"], rel=1e-12)
 
 
+def _rng_round_trip_in_rank() -> int:
+    """Seeded alike, each rank draws as many numbers as its rank + 1 (dropout on its own data), saves every
+    rank's state as write_checkpoint does, loses it, and restores the state resume gives this rank."""
+    import random
+
+    import numpy as np
+
+    from pretrainer.train.checkpoint import rank_rng_state, rng_state, set_rng_state
+    from pretrainer.train.distributed import gather_objects, init_distributed
+
+    env = init_distributed("cpu", 60)
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    torch.rand(env.rank + 1), np.random.rand(env.rank + 1), [random.random() for _ in range(env.rank + 1)]
+    saved = {"rng": rng_state(), "rng_ranks": gather_objects(rng_state(), env)}
+    expected = [torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]]
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)
+    set_rng_state(rank_rng_state(saved, env.rank, env.world_size))
+    got = [torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]]
+    print(json.dumps({"rank": env.rank, "same": got == expected}), flush=True)
+    return 0
+
+
+def test_each_rank_resumes_its_own_rng_state():
+    result = run_in_ranks(2, _rng_round_trip_in_rank, timeout=60)
+    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted((r["rank"], r["same"]) for r in ranks) == [(0, True), (1, True)], result.stdout[-2000:]
+
+
+def _checkpoint_with_a_rank_gone(run_dir: str) -> int:
+    """Rank 1's collectives have failed (an aborted NCCL communicator): it never joins another one.
+    Rank 0 reaches a checkpoint with nothing in the way of writing it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from pretrainer.config.load import load_config
+    from pretrainer.config.resolve import resolve_d_ff
+    from pretrainer.model import Transformer
+    from pretrainer.train.checkpoint import rng_state, write_checkpoint
+    from pretrainer.train.distributed import gather_objects, init_distributed
+
+    env = init_distributed("cpu", 3)
+    # as on CUDA: the loop's flags on a separate gloo group, which outlives an aborted NCCL communicator
+    env.control_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=3))
+    if env.rank == 1:  # still answers on the control group, never again on the gradients' group
+        gather_objects(rng_state(), env)
+        time.sleep(6)  # past rank 0's timeout
+        return 0
+    cfg = load_config(None, ["--model.vocab_size=64", "--model.n_layer=1", "--model.d_model=32"])
+    cfg.model.d_ff = resolve_d_ff(cfg.model)
+    model = Transformer(cfg.model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    try:
+        write_checkpoint(Path(run_dir), 5, model, model, optimizer, 2, env, lambda: {"step": 5})
+    except Exception as e:
+        print(f"REFUSED {type(e).__name__}", flush=True)
+    return 0
+
+
+def test_no_checkpoint_after_a_failed_collective(tmp_path):
+    result = run_in_ranks(2, _checkpoint_with_a_rank_gone, str(tmp_path), timeout=60)
+    assert "REFUSED" in result.stdout, result.stdout[-2000:]
+    assert latest_checkpoint(tmp_path) is None and not list(tmp_path.glob("**/*.safetensors"))
+
+
+def _fsdp_gradient_bytes_between_micro_steps() -> int:
+    """FSDP2 on 2 ranks, the first of 2 micro-steps: the gradient bytes each rank holds then, against
+    what plan counts for gradients (4 bytes per parameter / 2 shards)."""
+    from pretrainer.config.load import load_config
+    from pretrainer.config.resolve import resolve_d_ff
+    from pretrainer.core.device import tensor_bytes
+    from pretrainer.model import Transformer
+    from pretrainer.train.distributed import gradient_sync, init_distributed, wrap_model
+    from pretrainer.train.memory import planned_memory
+
+    env = init_distributed("cpu", 30)
+    cfg = load_config(None, ["--model.vocab_size=64", "--model.n_layer=2", "--model.d_model=32"])
+    cfg.parallel.strategy, cfg.model.d_ff = "fsdp", resolve_d_ff(cfg.model)
+    torch.manual_seed(0)
+    model = Transformer(cfg.model)
+    wrapped = wrap_model(model, "fsdp", env, None)
+    ids = torch.randint(0, 64, (2, 17))
+    with gradient_sync(wrapped, "fsdp", env, sync=False):  # what the loop does before the last micro-step
+        wrapped(ids[:, :-1], ids[:, 1:])[1].backward()
+    held = sum(tensor_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+    planned = planned_memory(cfg, env.world_size)[1]["gradients"]
+    print(json.dumps({"rank": env.rank, "held": held, "planned": planned}), flush=True)
+    return 0
+
+
+def test_fsdp_holds_gradient_shards_between_micro_steps_as_plan_counts():
+    """Not a full unsharded fp32 gradient per GPU while gradient accumulation goes on (+4 bytes per
+    parameter that plan did not count)."""
+    result = run_in_ranks(2, _fsdp_gradient_bytes_between_micro_steps, timeout=60)
+    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(ranks) == 2, result.stdout[-2000:]
+    for rank in ranks:
+        assert 0.95 * rank["planned"] <= rank["held"] <= 1.05 * rank["planned"], rank
+
+
 def test_global_batch_must_divide_by_micro_batch_times_world(stdlib_data, tmp_path):
     with pytest.raises(
         UserError, match=r"train.global_batch = 10 is not divisible by train.micro_batch x world size = 4 x 1"

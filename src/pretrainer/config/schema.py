@@ -163,6 +163,11 @@ class TrainConfig:
         '"false"',
         allowed=("auto", "true", "false"),
     )
+    deterministic: bool = opt(
+        False,
+        "deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG): a CUDA run "
+        "resumes bit-exactly, somewhat slower; an op with no deterministic kernel stops the run",
+    )
     activation_checkpointing: bool = opt(
         False, "recompute each block in backward: memory for ~1/3 more compute"
     )

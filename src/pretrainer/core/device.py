@@ -106,6 +106,17 @@ def compiles(setting: str, device: torch.device) -> bool:
     return setting == "true" or (setting == "auto" and device.type == "cuda")
 
 
+def use_deterministic_kernels(on: bool) -> None:
+    """train.deterministic, set before the first cuBLAS call: every kernel deterministic (flash attention's
+    backward included; cuDNN attention excluded) or an error naming the op; cuBLAS then needs a fixed
+    workspace. Off: torch's defaults (a run in this process after a deterministic one is not)."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on)
+    torch.backends.cudnn.deterministic = on
+    torch.backends.cudnn.benchmark = False
+
+
 def autocast(device: torch.device, amp_dtype: torch.dtype | None):
     """The forward pass's autocast context (a no-op in float32)."""
     return torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None)

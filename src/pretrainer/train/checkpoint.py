@@ -17,37 +17,55 @@ from pretrainer.train.distributed import (
     DistEnv,
     barrier,
     broadcast_object,
+    check_ranks_in_step,
     full_state,
+    gather_objects,
     load_full_state,
     on_rank0,
 )
 
 
-def rng_state() -> dict:
+def _encoded(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode()
+
+
+def _decoded(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def rng_state(device: torch.device | None = None) -> dict:
+    """This process's Python, NumPy and torch RNG states, and its own GPU's (`device`) when it has one."""
     py_version, py_state, py_gauss = random.getstate()
     np_state = np.random.get_state()
     state = {
         "python": [py_version, list(py_state), py_gauss],
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        "torch": _encoded(torch.get_rng_state()),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = [
-            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
-        ]
+    if device is not None and device.type == "cuda":
+        state["cuda_device"] = _encoded(torch.cuda.get_rng_state(device))
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device | None = None) -> None:
     version, py_state, gauss = state["python"]
     random.setstate((version, tuple(py_state), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(
-            [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]]
-        )
+    torch.set_rng_state(_decoded(state["torch"]))
+    if "cuda_device" in state and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(_decoded(state["cuda_device"]), device)
+    elif "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        # older checkpoints: one process's states of every visible GPU
+        torch.cuda.set_rng_state_all([_decoded(s) for s in state["cuda"]])
+
+
+def rank_rng_state(state: dict, rank: int, world_size: int) -> dict:
+    """The RNG state this rank resumes with: its own where the checkpoint's world size is this one (each
+    rank draws its own dropout masks and its own GPU's stream), else rank 0's (a changed world size does
+    not continue bit-exactly anyway)."""
+    ranks = state.get("rng_ranks")
+    return ranks[rank] if ranks and len(ranks) == world_size else state["rng"]
 
 
 def write_checkpoint(
@@ -62,12 +80,15 @@ def write_checkpoint(
     keep_best: bool = False,
 ) -> None:
     """A collective: every rank gathers full weights and optimizer state, rank 0 writes them with
-    trainer_state() (called on rank 0 only, after the gather). keep_best: the lowest-val checkpoint
-    stays beside the newest `keep`."""
+    trainer_state() (called on rank 0 only, after the gather) and every rank's RNG state. keep_best: the
+    lowest-val checkpoint stays beside the newest `keep`."""
+    check_ranks_in_step(step, env)  # never a checkpoint after a failed collective
+    rngs = gather_objects(rng_state(env.device), env)  # each rank's own, taken before the gather below
     full_weights, full_optimizer = full_state(wrapped, optimizer)
     if env.is_main:
         weights = model_weights(model, full_weights)
-        save_checkpoint(run_dir, step, weights, full_optimizer, trainer_state(), keep, keep_best)
+        state = {**trainer_state(), **({"rng_ranks": rngs} if env.world_size > 1 else {})}
+        save_checkpoint(run_dir, step, weights, full_optimizer, state, keep, keep_best)
     barrier(env)
 
 

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from pretrainer.artifacts.metrics import MetricsLog
 from pretrainer.artifacts.run_lock import RunDirLock
 from pretrainer.config.schema import Config, RunConfig
+from pretrainer.core.device import use_deterministic_kernels
 from pretrainer.core.errors import EXIT_FILE_ENV
 from pretrainer.core.secrets import redact
 from pretrainer.optim.adamw import adamw_update_norm
@@ -69,6 +70,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     `clock` is the budget guard's (tests pass a fake one). -> the final step, tokens and losses."""
     run_dir = Path(cfg.run.dir)
     run_clock = RunClock()  # from entry: start-up (data, checkpoint load, init, compile) is billed time too
+    use_deterministic_kernels(cfg.train.deterministic)  # before the first cuBLAS call
     # rank, world size, device (torchrun or not)
     env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)
     device, strategy = env.device, cfg.parallel.strategy
@@ -143,7 +145,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             TimeLimits.of(cfg.train.max_hours, cfg.run.stop_margin_s, job),
             requeue_signal_numbers(cfg.run.requeue_signals, job),
         )
-        state = TrainerState(loader, spikes, run_clock, stopper.spent_usd)
+        state = TrainerState(loader, spikes, run_clock, stopper.spent_usd, env)
         if resume is not None:  # step, tokens, data position, RNG, clock, spike monitor
             state.load_state_dict(resume.state)
         # state.json: what produced the run

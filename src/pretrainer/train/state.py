@@ -7,7 +7,7 @@ what a checkpoint saves and what resume and rollback restore.
     state.clock                         wall-clock seconds over this process and every earlier one
     state.loader                        the data cursor (SequenceLoader.state_dict)
     state.spikes                        the spike monitor, rollback count, post-rollback LR window
-    + the Python, NumPy, torch (and CUDA) RNG states, captured at save time
+    + the Python, NumPy, torch (and this GPU's) RNG states of every rank, captured at save time
 
 Resume restores all of it (`load_state_dict`). A rollback restores only the model's side of it
 (`rewind`: step, tokens, RNG): the data keeps going forward past the bad window, the clock keeps
@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 
 from pretrainer.data.loader import SequenceLoader
-from pretrainer.train.checkpoint import rng_state, set_rng_state
+from pretrainer.train.checkpoint import rank_rng_state, rng_state, set_rng_state
+from pretrainer.train.distributed import DistEnv
 from pretrainer.train.spikes import SpikeGuard
 
 
@@ -38,7 +39,12 @@ class RunClock:
 
 class TrainerState:
     def __init__(
-        self, loader: SequenceLoader, spikes: SpikeGuard, clock: RunClock, spent_usd: Callable[[float], float]
+        self,
+        loader: SequenceLoader,
+        spikes: SpikeGuard,
+        clock: RunClock,
+        spent_usd: Callable[[float], float],
+        env: DistEnv,
     ):
         self.step, self.tokens, self.trained_tokens = 0, 0, 0
         # the step of the newest checkpoint this run wrote or restored (not itself saved)
@@ -46,6 +52,7 @@ class TrainerState:
         self.loader, self.spikes, self.clock = loader, spikes, clock
         # $ spent after a number of seconds (the budget guard's reading or estimate)
         self.spent_usd = spent_usd
+        self.env = env  # whose RNG state this process restores (each rank its own)
 
     def advance(self, tokens: int, trained_tokens: int) -> None:
         self.step += 1
@@ -61,7 +68,7 @@ class TrainerState:
             "elapsed_s": elapsed,
             "spent_usd": self.spent_usd(elapsed),
             "data": self.loader.state_dict(),
-            "rng": rng_state(),
+            "rng": rng_state(self.env.device),  # rank 0's; write_checkpoint adds every rank's
             "spike": self.spikes.state_dict(),
         }
 
@@ -71,7 +78,7 @@ class TrainerState:
         self.trained_tokens = state.get("trained_tokens", self.tokens)
         self.saved_step = self.step
         self.loader.load_state_dict(state["data"])
-        set_rng_state(state["rng"])
+        self.restore_rng(state)
         if "spike" in state:
             self.spikes.load_state_dict(state["spike"])
 
@@ -81,4 +88,7 @@ class TrainerState:
         self.trained_tokens = state.get("trained_tokens", self.tokens)
         # the data cursor and spike state move on from the checkpoint's: a stop must save again
         self.saved_step = -1
-        set_rng_state(state["rng"])
+        self.restore_rng(state)
+
+    def restore_rng(self, state: dict) -> None:
+        set_rng_state(rank_rng_state(state, self.env.rank, self.env.world_size), self.env.device)

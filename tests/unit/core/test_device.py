@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -70,3 +72,18 @@ def test_an_h200_nvl_is_not_priced_as_the_sxm_part():
     from pretrainer.core.hardware import gpu_from_device_name
 
     assert gpu_from_device_name("NVIDIA H200 NVL") is None and gpu_from_device_name("NVIDIA H200") == "h200"
+
+
+def test_deterministic_kernels_are_switched_on_and_back_off(monkeypatch):
+    """train.deterministic: deterministic algorithms (an op without one raises) and cuBLAS's fixed
+    workspace, set before the first cuBLAS call; a later run in the process without it gets the defaults."""
+    from pretrainer.core.device import use_deterministic_kernels
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        use_deterministic_kernels(True)
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        use_deterministic_kernels(False)
+    assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
