@@ -44,13 +44,13 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(
     chat_tokenizer = open_data_dir(chat_data).tokenizer
     # the base model, its vocabulary grown by the chat tokens, as SFT starts it: no skill yet
     base_run = open_run(base)
+    # the base's rows (its tokenizer's 300 padded to 384) hold the 7 chat tokens already
+    vocab = max(base_run.cfg.model.vocab_size, chat_tokenizer.vocab_size)
     start_cfg = load_config(
-        None,
-        [f"--model.{k.split('.')[1]}={v}" for k, v in SMALL.items()]
-        + [f"--model.vocab_size={chat_tokenizer.vocab_size}"],
+        None, [f"--model.{k.split('.')[1]}={v}" for k, v in SMALL.items()] + [f"--model.vocab_size={vocab}"]
     ).model
     start = Transformer(start_cfg)
-    start.load_state_dict(grow_vocabulary(base_run.load_weights(), chat_tokenizer.vocab_size), strict=False)
+    start.load_state_dict(grow_vocabulary(base_run.load_weights(), vocab), strict=False)
     assert held_out_accuracy(start, chat_tokenizer) <= 0.05
 
     train(
@@ -69,7 +69,8 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(
         )
     )
     run = open_run(sft)
-    assert run.cfg.model.vocab_size == chat_tokenizer.vocab_size > base_run.cfg.model.vocab_size
+    # the chat tokens (300 -> 307) fit in the base's padding rows (300 -> 384): no row is added
+    assert run.cfg.model.vocab_size == base_run.cfg.model.vocab_size == 384 > chat_tokenizer.vocab_size
     accuracy = held_out_accuracy(build_model(run.cfg, run.load_weights), run.tokenizer())
     assert accuracy >= 0.8, accuracy
     # the chain is traceable from the final run: the parent checkpoint and the hash of its weights
@@ -81,8 +82,8 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(
         == json.loads((base_checkpoint / "COMPLETE").read_text())["files"]["model.safetensors"]["sha256"]
     )
     assert 0 < run.state["trained_tokens"] < run.state["tokens"]
-    # base rows of the embedding moved on from the base model's; the rows the chat tokens added exist
-    assert load_file(run.checkpoint / "model.safetensors")["wte.weight"].shape[0] == chat_tokenizer.vocab_size
+    # the padded rows stay; the chat tokens' ids are among them
+    assert load_file(run.checkpoint / "model.safetensors")["wte.weight"].shape[0] == 384
 
     monkeypatch.setattr("sys.stdin", io.StringIO("What is 2+3?\n"))  # piped, not a terminal
     code, out, err = run_cli("chat", sft, "--max-new-tokens", "20")

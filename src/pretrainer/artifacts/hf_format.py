@@ -15,6 +15,7 @@ Name mapping (ours -> Hugging Face):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -305,10 +306,24 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
+def without_padding_rows(
+    cfg: ModelConfig, weights: dict[str, torch.Tensor], vocab_in_use: int
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The model as its tokenizer sees it: the embedding's and output projection's rows above the
+    tokenizer's vocabulary (padding to a multiple of 128, never an input or a target) dropped, so the
+    exported vocab_size is the tokenizer's and no consumer can sample an id it cannot decode."""
+    if cfg.vocab_size <= vocab_in_use:
+        return cfg, weights
+    rows = {"wte.weight", "lm_head.weight"}
+    trimmed = {k: v[:vocab_in_use] if k in rows else v for k, v in weights.items()}
+    return dataclasses.replace(cfg, vocab_size=vocab_in_use), trimmed
+
+
 def export_hf(
     cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out: Path, dtype: str = "fp32"
 ) -> None:
     torch_dtype = DTYPES[dtype]
+    cfg, weights = without_padding_rows(cfg, weights, tokenizer.vocab_size)
     with atomic_directory(Path(out)) as tmp:
         hf_weights = {k: v.to(torch_dtype).contiguous() for k, v in to_hf_weights(cfg, weights).items()}
         save_safetensors(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})

@@ -107,6 +107,7 @@ class ChatSession:
             self.top_k,
             self.generator,
             stop_ids=self.stops,
+            vocab_in_use=self.tokenizer.vocab_size,
         ):
             if token in self.stops:
                 break

@@ -86,7 +86,15 @@ def cmd_sample(args: argparse.Namespace) -> None:
     prompt_ids = prefix + tokenizer.encode(args.prompt)
     prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator)
+    out = generate(
+        model,
+        prompt,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        generator,
+        vocab_in_use=tokenizer.vocab_size,
+    )
     print(
         f"# {run.checkpoint} (step {run.step}), temperature {args.temperature}, top-k {args.top_k}, seed "
         f"{args.seed}"

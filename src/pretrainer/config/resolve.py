@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from pretrainer.config.load import from_dict
 from pretrainer.config.schema import HORIZON_KEYS, Config, ModelConfig, diff_keys, flatten
 from pretrainer.core.errors import UserError
+from pretrainer.core.hardware import MATMUL_ALIGNMENT
 
 
 def resolve_d_ff(m: ModelConfig) -> int:
@@ -78,6 +79,12 @@ class DataInfo(Protocol):  # what resolution reads of a prepared data dir (pretr
     def vocab_size(self) -> int: ...
 
 
+def padded_vocab_size(vocab_size: int) -> int:
+    """The vocabulary rounded up to a multiple of 128; the rows above the tokenizer's are never an input
+    or a target (sampling never picks them; exports drop them)."""
+    return -(-vocab_size // MATMUL_ALIGNMENT) * MATMUL_ALIGNMENT
+
+
 def resolve(
     cfg: Config,
     world_size: int = 1,
@@ -89,7 +96,8 @@ def resolve(
     horizon: bool = True,
 ) -> Config:
     """A copy of cfg with everything derived filled in, checked against the data and the world:
-    model.vocab_size   0 -> the larger of the init source's and the data's; never smaller than the data's ids
+    model.vocab_size   0 -> the larger of the init source's and the data's, the data's padded to a multiple of
+                       128; never smaller than the data's ids
     model.d_ff         0 -> the architecture's default
     data.packing       auto -> document for chat data, concat otherwise
     train.micro_batch  auto -> search_micro_batch(cfg, per-rank batch), a divisor of it
@@ -106,10 +114,14 @@ def resolve(
                 "model.vocab_size is 0 (taken from the data); pass --data.dir=DIR (a prepared data dir) "
                 "or set --model.vocab_size"
             )
-        # the source's, grown to the data's when its tokenizer has more (chat) tokens appended
+        # the source's, grown to the data's when its tokenizer has more (chat) tokens appended; a size taken
+        # from the data is padded to a multiple of 128 (GPT-2's 50,257 -> 50,304): the embedding and the
+        # output projection are matmuls, and ragged sizes cost ~30% of their speed on tensor cores
         m.vocab_size = max(
             source.vocab_size if source is not None else 0, data.vocab_size if data is not None else 0
         )
+        if source is None or m.vocab_size > source.vocab_size:
+            m.vocab_size = padded_vocab_size(m.vocab_size)
     if source is not None:
         check_fits(m, source, source_where)
     if data is not None and (m.vocab_size < data.vocab_size or data.manifest["max_token_id"] >= m.vocab_size):

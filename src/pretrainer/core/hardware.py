@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# GPU matmuls run at full rate when their sizes are multiples of this (tensor cores' tiles): the vocabulary is
+# padded to it, loss chunks rounded to it
+MATMUL_ALIGNMENT = 128
+
+
 # --- GPUs: dense bf16 peak (no sparsity), memory, board power ---
 
 

@@ -65,7 +65,9 @@ def run_probes(
             )  # as documents start
             ids = torch.tensor([prompt_ids or [tokenizer.eot_id]], dtype=torch.long, device=device)
             with autocast(device, amp_dtype):
-                completion = generate(model, ids, max_new_tokens, temperature=0.0)[0, ids.size(1) :].tolist()
+                completion = generate(
+                    model, ids, max_new_tokens, temperature=0.0, vocab_in_use=tokenizer.vocab_size
+                )[0, ids.size(1) :].tolist()
             if tokenizer.eot_id in completion:
                 completion = completion[: completion.index(tokenizer.eot_id)]
             rows.append({"prompt": prompt, "completion": tokenizer.decode(completion)})

@@ -9,9 +9,17 @@ from pretrainer.model.transformer import Transformer
 
 @torch.no_grad()
 def sample_next(
-    logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    generator: torch.Generator | None,
+    vocab_in_use: int | None = None,
 ) -> torch.Tensor:
-    """logits (B, vocab) -> next ids (B, 1). temperature 0 is greedy (argmax)."""
+    """logits (B, vocab) -> next ids (B, 1). temperature 0 is greedy (argmax). vocab_in_use: the
+    tokenizer's size; the rows above it (the model's vocabulary padded to a multiple of 128) are never
+    chosen."""
+    if vocab_in_use is not None and vocab_in_use < logits.size(-1):
+        logits = logits[..., :vocab_in_use]
     if temperature <= 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
@@ -31,6 +39,7 @@ def generate(
     top_k: int = 0,
     generator: torch.Generator | None = None,
     stop_id: int | None = None,
+    vocab_in_use: int | None = None,
 ) -> torch.Tensor:
     """prompt (B, T) -> (B, T + n) with n <= max_new_tokens; stops early once every row has emitted stop_id.
 
@@ -46,7 +55,7 @@ def generate(
     logits, _ = model(context, kv_cache=cache)
     finished = torch.zeros(prompt.size(0), dtype=torch.bool, device=prompt.device)
     for _ in range(max_new_tokens):
-        next_id = sample_next(logits[:, -1], temperature, top_k, generator)
+        next_id = sample_next(logits[:, -1], temperature, top_k, generator, vocab_in_use)
         out = torch.cat([out, next_id], dim=1)
         if stop_id is not None:
             finished |= next_id.squeeze(1) == stop_id
@@ -70,6 +79,7 @@ def stream(
     top_k: int = 0,
     generator: torch.Generator | None = None,
     stop_ids: tuple[int, ...] = (),
+    vocab_in_use: int | None = None,
 ):
     """One row, token by token: feed `new_ids` into `cache` (a prefill of only what the cache does not
     hold yet), then yield sampled ids until one in stop_ids (yielded too), max_new_tokens, or a full
@@ -80,7 +90,7 @@ def stream(
         torch.tensor([new_ids], dtype=torch.long, device=device), kv_cache=cache, last_only=True
     )
     for produced in range(max_new_tokens):
-        next_id = sample_next(logits[:, -1], temperature, top_k, generator)
+        next_id = sample_next(logits[:, -1], temperature, top_k, generator, vocab_in_use)
         yield int(next_id)
         if int(next_id) in stop_ids or produced + 1 == max_new_tokens or cache.pos >= model.cfg.seq_len:
             return

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from pretrainer import IGNORE_INDEX  # noqa: F401 (re-exported: the loss skips these targets)
+from pretrainer.core.hardware import MATMUL_ALIGNMENT
 
 # Logits per chunk. Each chunk costs a vocab x d gradient product added into the fp32 weight gradient
 # (memory traffic ~12 x vocab x d bytes), so chunks are large: at vocab 131,072 one chunk is 2,048
@@ -23,7 +24,9 @@ LOSS_CHUNK_ELEMENTS = 2**28
 
 
 def loss_chunk_tokens(vocab_size: int) -> int:
-    return max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
+    """Tokens per chunk: as many as LOSS_CHUNK_ELEMENTS allows, rounded down to a multiple of 128 (the
+    chunk is a matmul dimension: 5,341 tokens at GPT-2's vocabulary would leave every tile ragged)."""
+    return max(MATMUL_ALIGNMENT, LOSS_CHUNK_ELEMENTS // vocab_size // MATMUL_ALIGNMENT * MATMUL_ALIGNMENT)
 
 
 def _chunked(

@@ -181,7 +181,31 @@ def test_config_verb_takes_the_vocab_from_the_data(capsys, tmp_path: Path):
     )
     capsys.readouterr()  # prepare's own report
     assert main(["config", f"--data.dir={tmp_path / 'data'}"]) == 0
-    assert tomllib.loads(capsys.readouterr().out)["model"]["vocab_size"] == 300
+    # the tokenizer's 300, padded to a multiple of 128: the embedding and output projection are matmuls
+    assert tomllib.loads(capsys.readouterr().out)["model"]["vocab_size"] == 384
+
+
+def test_the_vocabulary_and_loss_chunks_are_aligned_to_128():
+    """GPT-2's 50,257 tokens become 50,304 rows when the size comes from the data; a model continued
+    from (init.from) keeps its own size unless the data needs more; loss chunks are multiples of 128
+    (5,341 tokens at 50,257 before)."""
+    from types import SimpleNamespace
+
+    from pretrainer.config.resolve import padded_vocab_size, resolve
+    from pretrainer.config.schema import ModelConfig
+    from pretrainer.model.loss import loss_chunk_tokens
+
+    assert [padded_vocab_size(n) for n in (50257, 50304, 128, 1, 4096)] == [50304, 50304, 128, 128, 4096]
+    data = SimpleNamespace(vocab_size=50257, manifest={"max_token_id": 50256}, path="data", is_chat=False)
+    cfg = load_config(None, ["--train.max_steps=1"])
+    assert resolve(cfg, data=data).model.vocab_size == 50304
+    source = ModelConfig(vocab_size=50257)
+    assert resolve(cfg, data=data, source=source, source_where="init.from=x").model.vocab_size == 50257
+    chat = SimpleNamespace(vocab_size=50260, manifest={"max_token_id": 50259}, path="data", is_chat=True)
+    assert resolve(cfg, data=chat, source=source, source_where="init.from=x").model.vocab_size == 50304
+    for vocab in (50304, 50257, 131072, 4096, 256):
+        assert loss_chunk_tokens(vocab) % 128 == 0 and loss_chunk_tokens(vocab) * vocab <= 2**28
+    assert loss_chunk_tokens(50304) == 5248
 
 
 def test_config_verb_without_data_dir_notes_it_and_keeps_vocab_0(capsys, tmp_path: Path):
