@@ -29,6 +29,35 @@ def loss_chunk_tokens(vocab_size: int) -> int:
     return max(MATMUL_ALIGNMENT, LOSS_CHUNK_ELEMENTS // vocab_size // MATMUL_ALIGNMENT * MATMUL_ALIGNMENT)
 
 
+def _chunk_math(logits: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, grads: bool):
+    """One chunk's fp32 work on its logits (compute dtype): -> (each target's loss, 0 where not kept;
+    d(summed loss)/d(logits) = softmax - one-hot in the compute dtype, or None). Eagerly this is ~10
+    kernels with an fp32 copy of the logits; compiled (train.compile), inductor fuses it into a couple."""
+    logits = logits.float()
+    log_z = torch.logsumexp(logits, dim=-1)
+    rows, safe_targets = torch.arange(len(targets), device=logits.device), targets.clamp(min=0)
+    token_losses = (log_z - logits[rows, safe_targets]) * keep
+    if not grads:
+        return token_losses, None
+    grad_logits = logits.sub_(log_z[:, None]).exp_()  # made in place of the fp32 logits
+    grad_logits[rows, safe_targets] -= 1.0
+    grad_logits *= keep[:, None]
+    return token_losses, grad_logits
+
+
+_compiled_chunk_math = None
+
+
+def chunk_math(compiled: bool):
+    """_chunk_math, compiled once per process when asked (a shape of its own for a last, shorter chunk)."""
+    global _compiled_chunk_math
+    if not compiled:
+        return _chunk_math
+    if _compiled_chunk_math is None:
+        _compiled_chunk_math = torch.compile(_chunk_math, dynamic=False)
+    return _compiled_chunk_math
+
+
 def _chunked(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -36,12 +65,13 @@ def _chunked(
     compute_dtype: torch.dtype,
     grads: bool,
     per_token: torch.Tensor | None = None,
+    compiled: bool = False,
 ):
     """-> (mean loss, gradient of the summed loss wrt hidden and wrt weight (None, None without grads),
     count).
     `per_token` (tokens,), if given, receives each target's loss (0 where ignored): evaluation's bits per
-    byte."""
-    chunk = loss_chunk_tokens(weight.size(0))
+    byte. compiled: the chunk's fp32 math through torch.compile."""
+    chunk, math = loss_chunk_tokens(weight.size(0)), chunk_math(compiled)
     # the casts are explicit: autocast's dtype, made once
     with torch.autocast(hidden.device.type, enabled=False):
         h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
@@ -55,20 +85,17 @@ def _chunked(
                 targets[start : start + chunk],
                 counted[start : start + chunk],
             )
-            logits = (h_chunk @ w.t()).float()
-            log_z = torch.logsumexp(logits, dim=-1)
-            rows, safe_targets = torch.arange(len(t_chunk), device=h.device), t_chunk.clamp(min=0)
-            token_losses = (log_z - logits[rows, safe_targets]) * keep
+            token_losses, grad_logits = math(h_chunk @ w.t(), t_chunk, keep, grads)
             loss_sum += token_losses.sum()
             if per_token is not None:
                 per_token[start : start + chunk] = token_losses
-            if grads:  # d(summed loss)/d(logits) = softmax - one-hot, made in place of the logits
-                grad_logits = logits.sub_(log_z[:, None]).exp_()
-                grad_logits[rows, safe_targets] -= 1.0
-                grad_logits *= keep[:, None]
+            if grads:
                 grad_logits = grad_logits.to(compute_dtype)
                 grad_hidden[start : start + chunk] = grad_logits @ w
                 grad_weight += grad_logits.t() @ h_chunk  # (bf16 product added in fp32: no fp32 copy of it)
+            # this chunk's logits and gradients go before the next chunk's are made: two alive at once
+            # would double the transient memory the plan counts
+            del token_losses, grad_logits
         count = counted.sum().clamp(min=1).float()
     return loss_sum / count, grad_hidden, grad_weight, count
 
@@ -76,9 +103,16 @@ def _chunked(
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, compute_dtype: torch.dtype
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        compute_dtype: torch.dtype,
+        compiled: bool,
     ):
-        loss, grad_hidden, grad_weight, count = _chunked(hidden, weight, targets, compute_dtype, grads=True)
+        loss, grad_hidden, grad_weight, count = _chunked(
+            hidden, weight, targets, compute_dtype, grads=True, compiled=compiled
+        )
         ctx.save_for_backward(grad_hidden, grad_weight, count)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         return loss
@@ -92,16 +126,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_weight.mul_(scale).to(ctx.dtypes[1]),
             None,
             None,
+            None,
         )
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, per_token: bool = False
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    per_token: bool = False,
+    compiled: bool = False,
 ):
     """mean cross-entropy of softmax(hidden @ weight.T) against targets (IGNORE_INDEX left out), without
     materialising the logits. hidden (..., d), weight (vocab, d), targets (...). Under autocast the
     matmuls run in its dtype, the softmax in fp32, as `F.cross_entropy(linear(hidden).float())` does.
-    per_token (evaluation only, no gradients): -> (the mean loss, each target's loss in targets' shape)."""
+    per_token (evaluation only, no gradients): -> (the mean loss, each target's loss in targets' shape).
+    compiled: each chunk's fp32 math compiled (train.compile)."""
     device_type = hidden.device.type
     compute_dtype = (
         torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
@@ -110,9 +150,11 @@ def linear_cross_entropy(
     if per_token:
         losses = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
         with torch.no_grad():
-            mean = _chunked(hidden, weight, targets, compute_dtype, grads=False, per_token=losses)[0]
+            mean = _chunked(
+                hidden, weight, targets, compute_dtype, grads=False, per_token=losses, compiled=compiled
+            )[0]
         return mean, losses.view(shape)
     # evaluation: the loss alone
     if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
-        return _chunked(hidden, weight, targets, compute_dtype, grads=False)[0]
-    return _LinearCrossEntropy.apply(hidden, weight, targets, compute_dtype)
+        return _chunked(hidden, weight, targets, compute_dtype, grads=False, compiled=compiled)[0]
+    return _LinearCrossEntropy.apply(hidden, weight, targets, compute_dtype, compiled)

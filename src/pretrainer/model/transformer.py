@@ -193,7 +193,7 @@ class Transformer(nn.Module):
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.arch == "gpt2" else None
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         # activation checkpointing: keep block inputs only, recompute in backward
-        self.checkpoint_blocks = False
+        self.checkpoint_blocks = self.compile_loss = False
         self.norm = _norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -264,17 +264,22 @@ class Transformer(nn.Module):
         if kv_cache is not None:
             kv_cache.pos += T
         if targets is not None and per_token:
-            mean, losses = linear_cross_entropy(self.norm(x), self.lm_head.weight, targets, per_token=True)
+            mean, losses = linear_cross_entropy(
+                self.norm(x), self.lm_head.weight, targets, per_token=True, compiled=self.compile_loss
+            )
             return losses, mean
         if targets is not None:
-            return None, linear_cross_entropy(self.norm(x), self.lm_head.weight, targets)
+            return None, linear_cross_entropy(
+                self.norm(x), self.lm_head.weight, targets, compiled=self.compile_loss
+            )
         return self.lm_head(self.norm(x[:, -1:] if last_only else x)), None
 
     def configure_blocks(self, checkpointing: bool, compile: bool) -> None:
         """For training: activation checkpointing (each block recomputed in backward) and each block
         compiled in place (state-dict names unchanged; FSDP's hooks stay outside the graphs). Before
-        any DDP/FSDP wrapping: torchtitan's order is checkpointing, compile, shard."""
-        self.checkpoint_blocks = checkpointing
+        any DDP/FSDP wrapping: torchtitan's order is checkpointing, compile, shard. The fused loss's
+        per-chunk math is compiled too (it sits outside the blocks)."""
+        self.checkpoint_blocks, self.compile_loss = checkpointing, compile
         if compile:
             for block in self.layers:
                 block.compile()
