@@ -11,6 +11,8 @@ Candidates are the divisors of the per-rank batch (global_batch / world_size), s
 is kept exactly and grad_accum absorbs the difference. The search grows from the smallest (each
 try about double the last) until one does not fit, then bisects between the largest that fit and
 the smallest that did not: few out-of-memory errors, each try's memory released before the next.
+A size fits when its trial's peak stays under HEADROOM of the GPU's memory, with its gradients kept
+allocated between steps (as a DDP rank keeps them).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from pretrainer.model import Transformer
 from pretrainer.optim.adamw import build_optimizer
 
 TRIAL_STEPS = 3
+# a size fits when its trial's peak stays under this share of the GPU's memory: the run's own steps
+# allocate a little differently (the data, logging, evaluation, fragmentation), and the largest size that
+# only just fit in the trial would fail at step 1
+HEADROOM = 0.90
 
 
 def largest_that_fits(candidates: list[int], fits: Callable[[int], bool]) -> int:
@@ -58,6 +64,8 @@ def trial_fits(
     before returning, whatever happened."""
     model = optimizer = ids = loss = None
     fitted = False
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     try:
         model = Transformer(cfg.model).to(device)
         compiled = compiles(cfg.train.compile, device)
@@ -70,10 +78,22 @@ def trial_fits(
             loss.backward()
             loss = None
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            # the gradients stay allocated between steps, as in a DDP rank (its buckets) and the loop
+            optimizer.zero_grad(set_to_none=False)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        fitted = True
+            peak, total = (
+                torch.cuda.max_memory_allocated(device),
+                torch.cuda.get_device_properties(device).total_memory,
+            )
+            fitted = peak <= HEADROOM * total
+            if not fitted:
+                say(
+                    f"micro-batch {micro_batch}: peak {peak / 2**30:.1f} GiB, over {HEADROOM:.0%} of "
+                    f"{total / 2**30:.1f} GiB"
+                )
+        else:
+            fitted = True
     except (
         torch.OutOfMemoryError,
         RuntimeError,
@@ -114,6 +134,8 @@ def find_micro_batch(
     # the tries' graphs (a batch dimension made dynamic by several sizes) are not the run's
     if compiles(cfg.train.compile, device):
         torch._dynamo.reset()
+    if device.type == "cuda":  # the peaks the run logs are its own, not the search's largest try
+        torch.cuda.reset_peak_memory_stats(device)
     if not found:
         raise UserError(
             f"train.micro_batch = auto: even a micro-batch of 1 sequence of {cfg.model.seq_len} does not "
