@@ -465,7 +465,9 @@ def serve_cost(settings: ServeSettings) -> dict:
         "usd_per_hour_source": price_source,
         "cost_assumption": (
             "$ per million generated tokens = usd_per_hour / 3600 / decode tokens per s x 1e6: the device "
-            "rented whole and kept busy decoding at that batch size; prefill and idle time not counted"
+            "rented whole and kept busy decoding at that batch size; prefill and idle time not counted. "
+            "Decoded by eager PyTorch with a KV cache (no torch.compile, no CUDA graphs, no continuous "
+            "batching): an upper bound on what a serving engine (vLLM, llama.cpp) would cost"
         ),
         "baseline": baseline["variant"] if baseline else None,
         "variants": results,

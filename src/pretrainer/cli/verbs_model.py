@@ -86,15 +86,16 @@ def cmd_sample(args: argparse.Namespace) -> None:
     prompt_ids = prefix + tokenizer.encode(args.prompt)
     prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    out = generate(
-        model,
-        prompt,
-        args.max_new_tokens,
-        args.temperature,
-        args.top_k,
-        generator,
-        vocab_in_use=tokenizer.vocab_size,
-    )
+    with generation_precision(run, device):
+        out = generate(
+            model,
+            prompt,
+            args.max_new_tokens,
+            args.temperature,
+            args.top_k,
+            generator,
+            vocab_in_use=tokenizer.vocab_size,
+        )
     print(
         f"# {run.checkpoint} (step {run.step}), temperature {args.temperature}, top-k {args.top_k}, seed "
         f"{args.seed}"
@@ -115,14 +116,23 @@ def model_for_generation(args: argparse.Namespace):
     return run, build_model(run.cfg, run.load_weights, str(run.checkpoint)).to(device).eval(), device
 
 
+def generation_precision(run, device):
+    """sample and chat compute as the run trained: bf16 autocast on a CUDA GPU with bf16 (fp32 weights,
+    fp32 RoPE tables and softmax), float32 elsewhere."""
+    from pretrainer.core.device import autocast, autocast_dtype
+
+    return autocast(device, autocast_dtype(run.cfg.train.dtype, device))
+
+
 def cmd_chat(args: argparse.Namespace) -> None:
     from pretrainer.cli.chat import ChatSession, run_chat
 
-    run, model, _ = model_for_generation(args)
+    run, model, device = model_for_generation(args)
     session = ChatSession(
         model, run.tokenizer(), args.temperature, args.top_k, args.max_new_tokens, args.seed, args.system
     )
-    run_chat(session)
+    with generation_precision(run, device):
+        run_chat(session)
 
 
 def cmd_serve_cost(args: argparse.Namespace) -> None:

@@ -274,6 +274,18 @@ class Transformer(nn.Module):
             )
         return self.lm_head(self.norm(x[:, -1:] if last_only else x)), None
 
+    def _apply(self, fn, recurse=True):
+        """.to(bfloat16), .half() and the like cast the weights, not the RoPE tables: rounded to bf16,
+        a position's angle is off by up to ~0.4% and its rotation with it (training keeps them fp32
+        under autocast). Moves (.to(device)) move them."""
+        tables = {name: table for name, table in self._buffers.items() if name.startswith("rope_")}
+        out = super()._apply(fn, recurse)
+        for name, table in tables.items():
+            moved = self._buffers[name]
+            if moved is not None and moved.dtype != table.dtype:
+                self._buffers[name] = table.to(moved.device)
+        return out
+
     def configure_blocks(self, checkpointing: bool, compile: bool) -> None:
         """For training: activation checkpointing (each block recomputed in backward) and each block
         compiled in place (state-dict names unchanged; FSDP's hooks stay outside the graphs). Before

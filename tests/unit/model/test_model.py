@@ -203,3 +203,15 @@ def test_fused_loss_keeps_one_chunk_of_logits_alive(monkeypatch):
         loss.linear_cross_entropy(hidden, weight, targets)
     chunk_logits, returned_gradients = 128 * vocab * 4, (tokens * d + vocab * d) * 4
     assert meter.peak - returned_gradients < 2 * chunk_logits, meter.peak
+
+
+def test_casting_the_weights_keeps_the_rope_tables_in_fp32():
+    """serve-cost's bf16 variant and .half() cast the weights; the RoPE tables stay fp32, as training
+    keeps them under autocast (rounded to bf16 a position's angle is off by up to ~0.4%)."""
+    model = Transformer(ModelConfig(vocab_size=64, seq_len=512, d_model=32, n_layer=1, n_head=2, d_ff=64))
+    cos, sin = model.rope_cos.clone(), model.rope_sin.clone()
+    model.to(torch.bfloat16)
+    assert model.wte.weight.dtype == torch.bfloat16
+    assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
+    model.to(device="meta")
+    assert model.rope_cos.device.type == "meta" and model.rope_cos.dtype == torch.float32
