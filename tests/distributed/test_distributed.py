@@ -304,6 +304,43 @@ def test_fsdp_holds_gradient_shards_between_micro_steps_as_plan_counts():
         assert 0.95 * rank["planned"] <= rank["held"] <= 1.05 * rank["planned"], rank
 
 
+def _train_on_a_slow_disk(args: list[str]) -> int:
+    """Rank 0's checkpoint writes take 4 s (a slow network filesystem); the hang timeout is 2 s."""
+    from helpers import _cli_train
+
+    from pretrainer.artifacts import checkpoint
+
+    real = checkpoint._write_checkpoint_dir
+
+    def slow(*a, **kw):
+        time.sleep(4)
+        return real(*a, **kw)
+
+    checkpoint._write_checkpoint_dir = slow
+    return _cli_train(args)
+
+
+def test_a_slow_checkpoint_write_is_not_a_hang(stdlib_data, tmp_path):
+    """The other ranks wait for rank 0's write up to ckpt.write_timeout_s, not the hang timeout
+    (parallel.timeout_s), which would end the run as exit 3 at every checkpoint a slow disk delays."""
+    run = tmp_path / "run"
+    args = tiny_overrides(
+        stdlib_data,
+        run,
+        **{
+            "train.max_steps": 4,
+            "ckpt.every": 0,
+            "eval.every": 0,
+            "parallel.timeout_s": 2,
+            "train.micro_batch": 4,
+        },
+    )
+    result = run_in_ranks(2, _train_on_a_slow_disk, [str(a) for a in args], timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert json.loads((run / "exit.json").read_text())["reason"] == "finished"
+    assert latest_checkpoint(run).name == "step-0000004"
+
+
 def test_global_batch_must_divide_by_micro_batch_times_world(stdlib_data, tmp_path):
     with pytest.raises(
         UserError, match=r"train.global_batch = 10 is not divisible by train.micro_batch x world size = 4 x 1"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
 from pretrainer.core.device import tensor_bytes
 from pretrainer.core.errors import UserError, WriteFault, write_fault
@@ -36,8 +37,8 @@ from pretrainer.core.files import (
     atomic_directory,
     atomic_write_json,
     nearest_existing,
-    save_safetensors,
     sha256_file,
+    write_hashed,
 )
 from pretrainer.optim.state_file import state_for_file, state_from_file
 
@@ -138,11 +139,6 @@ def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor],
     if problem:
         raise UserError(problem)
     model.load_state_dict(weights, strict=False)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
 
 
 def save_checkpoint(
@@ -247,14 +243,20 @@ def _write_checkpoint_dir(
     ) as tmp:  # replaces the same step saved again (a resumed run stopping where it began)
         # One metadata key only: safetensors writes __metadata__ in hash-map order, so two or more keys
         # can come out in a different order in another process and break byte-identical re-saves.
-        save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-        # quantised moments as plain tensors
-        torch.save(state_for_file(optimizer_state), tmp / "optimizer.pt")
-        atomic_write_json(tmp / "state.json", trainer_state)
-        for name in ("model.safetensors", "optimizer.pt"):
-            _fsync_file(tmp / name)
+        # Each file is hashed as it is written (the bytes safetensors.save_file would write).
         files = {
-            name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in FILES
+            "model.safetensors": write_hashed(
+                tmp / "model.safetensors", lambda f: f.write(safetensors_bytes(weights, {"format": "pt"}))
+            ),
+            # quantised moments as plain tensors
+            "optimizer.pt": write_hashed(
+                tmp / "optimizer.pt", lambda f: torch.save(state_for_file(optimizer_state), f)
+            ),
+        }
+        atomic_write_json(tmp / "state.json", trainer_state)
+        files["state.json"] = {
+            "bytes": (tmp / "state.json").stat().st_size,
+            "sha256": sha256_file(tmp / "state.json"),
         }
         atomic_write_json(tmp / MARKER, {"step": step, "files": files})
 

@@ -294,6 +294,12 @@ class CkptConfig:
     keep_best: bool = opt(
         False, "also keep the checkpoint with the lowest val loss (never rotated away): --checkpoint best"
     )
+    write_timeout_s: float = opt(
+        3600.0,
+        "how long the other ranks wait for rank 0 to write a checkpoint (a slow disk is not a hang: "
+        "parallel.timeout_s does not apply)",
+        allowed="> 0",
+    )
 
 
 @dataclass

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,32 @@ def save_safetensors(tensors: dict, path: Path, metadata: dict[str, str] | None 
 
     save_file(tensors, path, metadata=metadata)
     os.chmod(path, 0o666 & ~current_umask())
+
+
+class _HashingWriter:
+    """A binary file whose writes are hashed (sha256) and counted as they go."""
+
+    def __init__(self, file):
+        self.file, self.digest, self.size = file, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def write_hashed(path: Path, write: Callable[[Any], Any]) -> dict:
+    """write(file) into `path`, fsynced -> {"bytes", "sha256"} of what was written: a checkpoint's hashes
+    without reading gigabytes back (rank 0 re-reading 15 GB held every GPU for seconds per checkpoint)."""
+    with open(path, "wb") as f:
+        writer = _HashingWriter(f)
+        write(writer)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": writer.size, "sha256": writer.digest.hexdigest()}
 
 
 CHUNK_BYTES = 16 << 20  # a data file's sha256 is also kept per 16 MiB chunk, for a sampled check

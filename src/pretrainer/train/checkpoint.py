@@ -15,13 +15,13 @@ import torch
 from pretrainer.artifacts.checkpoint import load_checkpoint, model_weights, retire_after, save_checkpoint
 from pretrainer.train.distributed import (
     DistEnv,
-    barrier,
     broadcast_object,
     check_ranks_in_step,
     full_state,
     gather_objects,
     load_full_state,
     on_rank0,
+    wait_for_checkpoint,
 )
 
 
@@ -89,7 +89,7 @@ def write_checkpoint(
         weights = model_weights(model, full_weights)
         state = {**trainer_state(), **({"rng_ranks": rngs} if env.world_size > 1 else {})}
         save_checkpoint(run_dir, step, weights, full_optimizer, state, keep, keep_best)
-    barrier(env)
+    wait_for_checkpoint(env)
 
 
 def restore_checkpoint(

@@ -44,14 +44,16 @@ class DistEnv:
     local_rank: int
     device: torch.device
     control_group: Any = None  # host-side (gloo) group for the loop's per-step flags; None: the default group
+    checkpoint_group: Any = None  # host-side (gloo), waits ckpt.write_timeout_s for rank 0's disk
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def init_distributed(device_name: str, timeout_s: float) -> DistEnv:
-    """Read torchrun's environment; start the process group when there is more than one rank."""
+def init_distributed(device_name: str, timeout_s: float, checkpoint_timeout_s: float = 3600.0) -> DistEnv:
+    """Read torchrun's environment; start the process group when there is more than one rank.
+    timeout_s: a collective's hang timeout; checkpoint_timeout_s: the wait for rank 0's checkpoint write."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_name, local_rank, paid=True, world_size=world_size)
@@ -69,7 +71,12 @@ def init_distributed(device_name: str, timeout_s: float) -> DistEnv:
     # flags agreed on the host: no CUDA stream, so no device sync
     if world_size > 1 and device.type == "cuda":
         control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-    return DistEnv(rank, world_size, local_rank, device, control_group)
+    checkpoint_group = (
+        dist.new_group(backend="gloo", timeout=timedelta(seconds=checkpoint_timeout_s))
+        if world_size > 1
+        else None
+    )
+    return DistEnv(rank, world_size, local_rank, device, control_group, checkpoint_group)
 
 
 def shutdown() -> None:
@@ -80,6 +87,13 @@ def shutdown() -> None:
 def barrier(env: DistEnv) -> None:
     if env.world_size > 1:
         dist.barrier()
+
+
+def wait_for_checkpoint(env: DistEnv) -> None:
+    """Every rank waits for rank 0's checkpoint write, up to ckpt.write_timeout_s: a slow disk is not a
+    hang (under the hang timeout, one would end the run as exit 3)."""
+    if env.world_size > 1:
+        dist.barrier(group=env.checkpoint_group)
 
 
 def check_ranks_in_step(step: int, env: DistEnv) -> None:

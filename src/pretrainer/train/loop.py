@@ -72,7 +72,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     run_clock = RunClock()  # from entry: start-up (data, checkpoint load, init, compile) is billed time too
     use_deterministic_kernels(cfg.train.deterministic)  # before the first cuBLAS call
     # rank, world size, device (torchrun or not)
-    env = init_distributed(cfg.train.device, cfg.parallel.timeout_s)
+    env = init_distributed(cfg.train.device, cfg.parallel.timeout_s, cfg.ckpt.write_timeout_s)
     device, strategy = env.device, cfg.parallel.strategy
     say = tqdm.write if env.is_main else (lambda *args, **kwargs: None)  # only rank 0 talks and writes
     console = Console()  # a console that goes away is switched off; rank 0 copies it all to train.log
