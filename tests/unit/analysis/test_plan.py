@@ -19,7 +19,8 @@ def test_plan_cli_prints_the_published_llama3_1b_count(run_cli):
 @pytest.mark.parametrize(
     "name, total, non_embedding",
     [
-        ("gpt2-124m.toml", 124_439_808, 124_439_808 - 50257 * 768 - 1024 * 768),
+        # GPT-2's published 124,439,808 at 50,257 rows, padded to 50,304 (47 x 768 more)
+        ("gpt2-124m.toml", 124_439_808 + 47 * 768, 124_439_808 - 50257 * 768 - 1024 * 768),
         ("x1-50m.toml", 88_942_080, 50_344_704),
         ("llama3-1b.toml", 1_241_581_568, 1_241_581_568 - 131072 * 2048),
     ],
@@ -32,10 +33,10 @@ def test_seed_configs_have_their_published_sizes(name, total, non_embedding):
 def test_gpt2_flops_tokens_and_steps_by_hand(run_cli):
     plan = make_plan(load_config(CONFIGS / "gpt2-124m.toml"), tokens=10e9, gpus=8)
     non_embedding = 124_439_808 - 50257 * 768 - 1024 * 768
-    n_matmul = non_embedding + 50257 * 768  # the tied output projection is still a matmul
+    n_matmul = non_embedding + 50304 * 768  # the tied output projection (padded rows) is still a matmul
     # causal: 6 * n_layer * n_head * head_dim * seq_len (nanoGPT's 12 counts the masked half too)
     attention = 6 * 12 * 12 * 64 * 1024
-    assert plan["flops_per_token"] == 6 * n_matmul + attention == 798_543_360
+    assert plan["flops_per_token"] == 6 * n_matmul + attention == 798_759_936
     assert plan["tokens_per_step"] == 16 * 1024 * 4 * 8 == 524_288
     assert plan["steps"] == math.ceil(10e9 / 524_288) == 19_074
     code, out, _ = run_cli("plan", CONFIGS / "gpt2-124m.toml", "--tokens", "10e9", "--gpus", "8", "--json")
@@ -70,7 +71,7 @@ def test_plan_plans_what_the_config_will_do(run_cli):
     )
     plan = json.loads(out)
     assert code == 0 and plan["steps"] == 19_073 and plan["token_budget_source"] == "train.max_steps"
-    assert plan["chinchilla_steps"] == math.ceil(20 * 124_439_808 / 524_288) == 4_748
+    assert plan["chinchilla_steps"] == math.ceil(20 * 124_475_904 / 524_288) == 4_749
     code, out, _ = run_cli(
         "plan", CONFIGS / "gpt2-124m.toml", "--gpus", "8", "--train.max_steps=1000", "--json"
     )
@@ -84,7 +85,7 @@ def test_plan_plans_what_the_config_will_do(run_cli):
         "--tokens-per-param",
         "20",
     )
-    assert "4,748 (20 tokens per parameter)" in out and "the config trains 1,000 steps" in out
+    assert "4,749 (20 tokens per parameter)" in out and "the config trains 1,000 steps" in out
 
 
 def test_plan_takes_price_mfu_and_cap_from_the_budget_section(run_cli):
