@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import losses, run_in_ranks, tiny_config, tiny_overrides, train_ranks
+from helpers import (
+    _cli_train,
+    losses,
+    rank_envs,
+    run_forked,
+    run_in_ranks,
+    tiny_config,
+    tiny_overrides,
+    train_ranks,
+)
 from safetensors.torch import load_file
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
@@ -102,6 +111,31 @@ def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_da
     ]
     # rank 0 writes, greedy alike
     assert read_metrics(run / "probes.jsonl") == read_metrics(single / "probes.jsonl")
+
+
+def test_fsdp_over_two_nodes_shards_within_each_node_and_equals_one_process(single, stdlib_data, tmp_path):
+    """4 ranks as 2 nodes x 2 (torchrun's LOCAL_WORLD_SIZE): FSDP2 shards within a node and replicates
+    across nodes (HSDP), so no all-gather crosses the network; the losses are one process's."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    envs = [
+        {**env, "LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2"}
+        for rank, env in enumerate(rank_envs(4, port))
+    ]
+    run = tmp_path / "run"
+    args = tiny_overrides(
+        stdlib_data, run, **settings(**{"parallel.strategy": "fsdp", "train.micro_batch": 2, "eval.every": 0})
+    )
+    result = run_forked(_cli_train, [str(a) for a in args], envs=envs, timeout=240)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "hsdp (2 replicas x 2 shards)" in result.stdout
+    four_ranks, one = losses(run), losses(single)
+    assert list(four_ranks) == list(range(1, STEPS + 1))
+    for step in four_ranks:
+        assert abs(four_ranks[step] - one[step]) < 1e-5, (step, four_ranks[step], one[step])
 
 
 def sequences_seen(run: Path) -> Counter:

@@ -207,6 +207,13 @@ class ParallelConfig:
         '"ddp" (replicated) or "fsdp" (FSDP2 fully_shard per block, then the root); used under torchrun',
         allowed=("ddp", "fsdp"),
     )
+    fsdp_shard: str = opt(
+        "node",
+        '"node": across nodes FSDP2 shards within each node and replicates between them (HSDP: every '
+        'all-gather stays on the node\'s NVLink); "all": one shard group over every rank (the most memory '
+        "saved, every all-gather over the network)",
+        allowed=("node", "all"),
+    )
     timeout_s: float = opt(
         1800.0, "a collective that waits longer fails with a clear error instead of hanging", allowed="> 0"
     )

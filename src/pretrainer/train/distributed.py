@@ -45,6 +45,11 @@ class DistEnv:
     device: torch.device
     control_group: Any = None  # host-side (gloo) group for the loop's per-step flags; None: the default group
     checkpoint_group: Any = None  # host-side (gloo), waits ckpt.write_timeout_s for rank 0's disk
+    local_world_size: int = 1  # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.local_world_size if self.world_size % self.local_world_size == 0 else 1
 
     @property
     def is_main(self) -> bool:
@@ -56,6 +61,10 @@ def init_distributed(device_name: str, timeout_s: float, checkpoint_timeout_s: f
     timeout_s: a collective's hang timeout; checkpoint_timeout_s: the wait for rank 0's checkpoint write."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    nccl_interfaces = os.environ.get("NCCL_SOCKET_IFNAME", "")
+    if nccl_interfaces and nccl_interfaces[0] not in "^=":  # gloo's groups: the interface NCCL was told
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", nccl_interfaces)
     device = resolve_device(device_name, local_rank, paid=True, world_size=world_size)
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
@@ -76,7 +85,7 @@ def init_distributed(device_name: str, timeout_s: float, checkpoint_timeout_s: f
         if world_size > 1
         else None
     )
-    return DistEnv(rank, world_size, local_rank, device, control_group, checkpoint_group)
+    return DistEnv(rank, world_size, local_rank, device, control_group, checkpoint_group, local_world_size)
 
 
 def shutdown() -> None:
@@ -110,9 +119,29 @@ def check_ranks_in_step(step: int, env: DistEnv) -> None:
         raise RuntimeError(f"ranks are at steps {lowest} to {highest} at a checkpoint: no checkpoint written")
 
 
-def wrap_model(model: nn.Module, strategy: str, env: DistEnv, amp_dtype: torch.dtype | None) -> nn.Module:
+def fsdp_layout(env: DistEnv, fsdp_shard: str) -> tuple[int, int]:
+    """(replicas, shards) of FSDP2's mesh: a run over several nodes shards within each node and
+    replicates across them (HSDP) unless parallel.fsdp_shard = all."""
+    if fsdp_shard == "node" and env.nodes > 1:
+        return env.nodes, env.local_world_size
+    return 1, env.world_size
+
+
+def strategy_name(strategy: str, env: DistEnv, fsdp_shard: str) -> str:
+    """For the start-up line: ddp, fsdp, or hsdp (N nodes x M shards)."""
+    if strategy != "fsdp":
+        return strategy
+    replicas, shards = fsdp_layout(env, fsdp_shard)
+    return f"hsdp ({replicas} replicas x {shards} shards)" if replicas > 1 else "fsdp"
+
+
+def wrap_model(
+    model: nn.Module, strategy: str, env: DistEnv, amp_dtype: torch.dtype | None, fsdp_shard: str = "node"
+) -> nn.Module:
     """DDP: one replica per rank, gradients all-reduced. FSDP2: each block, then the root, sharded
-    with fully_shard (torchtitan's order); bf16 compute with fp32 reduction when autocasting."""
+    with fully_shard (torchtitan's order); bf16 compute with fp32 reduction when autocasting. Over
+    several nodes FSDP2 shards within a node and replicates across nodes (fsdp_layout): every
+    all-gather and reduce-scatter stays on the node; only the gradient all-reduce crosses the network."""
     if env.world_size == 1:
         return model
     if strategy == "ddp":
@@ -133,7 +162,12 @@ def wrap_model(model: nn.Module, strategy: str, env: DistEnv, amp_dtype: torch.d
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    replicas, shards = fsdp_layout(env, fsdp_shard)
+    mesh = (
+        init_device_mesh(env.device.type, (replicas, shards), mesh_dim_names=("replicate", "shard"))
+        if replicas > 1
+        else init_device_mesh(env.device.type, (env.world_size,))
+    )
     policy = (
         MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
         if amp_dtype

@@ -57,6 +57,14 @@ def activation_bytes_per_token(cfg: Config) -> dict:
     }
 
 
+def fsdp_shards(cfg: Config, gpus: int, gpus_per_node: int) -> int:
+    """How many ways FSDP2 splits the weights, gradients and optimizer state: the GPUs of one node when
+    a run spans nodes (HSDP, parallel.fsdp_shard = node), else every GPU."""
+    if cfg.parallel.fsdp_shard == "node" and gpus > gpus_per_node and gpus % gpus_per_node == 0:
+        return gpus_per_node
+    return gpus
+
+
 def memory_per_gpu(
     cfg: Config,
     params: int,
@@ -65,11 +73,12 @@ def memory_per_gpu(
     gpus: int,
     strategy: str,
     gpu_memory_gb: float | None,
+    gpus_per_node: int = 8,
 ) -> dict:
     """Bytes per GPU at the step's peak, item by item (see the module docstring), for the configured
     micro-batch, with and without activation checkpointing."""
     m = cfg.model
-    shards = gpus if strategy == "fsdp" and gpus > 1 else 1
+    shards = fsdp_shards(cfg, gpus, gpus_per_node) if strategy == "fsdp" and gpus > 1 else 1
     block_params = (matmul_params - m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)) / max(
         m.n_layer, 1
     )
@@ -112,7 +121,9 @@ def matmul_parameter_count(model: Transformer) -> int:
     return sum(module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear))
 
 
-def planned_memory(cfg: Config, world_size: int, memory_gb: float | None = None) -> tuple[dict, dict]:
+def planned_memory(
+    cfg: Config, world_size: int, memory_gb: float | None = None, gpus_per_node: int = 8
+) -> tuple[dict, dict]:
     """-> (parameter counts, memory_per_gpu's items) for a resolved config, the model built on the meta
     device (no memory)."""
     with torch.device("meta"):
@@ -121,7 +132,14 @@ def planned_memory(cfg: Config, world_size: int, memory_gb: float | None = None)
         # tied weights once, as the optimizer holds them
         param_shapes = [tuple(p.shape) for p in model.parameters()]
     memory = memory_per_gpu(
-        cfg, counts["total"], matmul_params, param_shapes, world_size, cfg.parallel.strategy, memory_gb
+        cfg,
+        counts["total"],
+        matmul_params,
+        param_shapes,
+        world_size,
+        cfg.parallel.strategy,
+        memory_gb,
+        gpus_per_node,
     )
     return counts, memory
 
@@ -145,14 +163,16 @@ def upper_bound_bytes(cfg: Config) -> int:
     return 20 * params + activation_bytes_per_token(cfg)["full"] * tokens + loss + CUDA_OVERHEAD_BYTES
 
 
-def refuse_what_cannot_fit(cfg: Config, world_size: int, device: torch.device) -> None:
+def refuse_what_cannot_fit(
+    cfg: Config, world_size: int, device: torch.device, gpus_per_node: int = 8
+) -> None:
     """One line, before anything is allocated, for a run whose planned peak is well over the device's
     whole memory (--model.d_model=1000000, --model.seq_len=100000000): FIT_MARGIN x, since the plan is an
     estimate; the trainer logs the measured peak."""
     available = device_memory_bytes(device)
     if upper_bound_bytes(cfg) <= FIT_MARGIN * available:  # the common case, without building a model
         return
-    _, memory = planned_memory(cfg, world_size)
+    _, memory = planned_memory(cfg, world_size, gpus_per_node=gpus_per_node)
     key = "total_checkpointed" if cfg.train.activation_checkpointing else "total"
     planned = memory[key] - (CUDA_OVERHEAD_BYTES if device.type != "cuda" else 0)
     if planned > FIT_MARGIN * available:

@@ -39,6 +39,7 @@ from pretrainer.train.distributed import (
     broadcast_object,
     load_full_state,
     on_rank0,
+    strategy_name,
     wrap_model,
 )
 from pretrainer.train.memory import refuse_what_cannot_fit
@@ -137,7 +138,7 @@ def build_training_model(
     # torchtitan's order: then shard
     compiled = compiles(cfg.train.compile, env.device)
     model.configure_blocks(cfg.train.activation_checkpointing, compiled)
-    wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype)
+    wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype, cfg.parallel.fsdp_shard)
     optimizer = build_optimizer(model, cfg.optim, env.device.type, compile_step=compiled)
     if resume is not None or parent is not None:  # AdamW moments too when resuming (name-keyed)
         load_full_state(
@@ -217,7 +218,11 @@ def describe(
         f"{'bf16 autocast' if amp_dtype else 'float32'}, attention {attention}"
         + (", compiled per block" if compiles(cfg.train.compile, env.device) else "")
         + (", activation checkpointing" if cfg.train.activation_checkpointing else "")
-        + (f", {cfg.parallel.strategy}" if env.world_size > 1 else "")
+        + (
+            f", {strategy_name(cfg.parallel.strategy, env, cfg.parallel.fsdp_shard)}"
+            if env.world_size > 1
+            else ""
+        )
     )
     say(
         f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
@@ -309,7 +314,9 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     searched = cfg.train.micro_batch == 0  # auto: the search has tried real steps already
     cfg, parent = resolve_for_training(cfg, data, env, amp_dtype, say)
     if not searched:
-        refuse_what_cannot_fit(cfg, env.world_size, device)  # before the model is allocated
+        refuse_what_cannot_fit(
+            cfg, env.world_size, device, env.local_world_size
+        )  # before the model is allocated
     resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
 
     # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---

@@ -218,3 +218,16 @@ def test_the_1b_config_under_ddp_fits_80gb_with_every_item_counted(run_cli):
     assert code == 0
     assert "DDP buckets: views, +0" in out and "bf16 weight copies" in out and "(output gradient)" in out
     assert "at micro-batch 8 -> total" in out and "(fits in 80 GB)" in out
+
+
+def test_fsdp_over_two_nodes_plans_the_shards_of_one_node():
+    """16 GPUs (2 nodes of 8) with FSDP: HSDP shards within a node, so each GPU holds an eighth of the
+    weights, as on one node; parallel.fsdp_shard = all splits them 16 ways."""
+    node = make_plan(load_config(CONFIGS / "llama3-1b.toml", ["--parallel.strategy=fsdp"]), gpus=16)
+    one_node = make_plan(load_config(CONFIGS / "llama3-1b.toml", ["--parallel.strategy=fsdp"]), gpus=8)
+    everywhere = make_plan(
+        load_config(CONFIGS / "llama3-1b.toml", ["--parallel.strategy=fsdp", "--parallel.fsdp_shard=all"]),
+        gpus=16,
+    )
+    weights = [p["memory_per_gpu_bytes"]["weights"] for p in (node, one_node, everywhere)]
+    assert weights[0] == weights[1] == 4 * 1_241_581_568 // 8 and weights[2] == 4 * 1_241_581_568 // 16
