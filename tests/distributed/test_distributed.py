@@ -223,7 +223,7 @@ def _validate_in_rank() -> int:
 
 def test_validation_splits_its_batches_across_ranks():
     """Two ranks score 5 batches as 3 forwards each (one re-scored with weight 0, as FSDP2's all-gathers
-    and DDP's buffer broadcast need equal counts), and agree with one process on all 5."""
+    need equal counts), and agree with one process on all 5."""
     from pretrainer.eval.loss import evaluate
 
     one = evaluate(

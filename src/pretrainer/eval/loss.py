@@ -34,8 +34,8 @@ def evaluate(
     # host sync for the whole evaluation, not two per batch
     totals = torch.zeros(4, dtype=torch.float64, device=device)
     lengths = token_bytes.to(device) if token_bytes is not None else None
-    # each rank scores every world-th batch; every rank runs as many forwards (DDP's buffer broadcast and
-    # FSDP2's all-gathers are collectives), a rank short of one re-scoring a batch with weight 0
+    # each rank scores every world-th batch; every rank runs as many forwards (under FSDP2 each forward's
+    # all-gathers are collectives), a rank short of one re-scoring a batch with weight 0
     for round_ in range(-(-len(batches) // world)):
         index = rank + round_ * world
         x, y = batches[index if index < len(batches) else 0]
