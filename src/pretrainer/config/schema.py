@@ -95,6 +95,9 @@ class DataConfig:
         '(one document per sequence, padded); "auto": document for chat data, concat otherwise',
         allowed=("auto", "concat", "document", "pad"),
     )
+    prefetch: bool = opt(
+        True, "read the next step's windows in a background thread while this step trains (same batches)"
+    )
 
 
 @dataclass
@@ -447,6 +450,7 @@ RESUME_FREE_KEYS = (
     "train.resume",
     "run.dir",
     "data.verify",
+    "data.prefetch",
     "run.requeue_signals",
     "run.stop_margin_s",
     "run.on_exit",

@@ -14,7 +14,10 @@ So 2 ranks x micro-batch b read exactly what 1 process with grad_accum 2 reads.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,6 +195,7 @@ class TokenSource:
             raise UserError(f"data.packing must be one of {', '.join(PACKINGS)}, got '{packing}'")
         self.tokens, self.seq_len, self.packing, self.mask, self.eot_id, self.name = tokens, seq_len, packing, mask, eot_id, name
         self.counts_every_target = mask is None and packing == "concat"  # every target counts: no reading needed to count
+        self._fds: dict[str, int] = {}  # warm()'s file descriptors
         if packing == "pad":
             chunk = 1 << 24  # scanned in pieces: a full-split boolean array would be a byte per token
             ends = np.concatenate([start + np.flatnonzero(np.asarray(tokens[start:start + chunk]) == eot_id)
@@ -205,6 +209,27 @@ class TokenSource:
         else:
             self.n_sequences = (len(tokens) - 1) // seq_len
             self.pad_fraction, self.truncated = 0.0, 0
+
+    def warm(self, ids) -> None:
+        """Read the bytes of windows `ids` once with os.pread, which waits for the disk without holding
+        the GIL (copying from a memmap page-faults while holding it, stalling the training thread for
+        every cold read of a network filesystem): windows() then copies from the page cache."""
+        L = self.seq_len
+        ranges = ([(int(self.doc_starts[i]), int(min(self.doc_ends[i], self.doc_starts[i] + L + 1))) for i in ids]
+                  if self.packing == "pad" else [(i * L, i * L + L + 1) for i in ids])
+        for array in (self.tokens, self.mask):
+            if not isinstance(array, np.memmap) or not array.filename:
+                continue
+            fd = self._fds.get(array.filename)
+            if fd is None:
+                fd = self._fds[array.filename] = os.open(array.filename, os.O_RDONLY)
+            for start, end in ranges:
+                os.pread(fd, (end - start) * array.itemsize, array.offset + start * array.itemsize)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
     def windows(self, ids) -> tuple[np.ndarray, np.ndarray | None]:
         """-> (windows (len(ids), seq_len + 1) of int64 ids, targets kept (len(ids), seq_len) or None: all)."""
@@ -270,9 +295,10 @@ class MixtureSchedule:
 class SequenceLoader:
     def __init__(self, sources, seq_len: int, micro_batch: int, grad_accum: int,
                  world_size: int = 1, rank: int = 0, seed: int = 0, where: str = "train split", pin_memory: bool = False,
-                 weights: list[float] | None = None):
+                 weights: list[float] | None = None, prefetch: bool = False):
         """`sources`: a token array (one source, concat packing), a TokenSource, or a list of TokenSources
-        mixed by `weights` (data.mixture)."""
+        mixed by `weights` (data.mixture). prefetch: read the next step in a background thread while this
+        one trains (the step read is a function of the cursor alone, so the batches are the same)."""
         if isinstance(sources, np.ndarray):
             sources = TokenSource(sources, seq_len)
         self.sources = sources if isinstance(sources, list) else [sources]
@@ -293,6 +319,10 @@ class SequenceLoader:
         self.last_step_ids: list[list[int]] = []  # what next_step() read last, for audits (log.sequences)
         self.last_step_counts: tuple[list[int], int] = ([], 0)  # counted targets: this rank's per micro-step, the step's
         self._orders: dict[int, tuple[int, np.ndarray]] = {}  # source -> (epoch, its permutation)
+        self.prefetch = prefetch
+        self._lock = threading.Lock()  # the stream's caches (orders, the mixture's counts): one thread at a time
+        self._ahead: tuple[int, Future] | None = None  # (cursor, its step being read)
+        self._pool: ThreadPoolExecutor | None = None
 
     def _local_id(self, source: int, position: int) -> int:
         """The window id of the source's `position`-th sequence: every window once per epoch, in an
@@ -323,7 +353,8 @@ class SequenceLoader:
 
     def step_sequence_ids(self) -> list[list[int]]:
         """Window ids this rank reads in the next step, one list per micro-step (does not advance)."""
-        stream = self._stream(self.cursor, self.cursor + self.sequences_per_step)
+        with self._lock:
+            stream = self._stream(self.cursor, self.cursor + self.sequences_per_step)
         return [[i for _, i in micro] for micro in self._rank_slices(stream, self.rank)]
 
     def _read(self, micro: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -335,9 +366,26 @@ class SequenceLoader:
         return np.concatenate([w for w, _ in parts]), np.concatenate(keep)
 
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        stream = self._stream(self.cursor, self.cursor + self.sequences_per_step)
+        """The step at the cursor (read ahead by the prefetch thread when it read this cursor: one moved
+        by a rollback or a spike skip is read here instead); then the next one starts reading."""
+        cursor, ahead, self._ahead = self.cursor, self._ahead, None
+        step = ahead[1].result() if ahead is not None and ahead[0] == cursor else self._read_step(cursor)
+        self.last_step_ids, self.last_step_counts = step["ids"], step["counts"]
+        self.cursor = cursor + self.sequences_per_step
+        if self.prefetch:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader-prefetch")
+            self._ahead = (self.cursor, self._pool.submit(self._read_step, self.cursor))
+        return step["batches"]
+
+    def _read_step(self, cursor: int) -> dict:
+        """The step at `cursor`: this rank's micro-batches, their window ids and counted targets. A
+        function of the cursor alone (either thread may run it)."""
+        with self._lock:
+            stream = self._stream(cursor, cursor + self.sequences_per_step)
         mine = self._rank_slices(stream, self.rank)
-        self.last_step_ids = [[i for _, i in micro] for micro in mine]
+        for source, ids in self._by_source(stream if not self.counts_every_target else sum(mine, [])).items():
+            self.sources[source].warm(ids)
         batches, counts = [], []
         for micro in mine:
             x, y = inputs_and_targets(*self._read(micro))
@@ -345,9 +393,24 @@ class SequenceLoader:
                 x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
             batches.append((x, y))
             counts.append(y.numel() if self.counts_every_target else int((y != IGNORE_INDEX).sum()))
-        self.last_step_counts = (counts, self._step_count(stream, counts))
-        self.cursor += self.sequences_per_step
-        return batches
+        return {"batches": batches, "ids": [[i for _, i in micro] for micro in mine],
+                "counts": (counts, self._step_count(stream, counts))}
+
+    @staticmethod
+    def _by_source(stream: list[tuple[int, int]]) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for source, i in stream:
+            out.setdefault(source, []).append(i)
+        return out
+
+    def close(self) -> None:
+        """Stop reading ahead (a read in flight finishes) and close the sources' files."""
+        self._ahead = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        for source in self.sources:
+            source.close()
 
     def _step_count(self, stream: list, mine: list[int]) -> int:
         """Counted targets of the whole step, every rank's: each rank reads the others' windows from
@@ -370,7 +433,8 @@ class SequenceLoader:
         """The realised share of each source in the sequences read so far (a mixture)."""
         if self.mixture is None or self.cursor == 0:
             return {}
-        counts = self.mixture.counts(self.cursor)
+        with self._lock:
+            counts = self.mixture.counts(self.cursor)
         return {source.name: int(c) / self.cursor for source, c in zip(self.sources, counts)}
 
     def state_dict(self) -> dict:

@@ -78,7 +78,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     console = Console()  # a console that goes away is switched off; rank 0 copies it all to train.log
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
-    run_log = sequences = evals = progress = state = failure = start_step = speed = alerts = None
+    run_log = sequences = evals = progress = state = failure = start_step = speed = alerts = loader = None
     lock = RunDirLock(run_dir)  # rank 0 holds it for the job: one trainer per run dir
     try:
         on_rank0(lock.acquire, env, f"{run_dir}: cannot lock it")  # before anything reads or writes the run
@@ -329,6 +329,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             progress,
             sequences,
             evals,
+            loader,
         )
 
 

@@ -337,6 +337,7 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
         where=f"{data.path}/train.bin",
         pin_memory=device.type == "cuda",
         weights=weights,
+        prefetch=cfg.data.prefetch,
     )
     # attention stops at each document's end
     separator = data.eot_id if cfg.data.packing == "document" else None

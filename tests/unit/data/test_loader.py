@@ -2,8 +2,9 @@
 from collections import Counter
 import numpy as np
 import pytest
+import torch
 from pretrainer.core.errors import UserError
-from pretrainer.data.loader import SequenceLoader, validation_batches
+from pretrainer.data.loader import SequenceLoader, TokenSource, validation_batches
 
 
 TOKENS = np.arange(10_001, dtype=np.uint16) % 5000  # 10,001 tokens -> 1000 windows of 10 (+1)
@@ -112,3 +113,30 @@ def test_sampled_verification_checks_eight_chunks_per_file_and_full_finds_any_ch
     start = middle // 512 * 512
     with pytest.raises(UserError, match=rf"train\.bin: bytes {start:,}-{start + 512:,} differ from the checksum"):
         verify_data(data, "full")
+
+
+def test_prefetching_reads_the_same_batches_and_follows_a_moved_cursor(tmp_path):
+    """The next step is read in a background thread (from a memmap, warmed with pread) while this one
+    trains: the batches are the ones a plain loader reads, across an epoch boundary, with document
+    packing (every rank's windows are read to count targets), and after the cursor is moved under it (a
+    rollback skipping steps) the prefetched step is not used."""
+    path = tmp_path / "train.bin"
+    tokens = np.arange(20_000, dtype=np.uint16) % 997  # 996: the end-of-text of "documents" of 997 tokens
+    tokens.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint16, mode="r")
+
+    def make(prefetch: bool) -> SequenceLoader:
+        source = TokenSource(mapped, 10, packing="document", eot_id=996)
+        return SequenceLoader(source, 10, micro_batch=8, grad_accum=2, world_size=2, rank=1, seed=3, prefetch=prefetch)
+
+    plain, ahead = make(False), make(True)
+    for step in range(70):  # 1,999 windows, 32 per step: an epoch ends at step 62
+        if step == 40:
+            for loader in (plain, ahead):
+                loader.cursor += 5 * loader.sequences_per_step
+        expected, got = plain.next_step(), ahead.next_step()
+        assert ahead._ahead is not None and ahead._ahead[0] == ahead.cursor  # the next step is being read
+        assert all(torch.equal(a, b) for pair in zip(expected, got) for a, b in zip(*pair))
+        assert plain.last_step_counts == ahead.last_step_counts and plain.last_step_ids == ahead.last_step_ids
+    ahead.close()
+    assert ahead._pool is None and not ahead.sources[0]._fds
