@@ -19,6 +19,7 @@ with depth; biases are zero; norm weights are one.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -108,6 +109,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         gqa = self.n_kv_head != self.n_head  # each kv head serves n_head/n_kv_head query heads
+        if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):  # a BlockMask: flex attention
+            y = flex_attention(q, k, v, attn_mask, enable_gqa=gqa)
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
         # masked paths, or no flash: repeat K/V
         if gqa and (start > 0 or not self.native_gqa or attn_mask is not None):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
@@ -126,10 +130,12 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
-def document_layout(idx: torch.Tensor, separator: int) -> tuple[torch.Tensor, torch.Tensor]:
+def document_layout(idx: torch.Tensor, separator: int, flex: bool = False) -> tuple[torch.Tensor, Any]:
     """idx (B, T) holding documents that each end with `separator` -> (each token's position within
-    its document (B, T), which keys each query may see (B, 1, T, T): causal and the same document).
-    The separator belongs to the document it ends; a row may start or end mid-document."""
+    its document (B, T), which keys each query may see: causal and the same document). The separator
+    belongs to the document it ends; a row may start or end mid-document. The mask is (B, 1, T, T) for
+    SDPA, which then runs its math or efficient kernel (no flash kernel takes a mask); flex: a
+    flex_attention BlockMask, whose kernel skips the masked blocks as flash skips the causal half."""
     T = idx.size(1)
     ends = idx == separator
     document = torch.cumsum(ends, dim=1) - ends.long()
@@ -137,8 +143,31 @@ def document_layout(idx: torch.Tensor, separator: int) -> tuple[torch.Tensor, to
     starts = torch.ones_like(ends)
     starts[:, 1:] = ends[:, :-1]
     positions = index - torch.where(starts, index, 0).cummax(dim=1).values
+    if flex:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def same_document_causal(b, h, q, k):
+            return (document[b, q] == document[b, k]) & (k <= q)
+
+        return positions, create_block_mask(same_document_causal, idx.size(0), None, T, T, device=idx.device)
     visible = (document[:, :, None] == document[:, None, :]) & (index[None, :] <= index[:, None])[None]
     return positions, visible[:, None]
+
+
+_flex_attention = None
+
+
+def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, enable_gqa: bool):
+    """torch's flex_attention, compiled once per process on CUDA (eagerly it materialises every score,
+    as SDPA's math kernel does: what it does on CPU, where the trainer does not use it)."""
+    global _flex_attention
+    from torch.nn.attention.flex_attention import flex_attention as plain
+
+    if not q.is_cuda:
+        return plain(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+    if _flex_attention is None:
+        _flex_attention = torch.compile(plain, dynamic=False)
+    return _flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
 
 
 class MLP(nn.Module):
@@ -194,6 +223,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         # activation checkpointing: keep block inputs only, recompute in backward
         self.checkpoint_blocks = self.compile_loss = False
+        # document masks as flex_attention BlockMasks (the trainer turns it on where its probe ran it: CUDA)
+        self.flex_documents = False
         self.norm = _norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -240,7 +271,7 @@ class Transformer(nn.Module):
         if start + T > self.cfg.seq_len:
             raise ValueError(f"sequence of {start + T} tokens exceeds model.seq_len {self.cfg.seq_len}")
         positions, attn_mask = (
-            document_layout(idx, doc_separator)
+            document_layout(idx, doc_separator, flex=self.flex_documents)
             if doc_separator is not None and kv_cache is None
             else (None, None)
         )

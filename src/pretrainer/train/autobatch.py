@@ -68,13 +68,18 @@ def trial_fits(
         torch.cuda.reset_peak_memory_stats(device)
     try:
         model = Transformer(cfg.model).to(device)
+        # document packing: the run's mask (flex attention's BlockMask on CUDA) with a few documents a row
+        separator = cfg.model.vocab_size - 1 if cfg.data.packing == "document" else None
+        model.flex_documents = separator is not None and device.type == "cuda"
         compiled = compiles(cfg.train.compile, device)
         model.configure_blocks(cfg.train.activation_checkpointing, compiled)
         optimizer = build_optimizer(model, cfg.optim, device.type, compile_step=compiled)
         for _ in range(TRIAL_STEPS):
             ids = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len + 1), device=device)
+            if separator is not None:
+                ids[:, :: max(2, cfg.model.seq_len // 4)] = separator
             with autocast(device, amp_dtype):
-                loss = model(ids[:, :-1], ids[:, 1:])[1]
+                loss = model(ids[:, :-1], ids[:, 1:], doc_separator=separator)[1]
             loss.backward()
             loss = None
             optimizer.step()

@@ -107,12 +107,34 @@ class HostSyncAudit:
 
 
 def attention_backend(
-    model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None
+    model: torch.nn.Module,
+    seq_len: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    documents: bool = False,
+    say=None,
 ) -> str:
     """The SDPA kernel the first block's attention actually runs for one sequence of the run's shape,
     gradients on: what PyTorch chose, not what we hope it chose (a dtype, a head size or the GPU can
     rule flash out). Grouped-query attention falls back to the math kernel (T x T scores) where flash
-    cannot run it natively: then every layer is switched to repeated K/V and the probe runs again."""
+    cannot run it natively: then every layer is switched to repeated K/V and the probe runs again.
+    documents (data.packing = document): probed with a document mask, as the run attends. On CUDA the
+    mask is a flex_attention BlockMask (compiled: block-sparse, flash-like); where flex cannot run, an
+    SDPA mask, which no flash kernel takes (the log then says math or efficient, not flash)."""
+    if documents:
+        if device.type == "cuda":
+            model.flex_documents = True
+            try:
+                _probe_attention(model, seq_len, device, amp_dtype, documents=True)
+                return "flex (document mask)"
+            except Exception as e:  # noqa: BLE001 (compile or kernel: the SDPA mask still trains)
+                model.flex_documents = False
+                if say is not None:
+                    say(
+                        f"warning: flex attention cannot run here ({type(e).__name__}: {str(e)[:120]}); "
+                        f"document masks go to SDPA's math or efficient kernel (slower, more memory)"
+                    )
+        return f"{_probe_attention(model, seq_len, device, amp_dtype, documents=True)} (document mask)"
     kernel = _probe_attention(model, seq_len, device, amp_dtype)
     attentions = [block.attn for block in model.layers]
     if kernel == "math" and device.type == "cuda" and attentions[0].n_kv_head != attentions[0].n_head:
@@ -123,7 +145,11 @@ def attention_backend(
 
 
 def _probe_attention(
-    model: torch.nn.Module, seq_len: int, device: torch.device, amp_dtype: torch.dtype | None
+    model: torch.nn.Module,
+    seq_len: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    documents: bool = False,
 ) -> str:
     from pretrainer.core.device import autocast
 
@@ -140,8 +166,15 @@ def _probe_attention(
     # kernels differ with grad on
     x = torch.zeros(1, seq_len, model.cfg.d_model, device=device, requires_grad=True)
     rope = (model.rope_cos, model.rope_sin) if model.cfg.arch == "llama" else None
+    mask = None
+    if documents:  # three documents in the sequence, as packing makes them
+        from pretrainer.model.transformer import document_layout
+
+        ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+        ids[0, seq_len // 3], ids[0, 2 * seq_len // 3] = 1, 1
+        mask = document_layout(ids, 1, flex=model.flex_documents)[1]
     with autocast(device, amp_dtype), Record():
-        block.attn(block.attn_norm(x), rope, None)
+        block.attn(block.attn_norm(x), rope, None, mask)
     for kernel, name in (
         ("flash", "flash"),
         ("efficient", "efficient"),

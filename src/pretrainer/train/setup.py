@@ -103,7 +103,12 @@ def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
 
 
 def build_training_model(
-    cfg: Config, env: DistEnv, amp_dtype: torch.dtype | None, resume: Resume | None, parent: InitSource | None
+    cfg: Config,
+    env: DistEnv,
+    amp_dtype: torch.dtype | None,
+    resume: Resume | None,
+    parent: InitSource | None,
+    say=None,
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, str]:
     """-> (the plain model, the model the step runs: DDP/FSDP2 under torchrun or the model itself, AdamW,
     the attention kernel SDPA picks for the run's shape), ready to continue. Every rank seeds alike, so
@@ -134,7 +139,9 @@ def build_training_model(
     weights = on_rank0(read_weights, env, f"{where}: cannot read the weights")
     model.to(env.device)
     # before sharding: on plain tensors
-    attention = attention_backend(model, cfg.model.seq_len, env.device, amp_dtype)
+    attention = attention_backend(
+        model, cfg.model.seq_len, env.device, amp_dtype, cfg.data.packing == "document", say
+    )
     # torchtitan's order: then shard
     compiled = compiles(cfg.train.compile, env.device)
     model.configure_blocks(cfg.train.activation_checkpointing, compiled)
@@ -320,7 +327,7 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
 
     # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---
-    model, wrapped, optimizer, attention = build_training_model(cfg, env, amp_dtype, resume, parent)
+    model, wrapped, optimizer, attention = build_training_model(cfg, env, amp_dtype, resume, parent, say)
 
     # --- data: every rank reads its own slice of each global step; targets outside the loss mask are
     # ignored ---

@@ -215,3 +215,29 @@ def test_casting_the_weights_keeps_the_rope_tables_in_fp32():
     assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
     model.to(device="meta")
     assert model.rope_cos.device.type == "meta" and model.rope_cos.dtype == torch.float32
+
+
+def test_document_masks_through_flex_attention_match_the_sdpa_mask():
+    """data.packing = document: the BlockMask path (flex_attention, what CUDA runs: block-sparse, with
+    grouped K/V heads read natively) gives the SDPA mask's per-token losses (forward only: flex has no
+    CPU backward; the GPU checklist's packing stage trains with it); the start-up probe names the kernel
+    the run's own mask gets."""
+    import warnings
+
+    from pretrainer.train.perf import attention_backend
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, seq_len=48, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64)
+    model = Transformer(cfg).eval()
+    ids = torch.randint(0, 63, (2, 49))
+    ids[0, [7, 30]], ids[1, 20] = 63, 63  # end-of-text 63: three documents in row 0, two in row 1
+    losses = []
+    for flex in (False, True):
+        model.flex_documents = flex
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager flex on CPU says it is unfused
+            losses.append(model(ids[:, :-1], ids[:, 1:], per_token=True, doc_separator=63)[0])
+    assert torch.allclose(losses[0], losses[1], atol=1e-5)
+    model.flex_documents = False
+    # probed with the run's own mask (CPU's flash kernel takes one; CUDA's flash kernels do not)
+    assert attention_backend(model, 48, torch.device("cpu"), None, documents=True) == "flash (document mask)"
