@@ -279,12 +279,12 @@ def _checkpoint_with_a_rank_gone(run_dir: str) -> int:
     from pretrainer.train.checkpoint import rng_state, write_checkpoint
     from pretrainer.train.distributed import gather_objects, init_distributed
 
-    env = init_distributed("cpu", 3)
+    env = init_distributed("cpu", 1)
     # as on CUDA: the loop's flags on a separate gloo group, which outlives an aborted NCCL communicator
-    env.control_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=3))
+    env.control_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=5))
     if env.rank == 1:  # still answers on the control group, never again on the gradients' group
         gather_objects(rng_state(), env)
-        time.sleep(6)  # past rank 0's timeout
+        time.sleep(2.5)  # past rank 0's timeout
         return 0
     cfg = load_config(None, ["--model.vocab_size=64", "--model.n_layer=1", "--model.d_model=32"])
     cfg.model.d_ff = resolve_d_ff(cfg.model)

@@ -12,10 +12,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pretrainer.artifacts.checkpoint import (
+    checkpoint_step,
     latest_checkpoint,
     list_checkpoints,
     load_model_weights,
     model_weights,
+    verify_checkpoint,
 )
 from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.config.load import from_dict
@@ -191,3 +193,32 @@ def test_activation_checkpointing_run_matches_a_plain_run(stdlib_data, tmp_path)
     assert plain.keys() == checkpointed.keys()
     for step in plain:
         assert plain[step] == pytest.approx(checkpointed[step], abs=1e-5)
+
+
+def test_periodic_checkpoints_are_written_while_training_goes_on(stdlib_data, tmp_path, monkeypatch):
+    """A slow disk (each write 0.5 s): step 6 starts right after step 5's checkpoint was handed to the
+    writer, not 0.5 s later; every checkpoint lands complete, and one written while the next steps changed
+    the weights holds the step's own state: resuming from step 10 repeats steps 11-20 bit for bit."""
+    import time
+
+    from pretrainer.artifacts import checkpoint as checkpoint_files
+
+    real = checkpoint_files._write_checkpoint_dir
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_files, "_write_checkpoint_dir", slow)
+    run = tmp_path / "run"
+    settings = {"train.max_steps": 20, "ckpt.every": 5, "ckpt.keep": 10, "eval.every": 0, "log.every": 1}
+    train(tiny_config(stdlib_data, run, **settings))
+    records = {r["step"]: r for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
+    assert records[6]["elapsed_s"] - records[5]["elapsed_s"] < 0.25  # the write went on behind step 6
+    assert [checkpoint_step(c) for c in list_checkpoints(run)] == [5, 10, 15, 20]
+    assert all(verify_checkpoint(c) == "" for c in list_checkpoints(run))
+    first = {step: r["loss"] for step, r in records.items()}
+    monkeypatch.setattr(checkpoint_files, "_write_checkpoint_dir", real)
+    train(tiny_config(stdlib_data, run, **settings, **{"train.resume": str(list_checkpoints(run)[1])}))
+    again = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
+    assert again == first

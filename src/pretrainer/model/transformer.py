@@ -320,9 +320,11 @@ class Transformer(nn.Module):
     def configure_blocks(self, checkpointing: bool, compile: bool) -> None:
         """For training: activation checkpointing (each block recomputed in backward) and each block
         compiled in place (state-dict names unchanged; FSDP's hooks stay outside the graphs). Before
-        any DDP/FSDP wrapping: torchtitan's order is checkpointing, compile, shard. The fused loss's
-        per-chunk math is compiled too (it sits outside the blocks)."""
-        self.checkpoint_blocks, self.compile_loss = checkpointing, compile
+        any DDP/FSDP wrapping: torchtitan's order is checkpointing, compile, shard. On CUDA the fused
+        loss's per-chunk math is compiled too (it sits outside the blocks; on a CPU its fusion does not
+        win back inductor's compile time)."""
+        on_gpu = any(p.device.type == "cuda" for p in self.parameters())
+        self.checkpoint_blocks, self.compile_loss = checkpointing, compile and on_gpu
         if compile:
             for block in self.layers:
                 block.compile()

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import base64
 import random
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from pretrainer.artifacts.checkpoint import load_checkpoint, model_weights, retire_after, save_checkpoint
+from pretrainer.core.errors import WriteFault, write_fault
 from pretrainer.train.distributed import (
     DistEnv,
     broadcast_object,
@@ -68,6 +71,57 @@ def rank_rng_state(state: dict, rank: int, world_size: int) -> dict:
     return ranks[rank] if ranks and len(ranks) == world_size else state["rng"]
 
 
+class CheckpointWriter:
+    """Rank 0's checkpoint writes, one at a time, in a background thread: the GPUs train on while the
+    host copy is serialised, hashed, fsynced and renamed into place (each write is whole or absent, as
+    before). A write's failure is raised by `wait()`: at the next checkpoint, a rollback or the run's end."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self, write: Callable[[], Any]) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as e:  # noqa: BLE001 (raised in the training thread by wait())
+                self.error = e
+
+        self.thread = threading.Thread(target=run, name="checkpoint-writer", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:  # the run's end, however it ended: the write in flight completes
+        self.wait()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+def settle_writes(writer: CheckpointWriter | None, env: DistEnv) -> None:
+    """A collective: rank 0's checkpoint write in flight, finished; its failure raised on every rank (the
+    ranks wait up to ckpt.write_timeout_s, a slow disk not being a hang)."""
+    problem = None
+    if env.is_main and writer is not None:
+        try:
+            writer.wait()
+        except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
+            if env.world_size == 1:
+                raise
+            problem = (isinstance(e, WriteFault) or write_fault(e) is not None, str(e))
+    if env.world_size > 1:
+        wait_for_checkpoint(env)
+        problem = broadcast_object(problem, env)
+    if problem is not None:
+        raise WriteFault(problem[1]) if problem[0] else RuntimeError(problem[1])
+
+
 def write_checkpoint(
     run_dir: Path,
     step: int,
@@ -78,18 +132,38 @@ def write_checkpoint(
     env: DistEnv,
     trainer_state: Callable[[], dict],
     keep_best: bool = False,
+    writer: CheckpointWriter | None = None,
+    wait: bool = True,
 ) -> None:
     """A collective: every rank gathers full weights and optimizer state, rank 0 writes them with
     trainer_state() (called on rank 0 only, after the gather) and every rank's RNG state. keep_best: the
-    lowest-val checkpoint stays beside the newest `keep`."""
+    lowest-val checkpoint stays beside the newest `keep`. Rank 0 writes in `writer`'s background thread,
+    after the previous write has finished; wait=False: training goes on meanwhile (periodic checkpoints);
+    wait=True: returns once it is on disk (a stop's, the last one)."""
+    writer = writer or CheckpointWriter()
     check_ranks_in_step(step, env)  # never a checkpoint after a failed collective
+    settle_writes(writer, env)  # one write at a time; a failed one stops every rank here
     rngs = gather_objects(rng_state(env.device), env)  # each rank's own, taken before the gather below
     full_weights, full_optimizer = full_state(wrapped, optimizer)
     if env.is_main:
         weights = model_weights(model, full_weights)
         state = {**trainer_state(), **({"rng_ranks": rngs} if env.world_size > 1 else {})}
-        save_checkpoint(run_dir, step, weights, full_optimizer, state, keep, keep_best)
-    wait_for_checkpoint(env)
+        if not wait and env.device.type == "cpu":  # the state dicts alias the live weights and moments;
+            weights, full_optimizer = _copied(weights), _copied(full_optimizer)  # copies: the steps go on
+        writer.start(lambda: save_checkpoint(run_dir, step, weights, full_optimizer, state, keep, keep_best))
+    if wait:
+        settle_writes(writer, env)
+
+
+def _copied(value):
+    """A (nested) state dict with a copy of every tensor (on CUDA the gathered state is a copy already)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def restore_checkpoint(

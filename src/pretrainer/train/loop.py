@@ -35,7 +35,7 @@ from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
 from pretrainer.train.alerts import Alerts
 from pretrainer.train.budget import launch_cost_check
-from pretrainer.train.checkpoint import restore_checkpoint, write_checkpoint
+from pretrainer.train.checkpoint import CheckpointWriter, restore_checkpoint, settle_writes, write_checkpoint
 from pretrainer.train.console import Console, closing_lines, resume_command, step_line
 from pretrainer.train.distributed import (
     DistEnv,
@@ -79,6 +79,7 @@ def train(cfg: Config, clock=time.time) -> dict:
     signals = StopSignal()
     signals.install()  # from now on SIGTERM/SIGINT ask for a checkpoint and a clean exit
     run_log = sequences = evals = progress = state = failure = start_step = speed = alerts = loader = None
+    writer = None
     lock = RunDirLock(run_dir)  # rank 0 holds it for the job: one trainer per run dir
     try:
         on_rank0(lock.acquire, env, f"{run_dir}: cannot lock it")  # before anything reads or writes the run
@@ -151,7 +152,9 @@ def train(cfg: Config, clock=time.time) -> dict:
         # state.json: what produced the run
         run_info = run_record(cfg, env, data, resume, start.parent, optimizer)
 
-        def save() -> None:  # a collective: every rank gathers, rank 0 writes
+        writer = CheckpointWriter()  # rank 0's writes, in the background between checkpoints
+
+        def save(wait: bool = True) -> None:  # a collective: every rank gathers, rank 0 writes
             write_checkpoint(
                 run_dir,
                 state.step,
@@ -167,6 +170,8 @@ def train(cfg: Config, clock=time.time) -> dict:
                     "val_loss": evals.val_loss_at(state.step),  # what --checkpoint best ranks by
                 },
                 cfg.ckpt.keep_best,
+                writer,
+                wait,
             )
             state.saved_step = state.step
 
@@ -253,6 +258,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             # the spike
             verdict = spikes.check(step, step_loss, grad_norm, lr)
             if verdict.roll_back_to is not None:
+                settle_writes(writer, env)  # a write in flight lands before newer checkpoints are retired
                 state.rewind(restore_checkpoint(verdict.roll_back_to, wrapped, model, optimizer, env))
                 spikes.rolled_back(step, verdict.roll_back_to, state.step, loader)
                 progress.n = state.step
@@ -304,7 +310,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 speed.restart(state.tokens)
 
             if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
-                save()
+                save(wait=step == end_step)  # periodic ones are written while training goes on
                 speed.restart(state.tokens)
 
         progress.close()
@@ -330,6 +336,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             sequences,
             evals,
             loader,
+            writer,
         )
 
 
