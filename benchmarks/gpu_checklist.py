@@ -309,7 +309,7 @@ def packing_judge(outcomes):
             "attention": attention.group(1) if attention else None,
             "tokens_per_s": median(logged(o.records, "tokens_per_s")[1:]),
         }
-    ok = all(o.code == 0 for o in outcomes)
+    ok = all(o.code == 0 for o in outcomes) and figures["document"]["attention"] == "flex"
     return ok, json.dumps(figures), figures
 
 

@@ -2,6 +2,7 @@
 a collective that one rank never joins times out (under torchrun)."""
 
 import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -114,8 +115,9 @@ def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_da
 
 
 def test_fsdp_over_two_nodes_shards_within_each_node_and_equals_one_process(single, stdlib_data, tmp_path):
-    """4 ranks as 2 nodes x 2 (torchrun's LOCAL_WORLD_SIZE): FSDP2 shards within a node and replicates
-    across nodes (HSDP), so no all-gather crosses the network; the losses are one process's."""
+    """4 ranks as 2 nodes x 2 (torchrun's LOCAL_WORLD_SIZE), 2 micro-steps: FSDP2 shards within a node and
+    replicates across nodes (HSDP), so no all-gather crosses the network, and all-reduces between the
+    replicas once per step; the losses are one process's."""
     import socket
 
     with socket.socket() as probe:
@@ -127,7 +129,11 @@ def test_fsdp_over_two_nodes_shards_within_each_node_and_equals_one_process(sing
     ]
     run = tmp_path / "run"
     args = tiny_overrides(
-        stdlib_data, run, **settings(**{"parallel.strategy": "fsdp", "train.micro_batch": 2, "eval.every": 0})
+        stdlib_data,
+        run,
+        **settings(
+            **{"parallel.strategy": "fsdp", "train.micro_batch": 1, "train.grad_accum": 2, "eval.every": 0}
+        ),
     )
     result = run_forked(_cli_train, [str(a) for a in args], envs=envs, timeout=240)
     assert result.returncode == 0, result.stdout[-4000:]
@@ -390,3 +396,14 @@ def test_global_batch_must_divide_by_micro_batch_times_world(stdlib_data, tmp_pa
         )
     )
     assert result["tokens"] == 2 * 12 * 64
+
+
+def test_gloo_takes_nccls_interfaces_only_where_they_are_exact_names(monkeypatch):
+    """NCCL_SOCKET_IFNAME=lo: gloo's groups use lo too; a prefix (NCCL's "eth" matches eth0) or an
+    exclusion ("^docker") is not a name gloo can use, so gloo keeps its own default."""
+    from pretrainer.train.distributed import default_gloo_interfaces
+
+    for given, expected in (("lo", "lo"), ("no-such-if", None), ("^docker,lo", None), ("", None)):
+        monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+        default_gloo_interfaces(given)
+        assert os.environ.get("GLOO_SOCKET_IFNAME") == expected, given

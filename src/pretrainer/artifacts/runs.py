@@ -145,16 +145,24 @@ def init_source(spec: str) -> tuple[ModelConfig, WeightLoader]:
     return source.model, source.load
 
 
-def grow_vocabulary(weights: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
+def grow_vocabulary(
+    weights: dict[str, torch.Tensor], vocab_size: int, trained_rows: int | None = None
+) -> dict[str, torch.Tensor]:
     """Weights of a model with fewer token ids (its tokenizer, with special tokens appended since: the
     chat format's) made to fit `vocab_size`: the old rows are kept, each new row starts at the mean of
-    the old ones (an average token, not noise: Hewitt, "Initializing new word embeddings", 2021)."""
+    the old ones (an average token, not noise: Hewitt, "Initializing new word embeddings", 2021).
+    trained_rows: the source tokenizer's size, when new tokens land in rows the source had only as
+    padding (its vocabulary padded to a multiple of 128): those rows start at the mean too, not as
+    padding, which training pushed away from ever being predicted."""
     grown = dict(weights)
     for name in ("wte.weight", "lm_head.weight"):
         old = weights.get(name)
-        if old is not None and old.shape[0] < vocab_size:
-            mean = old.float().mean(dim=0, keepdim=True).to(old.dtype)
-            grown[name] = torch.cat([old, mean.expand(vocab_size - old.shape[0], -1)])
+        if old is None:
+            continue
+        kept = min(old.shape[0], trained_rows or old.shape[0], vocab_size)
+        if kept < vocab_size:
+            mean = old[:kept].float().mean(dim=0, keepdim=True).to(old.dtype)
+            grown[name] = torch.cat([old[:kept], mean.expand(vocab_size - kept, -1)])
     return grown
 
 

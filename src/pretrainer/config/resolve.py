@@ -254,15 +254,19 @@ def absolute_paths(cfg: Config) -> Config:
 
 
 def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -> list[str]:
-    """'key: old -> new' for each config key that differs from a checkpoint's (resolved) config. A
-    different model is refused, naming each key with the value the checkpoint was trained with, and
-    `resume_command`, which continues with the saved config."""
+    """'key: old -> new' for each config key that differs from a checkpoint's (resolved) config (a run
+    trained with an unpadded vocabulary keeps it: cfg's is set back). A different model is refused,
+    naming each key with the value the checkpoint was trained with, and `resume_command`, which
+    continues with the saved config."""
     saved_cfg = absolute_paths(from_dict(saved, f"{where}/state.json"))  # older runs saved relative paths
     # checkpoints written before d_ff was resolved hold 0
     saved_cfg.model.d_ff = resolve_d_ff(saved_cfg.model)
     # checkpoints written before data.packing existed: they packed by concatenation
     if saved_cfg.data.packing == "auto":
         saved_cfg.data.packing = "concat"
+    saved_vocab = saved_cfg.model.vocab_size
+    if cfg.model.vocab_size != saved_vocab and cfg.model.vocab_size == padded_vocab_size(saved_vocab):
+        cfg.model.vocab_size = saved_vocab  # trained before vocabularies were padded: it keeps its own rows
     old, new = flatten(saved_cfg), flatten(cfg)
     changed = diff_keys(saved_cfg, cfg)
     # the model, and the optimizer whose state the checkpoint holds (8-bit moments are not AdamW's, nor the

@@ -196,6 +196,7 @@ class TokenSource:
         self.tokens, self.seq_len, self.packing, self.mask, self.eot_id, self.name = tokens, seq_len, packing, mask, eot_id, name
         self.counts_every_target = mask is None and packing == "concat"  # every target counts: no reading needed to count
         self._fds: dict[str, int] = {}  # warm()'s file descriptors
+        self._fds_lock = threading.Lock()
         if packing == "pad":
             chunk = 1 << 24  # scanned in pieces: a full-split boolean array would be a byte per token
             ends = np.concatenate([start + np.flatnonzero(np.asarray(tokens[start:start + chunk]) == eot_id)
@@ -220,9 +221,10 @@ class TokenSource:
         for array in (self.tokens, self.mask):
             if not isinstance(array, np.memmap) or not array.filename:
                 continue
-            fd = self._fds.get(array.filename)
-            if fd is None:
-                fd = self._fds[array.filename] = os.open(array.filename, os.O_RDONLY)
+            with self._fds_lock:  # a stale prefetch and the training thread may both get here
+                fd = self._fds.get(array.filename)
+                if fd is None:
+                    fd = self._fds[array.filename] = os.open(array.filename, os.O_RDONLY)
             for start, end in ranges:
                 os.pread(fd, (end - start) * array.itemsize, array.offset + start * array.itemsize)
 

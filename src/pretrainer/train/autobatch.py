@@ -27,6 +27,7 @@ from pretrainer.core.device import autocast, compiles
 from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
 from pretrainer.optim.adamw import build_optimizer
+from pretrainer.train.perf import flex_attention_problem
 
 TRIAL_STEPS = 3
 # a size fits when its trial's peak stays under this share of the GPU's memory: the run's own steps
@@ -70,7 +71,11 @@ def trial_fits(
         model = Transformer(cfg.model).to(device)
         # document packing: the run's mask (flex attention's BlockMask on CUDA) with a few documents a row
         separator = cfg.model.vocab_size - 1 if cfg.data.packing == "document" else None
-        model.flex_documents = separator is not None and device.type == "cuda"
+        model.flex_documents = (  # as the run will: flex where it runs here (train/perf.py)
+            separator is not None
+            and device.type == "cuda"
+            and not flex_attention_problem(cfg.model, device, amp_dtype)
+        )
         compiled = compiles(cfg.train.compile, device)
         model.configure_blocks(cfg.train.activation_checkpointing, compiled)
         optimizer = build_optimizer(model, cfg.optim, device.type, compile_step=compiled)

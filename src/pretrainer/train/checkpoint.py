@@ -16,6 +16,7 @@ import torch
 
 from pretrainer.artifacts.checkpoint import load_checkpoint, model_weights, retire_after, save_checkpoint
 from pretrainer.core.errors import WriteFault, write_fault
+from pretrainer.optim.state_file import state_for_file
 from pretrainer.train.distributed import (
     DistEnv,
     broadcast_object,
@@ -148,21 +149,46 @@ def write_checkpoint(
     if env.is_main:
         weights = model_weights(model, full_weights)
         state = {**trainer_state(), **({"rng_ranks": rngs} if env.world_size > 1 else {})}
-        if not wait and env.device.type == "cpu":  # the state dicts alias the live weights and moments;
-            weights, full_optimizer = _copied(weights), _copied(full_optimizer)  # copies: the steps go on
+        if not wait:  # the next steps must not change what is written: copy what aliases live host memory
+            live = _host_storages(model, optimizer)  # on CPU all of it; on CUDA, e.g. torchao's step counts
+            weights, full_optimizer = _copied(weights, live), _copied(state_for_file(full_optimizer), live)
         writer.start(lambda: save_checkpoint(run_dir, step, weights, full_optimizer, state, keep, keep_best))
     if wait:
         settle_writes(writer, env)
 
 
-def _copied(value):
-    """A (nested) state dict with a copy of every tensor (on CUDA the gathered state is a copy already)."""
+def _host_storages(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
+    """The data pointers of every host tensor the model and optimizer hold (a quantised moment's parts
+    too): a gathered state dict may return these very tensors, which the next step updates in place."""
+    found: set[int] = set()
+
+    def visit(value) -> None:
+        if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter) and hasattr(value, "__tensor_flatten__"):
+                for name in value.__tensor_flatten__()[0]:
+                    visit(getattr(value, name))
+            elif value.device.type == "cpu":
+                found.add(value.untyped_storage().data_ptr())
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+
+    for tensor in [*model.parameters(), *model.buffers()]:
+        visit(tensor)
+    for state in optimizer.state.values():
+        visit(state)
+    return found
+
+
+def _copied(value, live: set[int]):
+    """A (nested) state dict with a copy of every tensor that shares its storage with a `live` one."""
     if isinstance(value, torch.Tensor):
-        return value.clone()
+        aliased = value.device.type == "cpu" and value.untyped_storage().data_ptr() in live
+        return value.clone() if aliased else value
     if isinstance(value, dict):
-        return {k: _copied(v) for k, v in value.items()}
+        return {k: _copied(v, live) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_copied(v) for v in value)
+        return type(value)(_copied(v, live) for v in value)
     return value
 
 

@@ -56,15 +56,24 @@ class DistEnv:
         return self.rank == 0
 
 
+def default_gloo_interfaces(nccl_interfaces: str) -> None:
+    """gloo's groups use the interfaces NCCL was told to, where NCCL_SOCKET_IFNAME names them exactly:
+    NCCL reads a name as a prefix (eth: eth0, eth1) or an exclusion (^docker), gloo only exact names."""
+    import socket
+
+    names = [name.strip() for name in nccl_interfaces.split(",") if name.strip()]
+    present = {name for _, name in socket.if_nameindex()}
+    if names and all(name in present for name in names):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", ",".join(names))
+
+
 def init_distributed(device_name: str, timeout_s: float, checkpoint_timeout_s: float = 3600.0) -> DistEnv:
     """Read torchrun's environment; start the process group when there is more than one rank.
     timeout_s: a collective's hang timeout; checkpoint_timeout_s: the wait for rank 0's checkpoint write."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
-    nccl_interfaces = os.environ.get("NCCL_SOCKET_IFNAME", "")
-    if nccl_interfaces and nccl_interfaces[0] not in "^=":  # gloo's groups: the interface NCCL was told
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", nccl_interfaces)
+    default_gloo_interfaces(os.environ.get("NCCL_SOCKET_IFNAME", ""))
     device = resolve_device(device_name, local_rank, paid=True, world_size=world_size)
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
@@ -188,8 +197,12 @@ def gradient_sync(wrapped: nn.Module, strategy: str, env: DistEnv, sync: bool):
     """Context for one micro-step. DDP all-reduces on the last one only. FSDP2 reduce-scatters every
     micro-step: skipping it would keep a full unsharded fp32 gradient per GPU between micro-steps
     (+4 bytes per parameter, 4.6 GiB at 1.2B), the memory FSDP is chosen to save and plan counts sharded;
-    the reduce-scatters overlap the backward."""
-    if env.world_size == 1 or strategy == "fsdp":
+    the reduce-scatters overlap the backward. Across nodes (HSDP) the all-reduce between replicas waits
+    for the last micro-step."""
+    if env.world_size == 1:
+        return contextlib.nullcontext()
+    if strategy == "fsdp":  # HSDP: the all-reduce across nodes once per step, on the reduce-scattered shards
+        wrapped.set_requires_all_reduce(sync)
         return contextlib.nullcontext()
     return contextlib.nullcontext() if sync else wrapped.no_sync()
 

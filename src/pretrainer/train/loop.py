@@ -153,6 +153,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         run_info = run_record(cfg, env, data, resume, start.parent, optimizer)
 
         writer = CheckpointWriter()  # rank 0's writes, in the background between checkpoints
+        spikes.before_rollback = lambda: settle_writes(writer, env)
 
         def save(wait: bool = True) -> None:  # a collective: every rank gathers, rank 0 writes
             write_checkpoint(

@@ -122,18 +122,17 @@ def attention_backend(
     mask is a flex_attention BlockMask (compiled: block-sparse, flash-like); where flex cannot run, an
     SDPA mask, which no flash kernel takes (the log then says math or efficient, not flash)."""
     if documents:
+        model.flex_documents = False
         if device.type == "cuda":
-            model.flex_documents = True
-            try:
-                _probe_attention(model, seq_len, device, amp_dtype, documents=True)
+            problem = flex_attention_problem(model.cfg, device, amp_dtype)
+            if not problem:
+                model.flex_documents = True
                 return "flex (document mask)"
-            except Exception as e:  # noqa: BLE001 (compile or kernel: the SDPA mask still trains)
-                model.flex_documents = False
-                if say is not None:
-                    say(
-                        f"warning: flex attention cannot run here ({type(e).__name__}: {str(e)[:120]}); "
-                        f"document masks go to SDPA's math or efficient kernel (slower, more memory)"
-                    )
+            if say is not None:
+                say(
+                    f"warning: flex attention cannot run here ({problem}); document masks go to SDPA's math "
+                    f"or efficient kernel (slower, more memory)"
+                )
         return f"{_probe_attention(model, seq_len, device, amp_dtype, documents=True)} (document mask)"
     kernel = _probe_attention(model, seq_len, device, amp_dtype)
     attentions = [block.attn for block in model.layers]
@@ -142,6 +141,38 @@ def attention_backend(
             attention.native_gqa = False
         kernel = _probe_attention(model, seq_len, device, amp_dtype)
     return kernel
+
+
+_flex_problems: dict[tuple, str] = {}
+
+
+def flex_attention_problem(cfg, device: torch.device, amp_dtype: torch.dtype | None) -> str:
+    """ "" when compiled flex_attention runs a forward and a backward at the model's head shape and
+    seq_len on this GPU with a document BlockMask, else why not (once per process and shape). Not under
+    a dispatch mode, which would keep torch.compile out (and eager flex refuses one)."""
+    from pretrainer.core.device import autocast
+    from pretrainer.model.transformer import document_layout, flex_attention
+
+    kv_heads, head_dim = cfg.n_kv_head or cfg.n_head, cfg.d_model // cfg.n_head
+    key = (str(device), cfg.n_head, kv_heads, head_dim, cfg.seq_len, amp_dtype)
+    if key not in _flex_problems:
+        try:
+            ids = torch.zeros(1, cfg.seq_len, dtype=torch.long, device=device)
+            ids[0, cfg.seq_len // 3], ids[0, 2 * cfg.seq_len // 3] = 1, 1
+            mask = document_layout(ids, 1, flex=True)[1]
+            dtype = amp_dtype or torch.float32
+            shape = (1, cfg.n_head, cfg.seq_len, head_dim)
+            q = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+            k, v = (
+                torch.randn((1, kv_heads, *shape[2:]), device=device, dtype=dtype, requires_grad=True)
+                for _ in range(2)
+            )
+            with autocast(device, amp_dtype):
+                flex_attention(q, k, v, mask, enable_gqa=kv_heads != cfg.n_head).sum().backward()
+            _flex_problems[key] = ""
+        except Exception as e:  # noqa: BLE001 (compile or kernel: the SDPA mask still trains)
+            _flex_problems[key] = f"{type(e).__name__}: {str(e).strip()[:160]}"
+    return _flex_problems[key]
 
 
 def _probe_attention(

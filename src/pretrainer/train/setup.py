@@ -102,6 +102,14 @@ def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
     return Resume(checkpoint, *(found[1:3] if found else (None, None)), state)
 
 
+def new_token_rows(parent: InitSource, data_vocab: int) -> int | None:
+    """The source tokenizer's size when the data's tokenizer has more tokens (chat tokens appended): rows
+    from there on start at the mean, also where the source had them as padding. None: nothing new."""
+    if parent.tokenizer is not None and data_vocab > parent.tokenizer.vocab_size:
+        return parent.tokenizer.vocab_size
+    return None
+
+
 def build_training_model(
     cfg: Config,
     env: DistEnv,
@@ -109,6 +117,7 @@ def build_training_model(
     resume: Resume | None,
     parent: InitSource | None,
     say=None,
+    data_vocab: int = 0,
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, str]:
     """-> (the plain model, the model the step runs: DDP/FSDP2 under torchrun or the model itself, AdamW,
     the attention kernel SDPA picks for the run's shape), ready to continue. Every rank seeds alike, so
@@ -127,7 +136,7 @@ def build_training_model(
         weights = (
             resume.weights
             if resume
-            else grow_vocabulary(parent.load(), cfg.model.vocab_size)
+            else grow_vocabulary(parent.load(), cfg.model.vocab_size, new_token_rows(parent, data_vocab))
             if parent
             else None
         )
@@ -327,7 +336,9 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     resume = open_resume(cfg, run_dir, env, say)  # None when starting fresh
 
     # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---
-    model, wrapped, optimizer, attention = build_training_model(cfg, env, amp_dtype, resume, parent, say)
+    model, wrapped, optimizer, attention = build_training_model(
+        cfg, env, amp_dtype, resume, parent, say, data.tokenizer.vocab_size
+    )
 
     # --- data: every rank reads its own slice of each global step; targets outside the loss mask are
     # ignored ---

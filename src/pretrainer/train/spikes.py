@@ -318,6 +318,8 @@ class SpikeGuard:
     batch: np.ndarray | None = None  # the current step's token ids, rank 0 only
     batch_ids: np.ndarray | None = None  # the same on every rank (for reject)
     pending: list[Flagged] = field(default_factory=list)
+    # a collective every rank runs before rank 0 picks a rollback's checkpoint (the loop: settle the writer)
+    before_rollback: Callable[[], None] = lambda: None
 
     def __post_init__(self):
         self.monitor = SpikeMonitor(
@@ -412,7 +414,8 @@ class SpikeGuard:
                     **self.batch_forensics(self.batch),
                 }
             )
-            # rank 0 decides
+            # rank 0 decides, once a checkpoint write in flight has landed (it is a candidate, or retired)
+            self.before_rollback()
             target = broadcast_object(self.rollback_target(step) if self.env.is_main else None, self.env)
             if target is not None:
                 return Verdict(roll_back_to=target)

@@ -206,6 +206,14 @@ def test_the_vocabulary_and_loss_chunks_are_aligned_to_128():
     for vocab in (50304, 50257, 131072, 4096, 256):
         assert loss_chunk_tokens(vocab) % 128 == 0 and loss_chunk_tokens(vocab) * vocab <= 2**28
     assert loss_chunk_tokens(50304) == 5248
+    # a run trained before the padding resumes with its own 50,257 rows, not refused as another model
+    from pretrainer.config.resolve import resume_changes
+    from pretrainer.config.schema import to_dict
+
+    trained = resolve(load_config(None, ["--train.max_steps=1", "--model.vocab_size=50257"]))
+    now = resolve(cfg, data=data)
+    assert resume_changes(now, to_dict(trained), Path("ckpt"), "pretrainer train") == []
+    assert now.model.vocab_size == 50257
 
 
 def test_config_verb_without_data_dir_notes_it_and_keeps_vocab_0(capsys, tmp_path: Path):

@@ -239,5 +239,9 @@ def test_document_masks_through_flex_attention_match_the_sdpa_mask():
             losses.append(model(ids[:, :-1], ids[:, 1:], per_token=True, doc_separator=63)[0])
     assert torch.allclose(losses[0], losses[1], atol=1e-5)
     model.flex_documents = False
+    # flex is judged by a compiled forward and backward outside any dispatch mode: here, no CPU backward
+    from pretrainer.train.perf import flex_attention_problem
+
+    assert "backward on CPU" in flex_attention_problem(cfg, torch.device("cpu"), None)
     # probed with the run's own mask (CPU's flash kernel takes one; CUDA's flash kernels do not)
     assert attention_backend(model, 48, torch.device("cpu"), None, documents=True) == "flash (document mask)"
