@@ -129,3 +129,25 @@ def test_a_slow_first_step_is_not_projected_onto_every_step(stdlib_data, tmp_pat
     result = train(tiny_config(stdlib_data, run, **{"train.max_steps": 100, **capped, **slow_first}))
     assert result["step"] == 100
     assert not [r for r in read_metrics(run / "metrics.jsonl") if "budget_stop" in r]
+
+
+def test_plan_from_a_run_reproduces_its_wall_time(stdlib_data, tmp_path, run_cli):
+    """plan --from-run: start-up, step, evaluation and checkpoint times measured on the run, the run's
+    own config re-planned from them, gives back its wall time within 10%; the plan says measured."""
+    run = tmp_path / "run"
+    train(
+        tiny_config(
+            stdlib_data,
+            run,
+            **{"train.max_steps": 60, "eval.every": 20, "ckpt.every": 20, "log.every": 5, "eval.batches": 8},
+        )
+    )
+    code, out, err = run_cli("plan", "--from-run", run, "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    measured = plan["measured"]
+    assert plan["time_source"] == "measured" and measured["eval_s"] > 0 and measured["checkpoint_s"] > 0
+    assert plan["evaluations"] == 3 and plan["checkpoints"] == 3 and measured["run_steps"] == 60
+    assert abs(plan["wall_hours"] * 3600 - measured["run_wall_s"]) <= 0.10 * measured["run_wall_s"], plan
+    code, out, _ = run_cli("plan", "--from-run", run, "--train.max_steps=120")
+    assert code == 0 and "wall time (measured)" in out and "120 steps x" in out

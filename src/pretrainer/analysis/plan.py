@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from pretrainer.analysis.calibration import events, predicted_seconds
 from pretrainer.config.preflight import config_warnings
 from pretrainer.config.resolve import (
     DataInfo,
@@ -44,10 +45,12 @@ def make_plan(
     usd_per_gpu_hour: float | None = None,
     flops_convention: str = "full",
     data: DataInfo | None = None,
+    timings: dict | None = None,
 ) -> dict:
     """The plan of what cfg will do: train.max_steps steps, unless a token budget is given (`tokens`,
     or `tokens_per_param` x parameters). Price, MFU and peak default to cfg.budget's; `data` (a
-    prepared data dir) supplies the vocabulary when model.vocab_size is 0."""
+    prepared data dir) supplies the vocabulary when model.vocab_size is 0. `timings` (calibration.run_timings
+    of a run on this hardware): the wall time is predicted from them, measured, not from an assumed MFU."""
     b = cfg.budget
     mfu = mfu if mfu is not None else b.mfu
     usd_per_gpu_hour = usd_per_gpu_hour if usd_per_gpu_hour is not None else (b.usd_per_gpu_hour or None)
@@ -137,9 +140,31 @@ def make_plan(
         "memory_per_gpu_bytes": memory,
         "warnings": config_warnings(cfg),
     }
-    if peak:
+    if timings is not None:  # measured: the run's parts, this plan's counts
+        seconds = predicted_seconds(timings, cfg, steps)
+        measured_mfu = per_token * timings["tokens_per_s"] / (peak * 1e12 * gpus) if peak else None
+        plan.update(
+            {
+                "time_source": "measured",
+                "measured": timings,
+                "mfu": measured_mfu,
+                "tokens_per_s": timings["tokens_per_s"],
+                "wall_hours": seconds / 3600,
+                "evaluations": events(cfg.eval.every, steps),
+                "checkpoints": events(cfg.ckpt.every, steps),
+            }
+        )
+    elif peak:
         seconds = training_seconds(training_flops, gpus, peak, mfu)
-        plan.update({"mfu": mfu, "tokens_per_s": steps * step_tokens / seconds, "wall_hours": seconds / 3600})
+        plan.update(
+            {
+                "time_source": f"assumed MFU {mfu:g}",
+                "mfu": mfu,
+                "tokens_per_s": steps * step_tokens / seconds,
+                "wall_hours": seconds / 3600,
+            }
+        )
+    if "wall_hours" in plan:
         if cfg.train.max_hours:  # the step the wall-clock limit stops the run at, at the planned speed
             plan["horizon"]["max_hours"] = cfg.train.max_hours
             step_s = seconds / steps
@@ -201,11 +226,36 @@ def format_plan(plan: dict) -> str:
         ),
         ("training FLOPs", f"{plan['training_flops']:.3e}"),
     ]
-    if "wall_hours" in plan:
+    if plan.get("time_source") == "measured":
+        t_ = plan["measured"]
+        part = lambda s: "not measured (0)" if s is None else f"{s:,.2f} s"  # noqa: E731
+        rows += [
+            (
+                "wall time (measured)",
+                f"{plan['wall_hours'] * 3600:,.1f} s = {plan['wall_hours']:,.3f} h: start-up "
+                f"{t_['startup_s']:,.1f} s + {plan['steps']:,} steps x {t_['step_s']:.4f} s + "
+                f"{plan['evaluations']} evaluations x {part(t_['eval_s'])} + {plan['checkpoints']} "
+                f"checkpoints x {part(t_['checkpoint_s'])}",
+            ),
+            (
+                "  measured on",
+                f"{t_['run_dir']} ({t_['tokens_per_s']:,.0f} tokens/s"
+                + (f", MFU {plan['mfu']:.3f}" if plan["mfu"] else "")
+                + f"; that run: {t_['run_steps']:,} steps in {t_['run_wall_s']:,.1f} s)",
+            ),
+        ]
+        if "cost_usd" in plan:
+            rows.append(
+                (
+                    "cost (measured time)",
+                    f"${plan['cost_usd']:,.2f} at ${plan['usd_per_gpu_hour']:g}/GPU-hour",
+                )
+            )
+    elif "wall_hours" in plan:
         rows += [
             ("GPU", f"{g['count']} x {g['name']} ({g['peak_bf16_tflops']:g} TFLOP/s bf16 peak)"),
             (
-                "wall time",
+                "wall time (assumed MFU)",
                 f"{plan['wall_hours']:,.2f} h at MFU {plan['mfu']:g} ({plan['tokens_per_s']:,.0f} tokens/s)",
             ),
         ]

@@ -190,6 +190,12 @@ def verb_parser() -> argparse.ArgumentParser:
         "--fit",
         help="a fit.json (pretrainer fit): also print the loss this run should reach, with its interval",
     )
+    p.add_argument(
+        "--from-run",
+        metavar="RUN_DIR",
+        help="time and $ measured, not assumed: start-up, step, evaluation and checkpoint times from this "
+        "run's metrics (on this hardware); without CONFIG, plans that run's own config",
+    )
 
     p = verbs.add_parser(
         "sweep",

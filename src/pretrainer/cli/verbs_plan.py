@@ -16,7 +16,15 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
     from pretrainer.analysis.plan import format_plan, make_plan
     from pretrainer.config.load import load_config
 
-    cfg = load_config(args.config, overrides)
+    timings = None
+    config = args.config
+    if args.from_run:
+        from pretrainer.analysis.calibration import run_timings
+
+        timings = run_timings(Path(args.from_run))
+        if config is None:  # the run's own config, resolved as it trained
+            config = Path(args.from_run) / "config.toml"
+    cfg = load_config(config, overrides)
     plan = make_plan(
         cfg,
         tokens=args.tokens,
@@ -30,6 +38,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
         usd_per_gpu_hour=args.usd_per_gpu_hour,
         flops_convention=args.flops,
         data=data_for_vocab(cfg),
+        timings=timings,
     )
     if args.fit:
         from pretrainer.analysis.scaling.report import predict_for_plan, read_fit

@@ -156,6 +156,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         spikes.before_rollback = lambda: settle_writes(writer, env)
 
         def save(wait: bool = True) -> None:  # a collective: every rank gathers, rank 0 writes
+            started = run_clock.elapsed()
             write_checkpoint(
                 run_dir,
                 state.step,
@@ -175,6 +176,9 @@ def train(cfg: Config, clock=time.time) -> dict:
                 wait,
             )
             state.saved_step = state.step
+            # what the training thread spent on it (plan --from-run counts checkpoints with it)
+            took = run_clock.elapsed()
+            run_log.write({"step": state.step, "checkpoint_s": took - started, "elapsed_s": took})
 
         # step 0's, once per run
         last_loss, last_val = (None, evals.validate(wrapped, 0, 0) if resume is None else None)
