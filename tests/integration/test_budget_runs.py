@@ -151,3 +151,32 @@ def test_plan_from_a_run_reproduces_its_wall_time(stdlib_data, tmp_path, run_cli
     assert abs(plan["wall_hours"] * 3600 - measured["run_wall_s"]) <= 0.10 * measured["run_wall_s"], plan
     code, out, _ = run_cli("plan", "--from-run", run, "--train.max_steps=120")
     assert code == 0 and "wall time (measured)" in out and "120 steps x" in out
+
+
+def test_plan_measure_predicts_a_real_runs_wall_time_and_peak_memory(
+    stdlib_data, tmp_path, run_cli, monkeypatch
+):
+    """plan --measure trains a short probe of the config on this machine (its own process) and predicts
+    the whole run: within 20% of a real run's wall time, evaluations and checkpoints included, and within
+    25% of its peak memory (the process's peak RSS on CPU); both labelled measured."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(
+        "OMP_NUM_THREADS", "1"
+    )  # both processes alike, and less at the mercy of a busy machine
+    settings = {"train.max_steps": 60, "eval.every": 20, "ckpt.every": 20, "log.every": 5, "eval.batches": 8}
+    args = [str(a) for a in tiny_overrides(stdlib_data, tmp_path / "run", **settings)]
+    code, out, err = run_cli("plan", *args, "--measure", "--measure-steps", "15", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["time_source"] == "measured" and plan["measured"]["run_steps"] == 15
+    real = subprocess.Popen([sys.executable, "-m", "pretrainer", "train", *args], stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(real.pid, 0)
+    real.returncode = os.waitstatus_to_exitcode(status)
+    assert real.returncode == 0
+    wall = max(r["elapsed_s"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "elapsed_s" in r)
+    assert abs(plan["wall_hours"] * 3600 - wall) <= 0.20 * wall, (plan["wall_hours"] * 3600, wall)
+    peak = usage.ru_maxrss * 1024
+    assert abs(plan["measured"]["peak_memory_bytes"] - peak) <= 0.25 * peak, (plan["measured"], peak)

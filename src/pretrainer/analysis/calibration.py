@@ -70,3 +70,40 @@ def predicted_seconds(timings: dict, cfg: Config, steps: int) -> float:
         + evals * (timings["eval_s"] or 0.0)
         + events(cfg.ckpt.every, steps) * (timings["checkpoint_s"] or 0.0)
     )
+
+
+def measure_probe(config: str | None, overrides: list[str], steps: int, gpus: int = 1) -> dict:
+    """plan --measure: `steps` real steps of the config on this machine (its model, data, optimizer,
+    precision and compile setting; --nproc `gpus` when more than one), in a process of its own and a
+    temporary run dir, with one evaluation and one checkpoint at its last step -> run_timings of it, plus
+    peak_memory_bytes per device: CUDA's allocator peak, or the process's peak RSS on a CPU."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="pretrainer-measure-") as tmp:
+        run = Path(tmp) / "run"
+        argv = [sys.executable, "-m", "pretrainer", "train", *([str(config)] if config else []), *overrides]
+        argv += [f"--run.dir={run}", f"--train.stop_at_step={steps}", f"--eval.every={steps}"]
+        argv += [f"--ckpt.every={steps}", f"--log.every={max(1, steps // 10)}", "--mlflow.enabled=false"]
+        argv += ["--eval.tasks_every=0"] + (["--nproc", str(gpus)] if gpus > 1 else [])
+        with open(Path(tmp) / "probe.log", "w+") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(process.pid, 0)  # the probe's own peak RSS, not this process's
+            process.returncode = os.waitstatus_to_exitcode(status)
+            log.seek(0)
+            said = log.read().strip().splitlines()
+        if process.returncode != 0:
+            raise UserError(
+                f"plan --measure: the {steps}-step probe exited {process.returncode}: "
+                f"{said[-1] if said else '(no output)'}"
+            )
+        timings = run_timings(run)
+        peaks = [r["peak_memory_gib"] for r in read_metrics(run / "metrics.jsonl") if "peak_memory_gib" in r]
+    return {
+        **timings,
+        "run_dir": f"a {steps}-step probe of this config",
+        "peak_memory_bytes": int(max(peaks) * 2**30) if peaks else usage.ru_maxrss * 1024,
+        "peak_memory_kind": "CUDA allocator peak" if peaks else "process peak RSS (CPU)",
+    }

@@ -244,6 +244,10 @@ def format_plan(plan: dict) -> str:
                 + f"; that run: {t_['run_steps']:,} steps in {t_['run_wall_s']:,.1f} s)",
             ),
         ]
+        if "peak_memory_bytes" in t_:
+            rows.append(
+                ("peak memory (measured)", f"{gib(t_['peak_memory_bytes'])} ({t_['peak_memory_kind']})")
+            )
         if "cost_usd" in plan:
             rows.append(
                 (

@@ -191,6 +191,13 @@ def verb_parser() -> argparse.ArgumentParser:
         help="a fit.json (pretrainer fit): also print the loss this run should reach, with its interval",
     )
     p.add_argument(
+        "--measure",
+        action="store_true",
+        help="time, $ and peak memory measured: train --measure-steps real steps of the config on this "
+        "machine (one evaluation, one checkpoint) and plan the whole run from them",
+    )
+    p.add_argument("--measure-steps", type=int, default=30, help="steps of the --measure probe (default 30)")
+    p.add_argument(
         "--from-run",
         metavar="RUN_DIR",
         help="time and $ measured, not assumed: start-up, step, evaluation and checkpoint times from this "

@@ -24,6 +24,10 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
         timings = run_timings(Path(args.from_run))
         if config is None:  # the run's own config, resolved as it trained
             config = Path(args.from_run) / "config.toml"
+    elif args.measure:
+        from pretrainer.analysis.calibration import measure_probe
+
+        timings = measure_probe(config, overrides, args.measure_steps, args.gpus)
     cfg = load_config(config, overrides)
     plan = make_plan(
         cfg,
