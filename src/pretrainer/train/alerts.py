@@ -206,7 +206,7 @@ class WebhookSender:
 
     def __init__(self, url: str, say: Callable[[str], None]):
         self.url, self.say, self.pending = url, say, queue.Queue()
-        self.warned = False
+        self.warned = self.closed = False
         threading.Thread(target=self._run, name="alerts-webhook", daemon=True).start()
 
     def send(self, payload: dict) -> None:
@@ -217,19 +217,21 @@ class WebhookSender:
         deadline = time.monotonic() + wait_s
         while self.pending.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
+        self.closed = True  # the run has ended: what is still queued is dropped, nothing more is said
 
     def _run(self) -> None:
         while True:
             payload = self.pending.get()
             try:
-                self._post(payload)
+                if not self.closed:
+                    self._post(payload)
             except Exception as e:  # noqa: BLE001 (an odd reply must not end the thread: later alerts)
                 self._warn(type(e).__name__)
             finally:
                 self.pending.task_done()
 
     def _warn(self, problem: str) -> None:
-        if not self.warned:  # once: the endpoint is down, training goes on
+        if not self.warned and not self.closed:  # once: the endpoint is down, training goes on
             self.warned = True
             self.say(f"warning: the alerts webhook did not take an alert ({problem}); see metrics.jsonl")
 
