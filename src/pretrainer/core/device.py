@@ -154,15 +154,20 @@ def import_torchao(purpose: str):
     return torchao
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
-    """The bytes a tensor holds on this device: a tensor subclass (torchao's quantised weights and optimizer
-    moments, an FSDP shard's DTensor) is the sum of its inner tensors (codes, scales, the local shard)."""
+def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold a tensor's data: itself, or a tensor subclass's inner tensors
+    (torchao's quantised weights and optimizer moments: codes, scales; an FSDP shard's DTensor: the
+    local shard), recursively."""
     if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
         names, _ = t.__tensor_flatten__()
-        return sum(
-            tensor_bytes(inner) for inner in (getattr(t, n) for n in names) if isinstance(inner, torch.Tensor)
-        )
-    return t.numel() * t.element_size()
+        inner = (getattr(t, n) for n in names)
+        return [plain for i in inner if isinstance(i, torch.Tensor) for plain in plain_tensors(i)]
+    return [t]
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """The bytes a tensor holds on this device (a subclass: the sum of its inner tensors)."""
+    return sum(plain.numel() * plain.element_size() for plain in plain_tensors(t))
 
 
 def hardware_info(device: torch.device, world_size: int) -> dict:

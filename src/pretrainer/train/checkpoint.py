@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from pretrainer.artifacts.checkpoint import load_checkpoint, model_weights, retire_after, save_checkpoint
+from pretrainer.core.device import plain_tensors
 from pretrainer.core.errors import WriteFault, write_fault
 from pretrainer.optim.state_file import state_for_file
 from pretrainer.train.distributed import (
@@ -164,11 +165,9 @@ def _host_storages(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
 
     def visit(value) -> None:
         if isinstance(value, torch.Tensor):
-            if type(value) not in (torch.Tensor, torch.nn.Parameter) and hasattr(value, "__tensor_flatten__"):
-                for name in value.__tensor_flatten__()[0]:
-                    visit(getattr(value, name))
-            elif value.device.type == "cpu":
-                found.add(value.untyped_storage().data_ptr())
+            found.update(
+                t.untyped_storage().data_ptr() for t in plain_tensors(value) if t.device.type == "cpu"
+            )
         elif isinstance(value, dict):
             for v in value.values():
                 visit(v)
