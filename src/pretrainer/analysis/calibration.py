@@ -11,7 +11,7 @@ start-up:         the first logged step's elapsed_s minus its steps at the step 
                   building, the step-0 validation and compile, all billed
 
     timings = run_timings(Path("runs/tiny"))                # the measured parts, from the run's metrics
-    seconds = predicted_seconds(timings, cfg, steps)        # the planned run's wall time
+    seconds = predicted_seconds(timings, cfg, steps, cfg.ckpt.every)   # the planned run's wall time
 """
 
 from __future__ import annotations
@@ -60,15 +60,16 @@ def events(every: int, steps: int) -> int:
     return (steps // every if every else 0) + (1 if not every or steps % every else 0)
 
 
-def predicted_seconds(timings: dict, cfg: Config, steps: int) -> float:
-    """The wall time of `steps` steps of cfg from a run's measured parts (a part the run never did,
-    e.g. no evaluation, counts 0 and the plan says it was not measured)."""
+def predicted_seconds(timings: dict, cfg: Config, steps: int, ckpt_every: int) -> float:
+    """The wall time of `steps` steps of cfg, checkpointing every `ckpt_every` steps, from a run's
+    measured parts (a part the run never did, e.g. no evaluation, counts 0 and the plan says it was
+    not measured)."""
     evals = events(cfg.eval.every, steps)  # eval.every = 0 still validates at the last step
     return (
         timings["startup_s"]
         + steps * timings["step_s"]
         + evals * (timings["eval_s"] or 0.0)
-        + events(cfg.ckpt.every, steps) * (timings["checkpoint_s"] or 0.0)
+        + events(ckpt_every, steps) * (timings["checkpoint_s"] or 0.0)
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from pretrainer.analysis.calibration import events, predicted_seconds
+from pretrainer.analysis.costs import checkpoint_plan, cost_lines, format_bill, with_interruptions
 from pretrainer.config.preflight import config_warnings
 from pretrainer.config.resolve import (
     DataInfo,
@@ -55,6 +56,7 @@ def make_plan(
     mfu = mfu if mfu is not None else b.mfu
     usd_per_gpu_hour = usd_per_gpu_hour if usd_per_gpu_hour is not None else (b.usd_per_gpu_hour or None)
     peak_tflops = peak_tflops or b.peak_tflops or None
+    gpu = gpu or b.gpu or None
     if gpus < 1:
         raise UserError(f"plan: --gpus must be at least 1, got {gpus}")
     if not 0 < mfu <= 1:
@@ -140,8 +142,15 @@ def make_plan(
         "memory_per_gpu_bytes": memory,
         "warnings": config_warnings(cfg),
     }
+    step_s = None  # seconds per step: measured, or at the assumed MFU
+    if timings is not None:
+        step_s = timings["step_s"]
+    elif peak:
+        step_s = training_seconds(training_flops, gpus, peak, mfu) / steps
+    if step_s is not None:  # ckpt.every (auto: from the write time) counts in the wall time
+        checkpoints = checkpoint_plan(cfg.ckpt, steps, step_s, timings, counts["checkpoint_bytes"])
     if timings is not None:  # measured: the run's parts, this plan's counts
-        seconds = predicted_seconds(timings, cfg, steps)
+        seconds = predicted_seconds(timings, cfg, steps, checkpoints["every"])
         measured_mfu = per_token * timings["tokens_per_s"] / (peak * 1e12 * gpus) if peak else None
         plan.update(
             {
@@ -151,28 +160,33 @@ def make_plan(
                 "tokens_per_s": timings["tokens_per_s"],
                 "wall_hours": seconds / 3600,
                 "evaluations": events(cfg.eval.every, steps),
-                "checkpoints": events(cfg.ckpt.every, steps),
+                "checkpoints": events(checkpoints["every"], steps),
             }
         )
-    elif peak:
-        seconds = training_seconds(training_flops, gpus, peak, mfu)
+    elif peak:  # an assumed MFU is a whole run's: checkpoints and evaluations are inside it
+        seconds = step_s * steps
         plan.update(
             {
                 "time_source": f"assumed MFU {mfu:g}",
                 "mfu": mfu,
-                "tokens_per_s": steps * step_tokens / seconds,
+                "tokens_per_s": step_tokens / step_s,
                 "wall_hours": seconds / 3600,
             }
         )
     if "wall_hours" in plan:
+        plan["checkpointing"] = with_interruptions(checkpoints, seconds, step_s)
         if cfg.train.max_hours:  # the step the wall-clock limit stops the run at, at the planned speed
             plan["horizon"]["max_hours"] = cfg.train.max_hours
-            step_s = seconds / steps
-            plan["horizon"]["max_hours_steps"] = min(steps, int(cfg.train.max_hours * 3600 / step_s))
+            plan["horizon"]["max_hours_steps"] = min(
+                steps, int(cfg.train.max_hours * 3600 / (seconds / steps))
+            )
         if usd_per_gpu_hour is not None:
             plan.update(
                 {"usd_per_gpu_hour": usd_per_gpu_hour, "cost_usd": seconds / 3600 * gpus * usd_per_gpu_hour}
             )
+            c = plan["checkpointing"]
+            restart_s = c["startup_s"] + c["every"] * step_s  # a start-up and one interval trained again
+            plan["bill"] = cost_lines(b, gpus, usd_per_gpu_hour, seconds, restart_s, c["lost_s"])
             if b.cap_usd and plan["cost_usd"] > b.cap_usd:
                 plan["warnings"].append(
                     f"the planned cost ${plan['cost_usd']:,.2f} exceeds budget.cap_usd = ${b.cap_usd:,.2f}: "
@@ -180,7 +194,45 @@ def make_plan(
                 )
         if watts:
             plan["energy_kwh"] = seconds / 3600 * gpus * watts / 1000
+    plan["provenance"] = provenance(plan)
     return plan
+
+
+def provenance(plan: dict) -> dict:
+    """Each figure of the plan: computed (exact, from the config), measured (a probe's or a run's),
+    assumed (an MFU, a disk speed, a start-up) or declared (a price, a rate the config gives)."""
+    time = "measured" if plan.get("time_source") == "measured" else "assumed"
+    figures = {
+        key: "computed"
+        for key in (
+            "params_total",
+            "params_non_embedding",
+            "flops_per_token",
+            "tokens_per_step",
+            "steps",
+            "training_flops",
+            "chinchilla_tokens",
+            "memory_per_gpu_bytes",
+        )
+    }
+    figures.update(
+        {
+            key: time
+            for key in ("wall_hours", "tokens_per_s", "mfu", "cost_usd", "energy_kwh", "bill")
+            if key in plan
+        }
+    )
+    if "measured" in plan and "peak_memory_bytes" in plan["measured"]:
+        figures["measured.peak_memory_bytes"] = "measured"
+    if "checkpointing" in plan:
+        c = plan["checkpointing"]
+        figures["checkpointing.write_s"] = c["write_source"].split(":")[0]
+        figures["checkpointing.startup_s"] = c["startup_source"]
+        figures["checkpointing.every"] = "computed" if c["every_source"].startswith("auto") else "declared"
+        figures["checkpointing.interruptions_per_hour"] = "declared"
+    if "usd_per_gpu_hour" in plan:
+        figures["usd_per_gpu_hour"] = "declared"
+    return figures
 
 
 def format_plan(plan: dict) -> str:
@@ -271,6 +323,11 @@ def format_plan(plan: dict) -> str:
             )
     else:
         rows.append(("wall time, cost", "give --gpu NAME (or --peak-tflops) to estimate"))
+    if "checkpointing" in plan:
+        rows += checkpoint_rows(plan["checkpointing"], plan.get("usd_per_gpu_hour"), g["count"])
+    if "bill" in plan:
+        rows.append(("bill", f"the X1 lab's lines, at the {plan['time_source']} time"))
+        rows += format_bill(plan["bill"], plan["usd_per_gpu_hour"])
     m = plan["memory_per_gpu_bytes"]
     rows += [
         (
@@ -321,3 +378,26 @@ def format_plan(plan: dict) -> str:
     rows += [("warning", warning) for warning in plan["warnings"]]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows if value)
+
+
+def checkpoint_rows(c: dict, usd_per_gpu_hour: float | None, gpus: int) -> list[tuple[str, str]]:
+    rows = [
+        (
+            "checkpoints",
+            f"every {c['every']:,} steps ({c['every_source']}); each costs the training thread "
+            f"{c['write_s']:,.2f} s ({c['write_source']}); start-up {c['startup_s']:,.0f} s "
+            f"({c['startup_source']})",
+        )
+    ]
+    if c["interruptions_per_hour"]:
+        lost = f"{c['lost_s'] / 3600:,.2f} h of work"
+        if usd_per_gpu_hour:
+            lost += f" = ${c['lost_s'] / 3600 * gpus * usd_per_gpu_hour:,.2f}"
+        rows.append(
+            (
+                "  interruptions",
+                f"{c['interruptions']:,.1f} expected at {c['interruptions_per_hour']:g}/hour (declared): "
+                f"{lost} lost (half an interval and a start-up each)",
+            )
+        )
+    return rows

@@ -203,6 +203,18 @@ def verb_parser() -> argparse.ArgumentParser:
         help="time and $ measured, not assumed: start-up, step, evaluation and checkpoint times from this "
         "run's metrics (on this hardware); without CONFIG, plans that run's own config",
     )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also plan the run on every instance type of the price table: fits, micro-batch, hours, the "
+        "whole bill, the cheapest marked",
+    )
+    p.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="a TOML price table ([[instance]] name, gpu, count, usd_per_gpu_hour) replacing or adding rows "
+        "of the built-in one (docs/planning.md)",
+    )
 
     p = verbs.add_parser(
         "sweep",

@@ -29,6 +29,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
 
         timings = measure_probe(config, overrides, args.measure_steps, args.gpus)
     cfg = load_config(config, overrides)
+    data = data_for_vocab(cfg)
     plan = make_plan(
         cfg,
         tokens=args.tokens,
@@ -41,7 +42,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
         mfu=args.mfu,
         usd_per_gpu_hour=args.usd_per_gpu_hour,
         flops_convention=args.flops,
-        data=data_for_vocab(cfg),
+        data=data,
         timings=timings,
     )
     if args.fit:
@@ -53,7 +54,27 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
             plan["params_non_embedding"],
             plan["tokens_trained"],
         )
-    print_to_stdout(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+    text = format_plan(plan)
+    if args.compare:
+        from pretrainer.analysis.instances import compare_instances, format_comparison, load_instances
+
+        measured = plan.get("time_source") == "measured" and plan.get("mfu")  # carried by peak-FLOP ratio
+        plan["compare"] = compare_instances(
+            cfg,
+            load_instances(args.prices),
+            plan["tokens_per_step"] // cfg.model.seq_len,
+            plan["mfu"] if measured else (args.mfu or cfg.budget.mfu),
+            f"measured on {plan['gpu']['name']}, carried by peak FLOP/s" if measured else "assumed",
+            make_plan,
+            tokens=args.tokens,
+            tokens_per_param=args.tokens_per_param,
+            flops_convention=args.flops,
+            data=data,
+        )
+        text += "\n\ninstances (the same run: its tokens and global batch)\n" + format_comparison(
+            plan["compare"]
+        )
+    print_to_stdout(json.dumps(plan, indent=2) if args.json else text)
 
 
 def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrainer.config.schema import (
+    AUTO_NUMBERS,
     HORIZON_KEYS,
     SECRET_KEYS,
     SWITCH_KEYS,
@@ -105,8 +106,8 @@ def describe_allowed(allowed: str | tuple, typ: type) -> str:
 def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
     """Convert a TOML value or a CLI string to the field's type, or raise a clear error."""
     try:
-        if key == "train.micro_batch" and value == "auto":
-            return 0
+        if key in AUTO_NUMBERS and value == "auto":
+            return AUTO_NUMBERS[key]
         if key in SWITCH_KEYS and (isinstance(value, bool) or str(value).strip().lower() in BOOL_WORDS):
             on = value if isinstance(value, bool) else BOOL_WORDS[str(value).strip().lower()]
             return "true" if on else "false"
@@ -266,6 +267,11 @@ def validate(cfg: Config) -> None:
             cfg.run.requeue_signals in ("auto", "none") or stop_signal_names(cfg.run.requeue_signals),
             f'run.requeue_signals = "{cfg.run.requeue_signals}": use "auto", "none", or signal names among '
             f'{", ".join(name[3:] for name in STOP_SIGNAL_NAMES)}, e.g. "USR1,TERM"',
+        ),
+        (
+            cfg.ckpt.every != -1 or cfg.ckpt.interruptions_per_hour > 0,
+            "ckpt.every = auto needs ckpt.interruptions_per_hour > 0 (the rate its interval is chosen for; "
+            "on a reliable machine set ckpt.every to a number of steps)",
         ),
         (
             t.micro_batch > 0 or t.global_batch > 0,

@@ -296,7 +296,17 @@ class EvalConfig:
 @dataclass
 class CkptConfig:
     every: int = opt(
-        500, "steps between checkpoints (one is always written at the end); 0 = end only", allowed=">= 0"
+        500,
+        'steps between checkpoints (one is always written at the end); 0 = end only; "auto" (= -1): '
+        "the Young/Daly interval, sqrt(2 x write time x mean time between interruptions), from this "
+        "run's measured checkpoint and step times and ckpt.interruptions_per_hour",
+        allowed=">= -1",
+    )
+    interruptions_per_hour: float = opt(
+        0.0,
+        "the declared rate of interruptions (spot preemptions, node failures) per hour: ckpt.every = auto "
+        "needs it; plan prices the work they lose",
+        allowed=">= 0",
     )
     keep: int = opt(
         2, "newest complete checkpoints kept (>= 2, so a torn write never leaves none)", allowed=">= 2"
@@ -337,6 +347,36 @@ class BudgetConfig:
         0.0, "device peak for the launch check and MFU; 0 = from the GPU table", allowed=">= 0"
     )
     allow_over_cap: bool = opt(False, "launch even when the projected cost exceeds cap_usd")
+    # plan's cost lines beside the GPUs (the X1 lab's budget table): none changes what the trainer does
+    gpu: str = opt(
+        "",
+        "the GPU kind plan prices the run on (a hardware-table name: a100-80gb, h100-sxm, ...; plan --gpu "
+        "overrides; the trainer reads its real device)",
+    )
+    disk_gb: float = opt(
+        0.0, "persistent disk billed for the run's hours (plan's cost lines)", allowed=">= 0"
+    )
+    disk_usd_per_gb_month: float = opt(
+        0.0, "its price per GB-month (730 hours); 0.20-0.30 on GPU clouds", allowed=">= 0"
+    )
+    data_prep_hours: float = opt(
+        0.0,
+        "hours the instance runs to download and tokenise the data before training, billed at "
+        "usd_per_gpu_hour",
+        allowed=">= 0",
+    )
+    egress_usd: float = opt(0.0, "what downloading the data costs (storage egress)", allowed=">= 0")
+    restarts: int = opt(
+        0,
+        "restarts held in reserve (a spike or a crash): each costs a start-up and one checkpoint interval "
+        "of steps trained again",
+        allowed=">= 0",
+    )
+    max_usd_per_gpu_hour: float = opt(
+        0.0,
+        "plan's go/no-go: do not launch above this price; 0 = the price at which the total reaches cap_usd",
+        allowed=">= 0",
+    )
 
 
 @dataclass
@@ -442,6 +482,16 @@ class Config:
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
 
+# budget keys only plan reads (its cost lines and go/no-go)
+PLAN_ONLY_BUDGET_KEYS = (
+    "gpu",
+    "disk_gb",
+    "disk_usd_per_gb_month",
+    "data_prep_hours",
+    "egress_usd",
+    "restarts",
+    "max_usd_per_gpu_hour",
+)
 # Keys that may differ between a run and its resumption without changing what is computed.
 # run.dir: a run may be moved; data.verify: how hard a launch checks the data, not what it computes
 # run.*/alerts.*/max_hours/keep_best: what happens around the computation, not the computation
@@ -457,10 +507,15 @@ RESUME_FREE_KEYS = (
     "run.on_exit_timeout_s",
     "train.max_hours",
     "ckpt.keep_best",
+    "ckpt.every",
+    "ckpt.interruptions_per_hour",
+    *(f"budget.{name}" for name in PLAN_ONLY_BUDGET_KEYS),
     *(f"alerts.{f.name}" for f in dataclasses.fields(AlertsConfig)),
 )
 # words that also read as booleans: true/false/yes/no/on/off/1/0 and a bare --flag give "true"/"false"
 SWITCH_KEYS = ("train.compile",)
+# numbers a config may write as "auto", and the number that means it
+AUTO_NUMBERS = {"train.micro_batch": 0, "ckpt.every": -1}
 # values that are credentials as a whole: only their scheme and host are ever kept (core/secrets.py)
 SECRET_KEYS = ("alerts.webhook_url",)
 # the run's horizon: exactly one is set; resolve() derives train.max_steps from any of the others

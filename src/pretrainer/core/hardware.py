@@ -83,3 +83,29 @@ def training_seconds(total_flops: float, gpus: int, peak_tflops: float, mfu: flo
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_tflops: float, n_gpus: int) -> float:
     return flops_per_token * tokens_per_s / (peak_tflops * 1e12 * n_gpus)
+
+
+# --- instance types: what `plan --compare` ranks. Prices are listed prices per GPU-hour, for defaults
+# only (docs/planning.md gives each one's source and date); `plan --prices FILE` replaces or adds rows ---
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    gpu: str  # a GPUS key
+    count: int
+    usd_per_gpu_hour: float
+    source: str
+
+
+INSTANCES = [
+    Instance("runpod-1x-a100-80gb", "a100-80gb", 1, 0.79, "X1 lab 00: RunPod community"),
+    Instance("lambda-1x-a100-80gb-spot", "a100-80gb", 1, 1.10, "X1 lab 00: Lambda spot"),
+    Instance("lambda-8x-a100-40gb", "a100-40gb", 8, 1.29, "DDP story: Lambda, $10.32/h"),
+    Instance("lambda-8x-a100-80gb", "a100-80gb", 8, 1.79, "DDP story: Lambda, $14.32/h"),
+    Instance("lambda-2x-h100-sxm", "h100-sxm", 2, 3.19, "DDP story: Lambda, $6.38/h"),
+    Instance("lambda-8x-h100-sxm", "h100-sxm", 8, 2.99, "DDP story: Lambda, $23.92/h"),
+    Instance("1x-h200", "h200", 1, 3.60, "REFERENCE_NUMBERS: low end, 2025-26"),
+    Instance("lambda-8x-b200", "b200", 8, 4.99, "DDP story: Lambda, $39.92/h"),
+    Instance("1x-rtx-4090", "rtx-4090", 1, 0.34, "REFERENCE_NUMBERS: low end, 2025-26"),
+]

@@ -35,6 +35,7 @@ from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
 from pretrainer.train.alerts import Alerts
 from pretrainer.train.budget import launch_cost_check
+from pretrainer.train.cadence import CheckpointCadence
 from pretrainer.train.checkpoint import CheckpointWriter, restore_checkpoint, settle_writes, write_checkpoint
 from pretrainer.train.console import Console, closing_lines, resume_command, step_line
 from pretrainer.train.distributed import (
@@ -155,7 +156,7 @@ def train(cfg: Config, clock=time.time) -> dict:
         writer = CheckpointWriter()  # rank 0's writes, in the background between checkpoints
         spikes.before_rollback = lambda: settle_writes(writer, env)
 
-        def save(wait: bool = True) -> None:  # a collective: every rank gathers, rank 0 writes
+        def save(wait: bool = True) -> float:  # a collective: every rank gathers, rank 0 writes
             started = run_clock.elapsed()
             write_checkpoint(
                 run_dir,
@@ -179,6 +180,12 @@ def train(cfg: Config, clock=time.time) -> dict:
             # what the training thread spent on it (plan --from-run counts checkpoints with it)
             took = run_clock.elapsed()
             run_log.write({"step": state.step, "checkpoint_s": took - started, "elapsed_s": took})
+            return took - started
+
+        # which steps checkpoint: every ckpt.every, or auto's Young/Daly interval from measured times
+        cadence = CheckpointCadence(
+            cfg.ckpt.every, cfg.ckpt.interruptions_per_hour, state.step + 1, env, run_log.write
+        )
 
         # step 0's, once per run
         last_loss, last_val = (None, evals.validate(wrapped, 0, 0) if resume is None else None)
@@ -303,6 +310,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                     record["spent_usd"] = stopper.spent_usd(elapsed)
                 run_log.write(record)
                 say(step_line(record, end_step, step_tokens))
+                cadence.measured_step(step_tokens / max(figures["tokens_per_s"], 1e-9))
                 speed.check(step, figures)  # the throughput watchdog, once after its warm-up
             alerts.step_done(step, last_loss if logging_step else None)  # the stall watchdog's heartbeat
 
@@ -314,8 +322,10 @@ def train(cfg: Config, clock=time.time) -> dict:
                 evals.in_context(wrapped, model, step, state.tokens)  # the task subset and the probes
                 speed.restart(state.tokens)
 
-            if (cfg.ckpt.every and step % cfg.ckpt.every == 0) or step == end_step:
-                save(wait=step == end_step)  # periodic ones are written while training goes on
+            if cadence.due(step) or step == end_step:
+                cadence.checkpointed(
+                    step, save(wait=step == end_step)
+                )  # periodic: written as training goes on
                 speed.restart(state.tokens)
 
         progress.close()

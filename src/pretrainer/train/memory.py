@@ -141,6 +141,8 @@ def planned_memory(
         memory_gb,
         gpus_per_node,
     )
+    # what a checkpoint writes: the whole fp32 model and optimizer state, however it is sharded
+    counts["checkpoint_bytes"] = 4 * counts["total"] + planned_state_bytes(cfg.optim.name, param_shapes, 1)
     return counts, memory
 
 

@@ -231,3 +231,85 @@ def test_fsdp_over_two_nodes_plans_the_shards_of_one_node():
     )
     weights = [p["memory_per_gpu_bytes"]["weights"] for p in (node, one_node, everywhere)]
     assert weights[0] == weights[1] == 4 * 1_241_581_568 // 8 and weights[2] == 4 * 1_241_581_568 // 16
+
+
+def test_compare_on_the_x1_lab_prints_its_budget_lines_and_every_instance(run_cli, tmp_path):
+    """plan --compare on x1-lab00.toml: the lab's bill (compute, data preparation, disk, restart reserve,
+    total against the cap, go/no-go at its $1.40 limit) and one row per instance type, cheapest marked."""
+    code, out, _ = run_cli("plan", CONFIGS / "x1-lab00.toml", "--compare", "--json")
+    plan = json.loads(out)
+    bill, hours = plan["bill"], plan["wall_hours"]
+    lines = {line["line"]: line["usd"] for line in bill["lines"]}
+    restart_h = (plan["checkpointing"]["startup_s"] + 1800 * hours * 3600 / 84_000) / 3600
+    assert lines == pytest.approx(
+        {
+            "compute": hours * 1.10,
+            "data preparation": 0.5 * 1.10 + 1.0,
+            "persistent disk": 200 * (hours + 0.5) / 730 * 0.30,
+            "restart reserve": restart_h * 1.10,
+        }
+    )
+    assert bill["total_usd"] == pytest.approx(sum(lines.values())) and bill["cap_usd"] == 35.0
+    assert bill["max_usd_per_gpu_hour"] == 1.40 and bill["go"] is (bill["total_usd"] <= 35.0)
+    rows = plan["compare"]
+    assert len(rows) >= 9 and sum(bool(row.get("cheapest")) for row in rows) == 1
+    cheapest = min((row for row in rows if row["fits"]), key=lambda row: row["total_usd"])
+    assert cheapest.get("cheapest")
+    for row in (row for row in rows if row["fits"]):  # the same run: its global batch on every instance
+        assert row["micro_batch"] * row["grad_accum"] * row["count"] == 512
+        assert row["micro_batch"] <= row["largest_micro_batch"]
+    eight = next(row for row in rows if row["instance"] == "lambda-8x-a100-80gb")
+    one = next(row for row in rows if row["instance"] == "lambda-1x-a100-80gb-spot")
+    assert eight["wall_hours"] == pytest.approx(one["wall_hours"] / 8)  # the same MFU, 8x the GPUs
+    code, text, _ = run_cli("plan", CONFIGS / "x1-lab00.toml", "--compare")
+    for label in (
+        "compute",
+        "data preparation",
+        "persistent disk",
+        "restart reserve",
+        "go/no-go",
+        "<- cheapest",
+    ):
+        assert label in text
+    # a price table of one's own: a row replaced, a row added; a broken one is one line naming the file
+    prices = tmp_path / "prices.toml"
+    prices.write_text(
+        '[[instance]]\nname = "lambda-1x-a100-80gb-spot"\ngpu = "a100-80gb"\ncount = 1\n'
+        "usd_per_gpu_hour = 0.5\n"
+        '[[instance]]\nname = "mine"\ngpu = "h100-sxm"\ncount = 4\nusd_per_gpu_hour = 2.0\n'
+    )
+    code, out, _ = run_cli("plan", CONFIGS / "x1-lab00.toml", "--compare", "--prices", prices, "--json")
+    rows = {row["instance"]: row for row in json.loads(out)["compare"]}
+    assert rows["lambda-1x-a100-80gb-spot"]["usd_per_gpu_hour"] == 0.5 and rows["mine"]["count"] == 4
+    prices.write_text('[[instance]]\nname = "x"\ngpu = "a100-80gb"\n')
+    code, _, err = run_cli("plan", CONFIGS / "x1-lab00.toml", "--compare", "--prices", prices)
+    assert code == 2 and str(prices) in err and len(err.strip().splitlines()) == 1
+
+
+def test_auto_checkpoints_from_measured_times_and_every_figure_says_where_it_came_from():
+    from pretrainer.train.cadence import preemption_cost, young_daly_steps
+
+    timings = {
+        "run_dir": "probe",
+        "step_s": 0.8,
+        "tokens_per_s": 524_288 / 0.8,
+        "eval_s": 30.0,
+        "checkpoint_s": 6.0,
+        "startup_s": 90.0,
+        "run_steps": 40,
+        "run_wall_s": 130.0,
+    }
+    cfg = load_config(CONFIGS / "x1-lab00.toml", ["--ckpt.every=auto", "--ckpt.interruptions_per_hour=0.2"])
+    plan = make_plan(cfg, timings=timings)
+    c = plan["checkpointing"]
+    assert c["every"] == young_daly_steps(6.0, 0.8, 0.2) and c["write_source"] == "measured"
+    lost = preemption_cost(plan["wall_hours"] * 3600, c["every"], 0.8, 6.0, 90.0, 0.2)["lost_s"]
+    assert c["lost_s"] == pytest.approx(lost)
+    assert {line["line"]: line["usd"] for line in plan["bill"]["lines"]}["interruptions (expected)"] == (
+        pytest.approx(lost / 3600 * 1.10)
+    )
+    assert plan["provenance"]["wall_hours"] == "measured" and plan["provenance"]["params_total"] == "computed"
+    assert plan["provenance"]["checkpointing.write_s"] == "measured"
+    assumed = make_plan(load_config(CONFIGS / "x1-lab00.toml"))
+    assert assumed["provenance"]["wall_hours"] == "assumed"
+    assert assumed["provenance"]["checkpointing.write_s"] == "assumed"

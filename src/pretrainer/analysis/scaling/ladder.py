@@ -349,7 +349,9 @@ def plan_runs(sweep: SweepConfig, base: Config, sweep_dir: Path) -> list[RunSpec
                 cfg.train.max_tokens, cfg.train.tokens_per_param, cfg.train.epochs = 0, 0.0, 0.0
                 cfg.optim.warmup_steps = min(steps - 1, round(base.optim.warmup_steps * fraction))
                 cfg.eval.every = max(1, round(base.eval.every * fraction)) if base.eval.every else 0
-                cfg.ckpt.every = max(1, round(base.ckpt.every * fraction)) if base.ckpt.every else 0
+                cfg.ckpt.every = (
+                    max(1, round(base.ckpt.every * fraction)) if base.ckpt.every > 0 else base.ckpt.every
+                )
                 cfg.eval.tasks_every = (
                     max(1, round(base.eval.tasks_every * fraction)) if base.eval.tasks_every else 0
                 )
