@@ -21,6 +21,7 @@ from pretrainer.artifacts.checkpoint import (
 )
 from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.config.load import from_dict
+from pretrainer.core.errors import UserError
 from pretrainer.data.tokenizers.bpe import Tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer
 from pretrainer.model import Transformer
@@ -222,3 +223,38 @@ def test_periodic_checkpoints_are_written_while_training_goes_on(stdlib_data, tm
     train(tiny_config(stdlib_data, run, **settings, **{"train.resume": str(list_checkpoints(run)[1])}))
     again = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
     assert again == first
+
+
+def test_context_extension_resumes_with_the_optimizer_state_and_data_position(stdlib_data, tmp_path):
+    """The llama3-1b recipe's 4096 phase, small: 20 steps at seq 32, then seq 64 at the same tokens per
+    step. The resumed run's AdamW moments continue the first phase's (step counts go on, exp_avg keeps
+    its direction), its data cursor is the same tokens, and its loss goes on from where it was."""
+    run = tmp_path / "run"
+    short = {
+        "model.seq_len": 32,
+        "train.micro_batch": 8,
+        "train.max_steps": 30,
+        "ckpt.every": 20,
+        "eval.every": 0,
+    }
+    train(tiny_config(stdlib_data, run, **short, **{"train.stop_at_step": 20}))
+    train(tiny_config(stdlib_data, run, **{**short, "model.seq_len": 64, "train.micro_batch": 4}))
+    before = torch.load(run / "checkpoints/step-0000020/optimizer.pt", weights_only=True)["state"]
+    after = torch.load(run / "checkpoints/step-0000030/optimizer.pt", weights_only=True)["state"]
+    for key, moments in after.items():
+        assert int(moments["step"]) == 30  # 20 carried + 10 new; a fresh optimizer would be at 10
+        cosine = torch.nn.functional.cosine_similarity(
+            moments["exp_avg_sq"].flatten(), before[key]["exp_avg_sq"].flatten(), dim=0
+        )
+        assert cosine > 0.5, (key, cosine)
+    state = json.loads((run / "checkpoints/step-0000030/state.json").read_text())
+    assert state["data"]["seq_len"] == 64 and state["data"]["cursor"] == 20 * 8 * 32 // 64 + 10 * 4
+    loss = losses(run)
+    assert list(loss) == list(range(1, 31))
+    assert abs(loss[21] - sum(loss[k] for k in range(16, 21)) / 5) < 0.3  # no restart's jump at the switch
+    # GPT-2's learned positions have no rows for the longer context: refused in one line
+    gpt2 = tmp_path / "gpt2"
+    gpt2_short = {**short, "model.arch": "gpt2", "model.n_kv_head": 0, "train.max_steps": 2, "ckpt.every": 0}
+    train(tiny_config(stdlib_data, gpt2, **gpt2_short))
+    with pytest.raises(UserError, match="model.seq_len = 32"):
+        train(tiny_config(stdlib_data, gpt2, **{**gpt2_short, "model.seq_len": 64, "train.max_steps": 4}))

@@ -71,6 +71,11 @@ _GPT2_GLOBAL = [
 def to_hf_weights(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our state dict (tied aliases already left out) -> Hugging Face names and layouts."""
     out = {}
+    if cfg.arch == "llama" and cfg.qkv_bias == "true":
+        raise UserError(
+            "Hugging Face Llama's attention_bias puts a bias on the output projection too; export a llama "
+            "model trained with model.qkv_bias = auto or false"
+        )
     if cfg.arch == "llama":
         for mine, theirs in _LLAMA_GLOBAL:
             if mine in ours:
@@ -92,8 +97,11 @@ def to_hf_weights(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, 
             out[theirs.format(i=i)] = tensor.t().contiguous() if transposed else tensor
         qkv = [ours[f"layers.{i}.attn.{p}_proj.weight"] for p in "qkv"]
         out[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat(qkv, dim=0).t().contiguous()
-        out[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat(
-            [ours[f"layers.{i}.attn.{p}_proj.bias"] for p in "qkv"]
+        out[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat(  # model.qkv_bias = false: HF's are zeros
+            [
+                ours.get(f"layers.{i}.attn.{p}_proj.bias", torch.zeros(w.size(0), dtype=w.dtype))
+                for p, w in zip("qkv", qkv)
+            ]
         )
     return out
 
@@ -138,7 +146,12 @@ def from_hf_weights(cfg: ModelConfig, theirs: dict[str, torch.Tensor], where: st
             )
             for part, w, b in zip("qkv", weight.chunk(3, dim=0), bias.chunk(3)):
                 ours[f"layers.{i}.attn.{part}_proj.weight"] = w.contiguous()
-                ours[f"layers.{i}.attn.{part}_proj.bias"] = b.contiguous()
+                if cfg.qkv_bias != "false":
+                    ours[f"layers.{i}.attn.{part}_proj.bias"] = b.contiguous()
+                elif b.any():
+                    raise UserError(
+                        f"{where}: layer {i}'s {part} bias is not zero, but model.qkv_bias = false"
+                    )
     if normalised:
         raise UserError(
             f"{where}: Hugging Face weights have tensors this model does not: "

@@ -269,6 +269,11 @@ def validate(cfg: Config) -> None:
             f'{", ".join(name[3:] for name in STOP_SIGNAL_NAMES)}, e.g. "USR1,TERM"',
         ),
         (
+            not (cfg.model.dropout and cfg.data.packing == "document"),
+            "model.dropout with data.packing = document: the document-masked attention kernel (flex "
+            "attention) has no dropout; use model.dropout = 0 or data.packing = concat",
+        ),
+        (
             cfg.ckpt.every != -1 or cfg.ckpt.interruptions_per_hour > 0,
             "ckpt.every = auto needs ckpt.interruptions_per_hour > 0 (the rate its interval is chosen for; "
             "on a reliable machine set ckpt.every to a number of steps)",

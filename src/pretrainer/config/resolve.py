@@ -271,7 +271,14 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
     changed = diff_keys(saved_cfg, cfg)
     # the model, and the optimizer whose state the checkpoint holds (8-bit moments are not AdamW's, nor the
     # reverse)
-    model_keys = [k for k in changed if k.startswith("model.") or k == "optim.name"]
+    # context extension: a RoPE model has no weight that depends on seq_len, so it may grow on resume (the
+    # optimizer state and the data position carry over: SequenceLoader.load_state_dict)
+    extends_context = cfg.model.arch == "llama" and cfg.model.seq_len > saved_cfg.model.seq_len
+    model_keys = [
+        k
+        for k in changed
+        if (k.startswith("model.") or k == "optim.name") and not (k == "model.seq_len" and extends_context)
+    ]
     if model_keys:
         raise UserError(
             f"{where}: was trained with "

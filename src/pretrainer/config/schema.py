@@ -55,6 +55,17 @@ class ModelConfig:
         allowed=">= 0",
     )
     tie_embeddings: bool = opt(True, "the output head shares the token embedding's weights")
+    qkv_bias: str = opt(
+        "auto",
+        '"auto" (gpt2: biases on the query, key and value projections; llama: none), "true", "false"',
+        allowed=("auto", "true", "false"),
+    )
+    dropout: float = opt(
+        0.0,
+        "dropout on the embeddings, the attention probabilities and each residual branch (GPT-2's places); "
+        "0 = none, as pretraining on more data than one epoch needs",
+        allowed="[0, 1)",
+    )
     rope_theta: float = opt(10000.0, "RoPE base frequency (llama)", allowed="> 0")
     norm_eps: float = opt(1e-5, "epsilon of the RMSNorm / LayerNorm", allowed="> 0")
     init_std: float = opt(
@@ -513,7 +524,7 @@ RESUME_FREE_KEYS = (
     *(f"alerts.{f.name}" for f in dataclasses.fields(AlertsConfig)),
 )
 # words that also read as booleans: true/false/yes/no/on/off/1/0 and a bare --flag give "true"/"false"
-SWITCH_KEYS = ("train.compile",)
+SWITCH_KEYS = ("train.compile", "model.qkv_bias")
 # numbers a config may write as "auto", and the number that means it
 AUTO_NUMBERS = {"train.micro_batch": 0, "ckpt.every": -1}
 # values that are credentials as a whole: only their scheme and host are ever kept (core/secrets.py)

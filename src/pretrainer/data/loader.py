@@ -454,6 +454,17 @@ class SequenceLoader:
         return layout
 
     def load_state_dict(self, state: dict) -> None:
+        """The data position of a checkpoint. One saved at a shorter seq_len (a context extension) carries
+        over in tokens: the cursor becomes the same number of tokens in windows of this seq_len, in the same
+        epoch (whose windows of the new length are drawn in an order of their own)."""
+        saved_len = state.get("seq_len")
+        if saved_len and saved_len < self.seq_len and self.mixture is None and "sources" not in state:
+            if self.sources[0].packing == "pad":  # a sequence is a document at any length
+                state = {**state, "seq_len": self.seq_len, "n_sequences": self.n_sequences}
+            else:
+                epoch, position = divmod(int(state["cursor"]), int(state["n_sequences"]))
+                cursor = epoch * self.n_sequences + position * saved_len // self.seq_len
+                state = {**state, "cursor": cursor, "seq_len": self.seq_len, "n_sequences": self.n_sequences}
         ours = {"seed": self.seed, "seq_len": self.seq_len, "n_sequences": self.n_sequences, **self._layout()}
         theirs = {k: state.get(k) for k in ours}
         if ours != theirs or set(self._layout()) != {k for k in ("packing", "sources", "bounds") if k in state}:

@@ -80,10 +80,12 @@ class Attention(nn.Module):
         self.n_kv_head = cfg.n_kv_head or cfg.n_head
         self.head_dim = cfg.d_model // cfg.n_head
         bias = cfg.arch == "gpt2"
-        self.q_proj = nn.Linear(cfg.d_model, self.n_head * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=bias)
+        qkv_bias = bias if cfg.qkv_bias == "auto" else cfg.qkv_bias == "true"
+        self.q_proj = nn.Linear(cfg.d_model, self.n_head * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, cfg.d_model, bias=bias)
+        self.dropout = cfg.dropout  # of the attention probabilities, while training
         # grouped-query attention read natively by SDPA (enable_gqa: no K/V copies). On CUDA only the flash
         # kernel supports it; where flash is ruled out the trainer's probe (train/perf.py) turns this off,
         # so the efficient kernel runs on repeated K/V instead of the math kernel's T x T scores.
@@ -117,10 +119,11 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             gqa = False
+        dropout = self.dropout if self.training else 0.0
         if attn_mask is not None:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
         elif start == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, dropout_p=dropout)
         else:  # decoding after a prefix: query i (absolute start + i) sees keys 0..start + i
             visible = (
                 torch.arange(k.size(2), device=x.device)[None, :]
@@ -202,12 +205,13 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer)
         self.mlp_norm = _norm(cfg)
         self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()  # of each residual branch
 
     def forward(
         self, x: torch.Tensor, rope, cache: KVCache | None, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, cache, attn_mask)
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self.drop(self.attn(self.attn_norm(x), rope, cache, attn_mask))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))
 
 
 class Transformer(nn.Module):
@@ -226,6 +230,7 @@ class Transformer(nn.Module):
         # document masks as flex_attention BlockMasks (the trainer turns it on where its probe ran it: CUDA)
         self.flex_documents = False
         self.norm = _norm(cfg)
+        self.embedding_drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -280,6 +285,7 @@ class Transformer(nn.Module):
             x = x + self.wpe(
                 torch.arange(start, start + T, device=idx.device) if positions is None else positions
             )
+        x = self.embedding_drop(x)
         rope = None
         if self.cfg.arch == "llama":
             rope = (

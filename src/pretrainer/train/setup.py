@@ -99,6 +99,11 @@ def open_resume(cfg: Config, run_dir: Path, env: DistEnv, say) -> Resume | None:
     changed = resume_changes(cfg, state["config"], checkpoint, resume_command(cfg, env) + explicit)
     if changed:
         say(f"note: resuming with changed config keys: {', '.join(changed)}")
+    if any(change.startswith("model.seq_len:") for change in changed):
+        say(
+            "note: context extension: the optimizer's state, the step and LR schedule, and the data position "
+            "(in tokens) carry over to the longer sequences"
+        )
     return Resume(checkpoint, *(found[1:3] if found else (None, None)), state)
 
 

@@ -43,6 +43,10 @@ SHAPES = {
         tie_embeddings=False,
     ),
     "gpt2": dict(arch="gpt2", vocab_size=211, seq_len=96, d_model=64, n_layer=3, n_head=4),
+    # the DDP story's GPT-2: no q/k/v biases (exported as HF's zeros)
+    "gpt2-no-qkv-bias": dict(
+        arch="gpt2", vocab_size=211, seq_len=96, d_model=64, n_layer=2, n_head=4, qkv_bias="false"
+    ),
     "gpt2-ffn": dict(
         arch="gpt2", vocab_size=211, seq_len=96, d_model=48, n_layer=2, n_head=6, d_ff=80, norm_eps=1e-6
     ),
