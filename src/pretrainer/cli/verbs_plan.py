@@ -136,9 +136,8 @@ def data_for_vocab(cfg):
         if not cfg.model.vocab_size:
             raise
         print(
-            f"note: data.dir = {cfg.data.dir} is not a prepared data dir yet; planning with model.vocab_size "
-            f"= "
-            f"{cfg.model.vocab_size}",
+            f"note: {'data.dir = ' + cfg.data.dir if cfg.data.dir else 'data.mixture'} is not prepared data "
+            f"yet; planning with model.vocab_size = {cfg.model.vocab_size}",
             file=sys.stderr,
         )
         return None

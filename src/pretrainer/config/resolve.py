@@ -48,6 +48,7 @@ def model_shape(m: ModelConfig) -> dict[str, Any]:
         "d_ff": resolve_d_ff(m),
         "tie_embeddings": m.tie_embeddings,
         "norm_eps": m.norm_eps,
+        "qkv_bias": m.arch == "gpt2" if m.qkv_bias == "auto" else m.qkv_bias == "true",
     }
     if m.arch == "llama":
         shape["rope_theta"] = m.rope_theta

@@ -214,7 +214,9 @@ def test_memory_estimate_by_hand():
 
 def test_the_1b_config_under_ddp_fits_80gb_with_every_item_counted(run_cli):
     """8 x H100 80 GB, micro-batch 8 at seq 2048, DDP: the estimate names every item."""
-    code, out, _ = run_cli("plan", CONFIGS / "llama3-1b.toml", "--gpus", "8", "--gpu", "h100-sxm")
+    code, out, _ = run_cli(
+        "plan", CONFIGS / "llama3-1b.toml", "--gpus", "8", "--gpu", "h100-sxm", "--train.micro_batch=8"
+    )
     assert code == 0
     assert "DDP buckets: views, +0" in out and "bf16 weight copies" in out and "(output gradient)" in out
     assert "at micro-batch 8 -> total" in out and "(fits in 80 GB)" in out
@@ -223,10 +225,18 @@ def test_the_1b_config_under_ddp_fits_80gb_with_every_item_counted(run_cli):
 def test_fsdp_over_two_nodes_plans_the_shards_of_one_node():
     """16 GPUs (2 nodes of 8) with FSDP: HSDP shards within a node, so each GPU holds an eighth of the
     weights, as on one node; parallel.fsdp_shard = all splits them 16 ways."""
-    node = make_plan(load_config(CONFIGS / "llama3-1b.toml", ["--parallel.strategy=fsdp"]), gpus=16)
-    one_node = make_plan(load_config(CONFIGS / "llama3-1b.toml", ["--parallel.strategy=fsdp"]), gpus=8)
+    node = make_plan(
+        load_config(CONFIGS / "llama3-1b.toml", ["--parallel.strategy=fsdp", "--train.micro_batch=8"]),
+        gpus=16,
+    )
+    one_node = make_plan(
+        load_config(CONFIGS / "llama3-1b.toml", ["--parallel.strategy=fsdp", "--train.micro_batch=8"]), gpus=8
+    )
     everywhere = make_plan(
-        load_config(CONFIGS / "llama3-1b.toml", ["--parallel.strategy=fsdp", "--parallel.fsdp_shard=all"]),
+        load_config(
+            CONFIGS / "llama3-1b.toml",
+            ["--parallel.strategy=fsdp", "--parallel.fsdp_shard=all", "--train.micro_batch=8"],
+        ),
         gpus=16,
     )
     weights = [p["memory_per_gpu_bytes"]["weights"] for p in (node, one_node, everywhere)]

@@ -64,9 +64,17 @@ def test_two_ranks_read_what_one_process_with_grad_accum_reads():
 
 def test_mismatched_state_is_refused_and_small_data_is_an_error():
     loader = SequenceLoader(TOKENS, seq_len=10, micro_batch=4, grad_accum=1, seed=0)
-    other = SequenceLoader(TOKENS, seq_len=20, micro_batch=4, grad_accum=1, seed=0)
+    for step in range(3):
+        loader.next_step()
+    reseeded = SequenceLoader(TOKENS, seq_len=10, micro_batch=4, grad_accum=1, seed=1)
     with pytest.raises(UserError, match="resume with the same data dir"):
-        other.load_state_dict(loader.state_dict())
+        reseeded.load_state_dict(loader.state_dict())
+    # a longer context (context extension) takes the position in tokens; a shorter one is refused
+    longer = SequenceLoader(TOKENS, seq_len=20, micro_batch=2, grad_accum=1, seed=0)
+    longer.load_state_dict(loader.state_dict())
+    assert longer.cursor * 20 == loader.cursor * 10
+    with pytest.raises(UserError, match="resume with the same data dir"):
+        loader.load_state_dict(longer.state_dict())
     with pytest.raises(UserError, match="fewer than one step needs"):
         SequenceLoader(TOKENS[:100], seq_len=10, micro_batch=8, grad_accum=2)
     # world size larger than the data
