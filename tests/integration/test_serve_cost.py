@@ -145,3 +145,49 @@ def test_serve_cost_without_torchao_or_with_a_bad_variant_is_a_one_line_error(ti
     code, _, err = run_cli("serve-cost", tiny_run)
     assert code == 2 and err.startswith("error: serve-cost needs torchao: pip install 'pretrainer[lowbit]'")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_an_open_weights_baseline_gets_comparable_rows_in_the_same_table(tiny_run, run_cli, tmp_path):
+    """--baseline on a local Hugging Face folder: the run's own model exported (`export --format hf`) is a
+    baseline whose answer is known: the same weights through the same tokenizer score the same bits per
+    byte as the run's fp32 row, in the same table with its memory, speed and $ per batch size."""
+    hf_dir = tmp_path / "hf"
+    code, _, err = run_cli("export", tiny_run, "--format", "hf", "--out", hf_dir)
+    assert code == 0, err
+    fast = FAST[:]
+    fast[1] = "fp32"
+    out_dir = tmp_path / "report"
+    code, out, err = run_cli(
+        "serve-cost",
+        tiny_run,
+        *fast,
+        "--usd-per-hour",
+        "2.5",
+        "--device",
+        "cpu",
+        "--baseline",
+        hf_dir,
+        "--out",
+        out_dir,
+    )
+    assert code == 0, err
+    result = json.loads((out_dir / "serve_cost.json").read_text())
+    ours, theirs = result["variants"]
+    assert ours["variant"] == "fp32" and theirs["variant"] == "baseline: hf" and theirs["status"] == "ok"
+    assert theirs["quality"]["val_bpb"] == pytest.approx(ours["quality"]["val_bpb"], rel=0.02)
+    assert theirs["quality"]["delta_val_bpb"] == pytest.approx(
+        theirs["quality"]["val_bpb"] - ours["quality"]["val_bpb"]
+    )
+    assert theirs["weights"]["total_bytes"] == pytest.approx(ours["weights"]["total_bytes"], rel=0.01)
+    assert [s["batch"] for s in theirs["speed"]] == [1, 2]
+    for speed in theirs["speed"]:
+        assert speed["usd_per_million_generated"] == pytest.approx(
+            2.5 / 3600 / speed["decode_tokens_per_s"] * 1e6
+        )
+    table = (out_dir / "serve_cost.md").read_text()
+    assert "| baseline: hf | 1 |" in table and "| baseline: hf | 2 |" in table and "(n/a)" in table
+    # not a model folder: one line naming it
+    code, _, err = run_cli(
+        "serve-cost", tiny_run, *fast, "--device", "cpu", "--baseline", tmp_path, "--out", out_dir
+    )
+    assert code == 2 and str(tmp_path) in err and len(err.strip().splitlines()) == 1

@@ -73,6 +73,7 @@ class ServeSettings:
     device: str = "auto"
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     data_dir: str = ""  # "" = the data the run trained on
+    baseline: str = ""  # a local Hugging Face model folder measured beside the run's model ("" = none)
     out: str = ""  # "" = RUN_DIR/report
 
 
@@ -436,6 +437,37 @@ def serve_cost(settings: ServeSettings) -> dict:
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+    if settings.baseline:  # an open-weights model of the user's, measured the same way in this process
+        from pretrainer.analysis.serve_baseline import measure_baseline
+
+        speed_settings = {
+            "batch_sizes": settings.batch_sizes,
+            "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens,
+            "repeats": settings.repeats,
+            "warmup": settings.warmup,
+        }
+        entry = measure_baseline(
+            Path(settings.baseline),
+            batches,
+            data.tokenizer.decode,
+            device,
+            serving_dtype(variants[0], device),
+            speed_settings,
+            usd_per_hour,
+            sync,
+        )
+        quality = entry["quality"]
+        quality["delta_val_loss"] = None  # nats per token of another tokenizer
+        quality["delta_val_bpb"] = quality["val_bpb"] - baseline["quality"]["val_bpb"] if baseline else None
+        results.append(entry)
+        print(
+            f"  {entry['variant']}: {entry['weights']['total_bytes'] / 2**20:.2f} MiB of weights, decode "
+            f"{entry['speed'][-1]['decode_tokens_per_s']:,.0f} tokens/s at batch {settings.batch_sizes[-1]}, "
+            f"{quality['val_bpb']:.4f} bits/byte",
+            flush=True,
+        )
 
     result = {
         "run": str(run.run_dir),

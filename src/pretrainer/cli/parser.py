@@ -391,6 +391,12 @@ def verb_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="directory for serve_cost.json and serve_cost.md (default RUN_DIR/report)")
     p.add_argument(
+        "--baseline",
+        metavar="PATH",
+        help="a local Hugging Face model folder (e.g. GPT-2 124M, SmolLM-135M) measured the same way: its "
+        "rows in the same table, quality as bits per byte through its own tokenizer",
+    )
+    p.add_argument(
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."
     )
     p.add_argument(

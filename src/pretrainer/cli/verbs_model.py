@@ -162,6 +162,7 @@ def cmd_serve_cost(args: argparse.Namespace) -> None:
             device=args.device,
             threads=args.threads,
             data_dir=args.data_dir,
+            baseline=args.baseline or "",
             out=args.out or "",
         )
     )

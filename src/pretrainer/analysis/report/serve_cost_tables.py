@@ -26,7 +26,13 @@ def format_tables(result: dict) -> str:
         f"Deltas are against {result['baseline']}; val loss (nats/token) and bits per byte over "
         f"{s['val_tokens']:,} tokens of {s['data_dir']}/val.bin; top-1 agreement: positions of the first val "
         f"batch "
-        f"({s['top1_positions']:,}) whose most likely next token is {result['baseline']}'s.",
+        f"({s['top1_positions']:,}) whose most likely next token is {result['baseline']}'s."
+        + (
+            " The open-weights baseline scores the same val text through its own tokenizer: its bits per "
+            "byte compare, its nats per token do not (n/a)."
+            if s.get("baseline")
+            else ""
+        ),
         "",
         "| variant | compute | weights | whole model vs fp32 | quantised layers vs fp32 | load s | quantise "
         "s | "
@@ -45,8 +51,9 @@ def format_tables(result: dict) -> str:
             f"| {v['variant']} | {v['dtype']} | {mib(w['total_bytes'])} | {w['ratio_to_fp32']:.1%} | {qcell} "
             f"| "
             f"{v['load_s']:.2f} | {v.get('quantize_s', 0):.2f} | {q['val_loss']:.4f} "
-            f"({q['delta_val_loss']:+.4f}) | "
-            f"{q['val_bpb']:.4f} ({q['delta_val_bpb']:+.4f}) | {q['top1_agreement']:.1%} |"
+            f"({signed(q['delta_val_loss'])}) | "
+            f"{q['val_bpb']:.4f} ({signed(q['delta_val_bpb'])}) | "
+            f"{'-' if q['top1_agreement'] is None else format(q['top1_agreement'], '.1%')} |"
         )
         if "suite_score" in q:
             row += f" {q['suite_score']:.4f} ({q['delta_suite_score']:+.4f}) |"
@@ -88,8 +95,13 @@ def format_tables(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB"
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f} MiB"
+
+
+def signed(delta: float | None) -> str:
+    """A delta against the first variant; none where the units differ (another tokenizer's tokens)."""
+    return "n/a" if delta is None else f"{delta:+.4f}"
 
 
 def usd(x: float) -> str:
