@@ -16,43 +16,11 @@ start-up:         the first logged step's elapsed_s minus its steps at the step 
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
-from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.artifacts.metrics import read_metrics, run_timings
 from pretrainer.config.schema import Config
 from pretrainer.core.errors import UserError
-
-
-def run_timings(run_dir: Path) -> dict:
-    """The parts of a run's wall time, measured (see the module docstring), and the run's own total."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise UserError(f"{path}: no metrics; --from-run takes a run dir that trained (pretrainer train)")
-    records = read_metrics(path)
-    logged = [r for r in records if "loss" in r and "elapsed_s" in r and "tokens" in r]
-    rates = [r["tokens_per_s"] for r in logged[1:] if r.get("tokens_per_s")]
-    if len(logged) < 2 or not rates:
-        raise UserError(
-            f"{path}: fewer than two logged steps; --from-run needs a run of a few logging intervals "
-            f"(lower log.every or train longer)"
-        )
-    tokens_per_step = logged[-1]["tokens"] / logged[-1]["step"]
-    step_s = tokens_per_step / statistics.median(rates)
-    at_step = {r["step"]: r["elapsed_s"] for r in logged}
-    evals = [r["elapsed_s"] - at_step[r["step"]] for r in records if "val_loss" in r and r["step"] in at_step]
-    checkpoints = [r["checkpoint_s"] for r in records if "checkpoint_s" in r]
-    first = logged[0]
-    return {
-        "run_dir": str(run_dir),
-        "step_s": step_s,
-        "tokens_per_s": statistics.median(rates),
-        "eval_s": statistics.median(evals) if evals else None,
-        "checkpoint_s": statistics.median(checkpoints) if checkpoints else None,
-        "startup_s": max(0.0, first["elapsed_s"] - first["step"] * step_s),
-        "run_steps": logged[-1]["step"],
-        "run_wall_s": max(r["elapsed_s"] for r in records if "elapsed_s" in r),
-    }
 
 
 def events(every: int, steps: int) -> int:
@@ -73,38 +41,70 @@ def predicted_seconds(timings: dict, cfg: Config, steps: int, ckpt_every: int) -
     )
 
 
+# `python -m pretrainer ARGS` that writes its own peak RSS (VmHWM) to a file as it exits. Its own: the rusage
+# a parent reads with wait4 also holds the parent's peak, folded in when the child's exec replaced the
+# address space it was spawned with (vfork): a probe launched from a big process reports that one's size.
+_PEAK_RSS_MAIN = (
+    "import atexit, sys\n"
+    "from pretrainer.cli.main import main\n"
+    "def record(path=sys.argv.pop(1)):\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            open(path, 'w').write(str(int(line.split()[1]) * 1024))\n"
+    "atexit.register(record)\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def run_measuring_peak_rss(args: list[str], log, scratch: Path) -> tuple[int, int | None]:
+    """`pretrainer ARGS` in a process of its own -> (its exit code, its own peak RSS in bytes, None where
+    /proc is missing)."""
+    import os
+    import subprocess
+    import sys
+
+    peak_file = scratch / f"peak-rss-{os.getpid()}"
+    if not Path("/proc/self/status").is_file():
+        code = subprocess.call(
+            [sys.executable, "-m", "pretrainer", *args], stdout=log, stderr=subprocess.STDOUT
+        )
+        return code, None
+    code = subprocess.call(
+        [sys.executable, "-c", _PEAK_RSS_MAIN, str(peak_file), *args], stdout=log, stderr=subprocess.STDOUT
+    )
+    peak = int(peak_file.read_text()) if peak_file.is_file() else None
+    peak_file.unlink(missing_ok=True)
+    return code, peak
+
+
 def measure_probe(config: str | None, overrides: list[str], steps: int, gpus: int = 1) -> dict:
     """plan --measure: `steps` real steps of the config on this machine (its model, data, optimizer,
     precision and compile setting; --nproc `gpus` when more than one), in a process of its own and a
     temporary run dir, with one evaluation and one checkpoint at its last step -> run_timings of it, plus
-    peak_memory_bytes per device: CUDA's allocator peak, or the process's peak RSS on a CPU."""
-    import os
-    import subprocess
-    import sys
+    peak_memory_bytes per device: CUDA's allocator peak, or the process's own peak RSS on a CPU."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="pretrainer-measure-") as tmp:
         run = Path(tmp) / "run"
-        argv = [sys.executable, "-m", "pretrainer", "train", *([str(config)] if config else []), *overrides]
-        argv += [f"--run.dir={run}", f"--train.stop_at_step={steps}", f"--eval.every={steps}"]
-        argv += [f"--ckpt.every={steps}", f"--log.every={max(1, steps // 10)}", "--mlflow.enabled=false"]
-        argv += ["--eval.tasks_every=0"] + (["--nproc", str(gpus)] if gpus > 1 else [])
+        args = ["train", *([str(config)] if config else []), *overrides]
+        args += [f"--run.dir={run}", f"--train.stop_at_step={steps}", f"--eval.every={steps}"]
+        args += [f"--ckpt.every={steps}", f"--log.every={max(1, steps // 10)}", "--mlflow.enabled=false"]
+        args += ["--eval.tasks_every=0"] + (["--nproc", str(gpus)] if gpus > 1 else [])
         with open(Path(tmp) / "probe.log", "w+") as log:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-            _, status, usage = os.wait4(process.pid, 0)  # the probe's own peak RSS, not this process's
-            process.returncode = os.waitstatus_to_exitcode(status)
+            code, rss = run_measuring_peak_rss(args, log, Path(tmp))
             log.seek(0)
             said = log.read().strip().splitlines()
-        if process.returncode != 0:
+        if code != 0:
             raise UserError(
-                f"plan --measure: the {steps}-step probe exited {process.returncode}: "
-                f"{said[-1] if said else '(no output)'}"
+                f"plan --measure: the {steps}-step probe exited {code}: {said[-1] if said else '(no output)'}"
             )
         timings = run_timings(run)
         peaks = [r["peak_memory_gib"] for r in read_metrics(run / "metrics.jsonl") if "peak_memory_gib" in r]
+    if not peaks and rss is None:
+        raise UserError("plan --measure: no /proc on this system to read the probe's peak memory from")
     return {
         **timings,
         "run_dir": f"a {steps}-step probe of this config",
-        "peak_memory_bytes": int(max(peaks) * 2**30) if peaks else usage.ru_maxrss * 1024,
+        "peak_memory_bytes": int(max(peaks) * 2**30) if peaks else rss,
         "peak_memory_kind": "CUDA allocator peak" if peaks else "process peak RSS (CPU)",
     }

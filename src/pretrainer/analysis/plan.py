@@ -375,6 +375,10 @@ def format_plan(plan: dict) -> str:
             )
         )
         rows += [("  note", note) for note in p["notes"]]
+    if "machine" in plan:
+        from pretrainer.analysis.machine_check import format_check
+
+        rows += format_check(plan["machine"])
     rows += [("warning", warning) for warning in plan["warnings"]]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows if value)

@@ -9,6 +9,7 @@ written by the interrupted run and will be recomputed), so every step appears ex
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from pretrainer.core.errors import UserError
@@ -34,6 +35,39 @@ def read_metrics(path: Path, note=None) -> list[dict]:
             if note is not None:
                 note(f"note: {path}:{number}: ignoring a torn last line (the process was killed mid-write)")
     return records
+
+
+def run_timings(run_dir: Path) -> dict:
+    """The parts of a run's wall time, measured from its metrics (analysis/calibration.py says how each
+    is read), and the run's own total: what plan --from-run and --measure plan from, and what a resumed
+    run's launch check projects its remaining steps with."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{path}: no metrics; --from-run takes a run dir that trained (pretrainer train)")
+    records = read_metrics(path)
+    logged = [r for r in records if "loss" in r and "elapsed_s" in r and "tokens" in r]
+    rates = [r["tokens_per_s"] for r in logged[1:] if r.get("tokens_per_s")]
+    if len(logged) < 2 or not rates:
+        raise UserError(
+            f"{path}: fewer than two logged steps; --from-run needs a run of a few logging intervals "
+            f"(lower log.every or train longer)"
+        )
+    tokens_per_step = logged[-1]["tokens"] / logged[-1]["step"]
+    step_s = tokens_per_step / statistics.median(rates)
+    at_step = {r["step"]: r["elapsed_s"] for r in logged}
+    evals = [r["elapsed_s"] - at_step[r["step"]] for r in records if "val_loss" in r and r["step"] in at_step]
+    checkpoints = [r["checkpoint_s"] for r in records if "checkpoint_s" in r]
+    first = logged[0]
+    return {
+        "run_dir": str(run_dir),
+        "step_s": step_s,
+        "tokens_per_s": statistics.median(rates),
+        "eval_s": statistics.median(evals) if evals else None,
+        "checkpoint_s": statistics.median(checkpoints) if checkpoints else None,
+        "startup_s": max(0.0, first["elapsed_s"] - first["step"] * step_s),
+        "run_steps": logged[-1]["step"],
+        "run_wall_s": max(r["elapsed_s"] for r in records if "elapsed_s" in r),
+    }
 
 
 class MetricsLog:

@@ -210,6 +210,14 @@ def verb_parser() -> argparse.ArgumentParser:
         "whole bill, the cheapest marked",
     )
     p.add_argument(
+        "--target-loss",
+        type=float,
+        metavar="L",
+        help="plan the tokens this model needs to reach validation loss L (nats/token) under the scaling "
+        "law of --fit, else the published one (Hoffmann et al. 2022); with --compare, instances ranked "
+        "by $ to reach it",
+    )
+    p.add_argument(
         "--prices",
         metavar="FILE",
         help="a TOML price table ([[instance]] name, gpu, count, usd_per_gpu_hour) replacing or adding rows "

@@ -19,7 +19,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
     timings = None
     config = args.config
     if args.from_run:
-        from pretrainer.analysis.calibration import run_timings
+        from pretrainer.artifacts.metrics import run_timings
 
         timings = run_timings(Path(args.from_run))
         if config is None:  # the run's own config, resolved as it trained
@@ -30,6 +30,10 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
         timings = measure_probe(config, overrides, args.measure_steps, args.gpus)
     cfg = load_config(config, overrides)
     data = data_for_vocab(cfg)
+    target = None
+    if args.target_loss is not None:  # the tokens this model needs to reach it, under a law
+        target = tokens_for_target(cfg, data, args)
+        args.tokens, args.tokens_per_param = target["tokens"], None
     plan = make_plan(
         cfg,
         tokens=args.tokens,
@@ -45,6 +49,11 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
         data=data,
         timings=timings,
     )
+    if args.measure:  # is the machine what it should be: matmul, memory copy, the run dir's disk
+        from pretrainer.analysis.machine_check import machine_check
+
+        plan["machine"] = machine_check(Path(cfg.run.dir), cfg.train.device)
+        plan["warnings"] += plan["machine"]["warnings"]
     if args.fit:
         from pretrainer.analysis.scaling.report import predict_for_plan, read_fit
 
@@ -54,7 +63,14 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
             plan["params_non_embedding"],
             plan["tokens_trained"],
         )
+    if target is not None:
+        plan["target_loss"] = target
     text = format_plan(plan)
+    if target is not None:
+        text += (
+            f"\ntarget loss          {target['loss']:g} nats/token: {target['tokens']:,.0f} tokens for "
+            f"N = {target['params']:,} under {target['law']}"
+        )
     if args.compare:
         from pretrainer.analysis.instances import compare_instances, format_comparison, load_instances
 
@@ -71,9 +87,10 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
             flops_convention=args.flops,
             data=data,
         )
-        text += "\n\ninstances (the same run: its tokens and global batch)\n" + format_comparison(
-            plan["compare"]
-        )
+        if target is not None:  # ranked by what reaching the loss costs
+            plan["compare"].sort(key=lambda row: (not row["fits"], row.get("total_usd", 0.0)))
+        what = f"to reach loss {target['loss']:g}" if target else "the same run"
+        text += f"\n\ninstances ({what}: its tokens and global batch)\n" + format_comparison(plan["compare"])
     print_to_stdout(json.dumps(plan, indent=2) if args.json else text)
 
 
@@ -158,3 +175,39 @@ def cmd_config(args: argparse.Namespace, overrides: list[str]) -> None:
         print(f"note: shown unresolved ({e})", file=sys.stderr)
     source = " ".join([args.config or "defaults", *overrides])
     print_to_stdout(f"# pretrainer config {source}\n\n{config_text_with_help(cfg)}")
+
+
+def tokens_for_target(cfg, data, args: argparse.Namespace) -> dict:
+    """plan --target-loss: the training tokens at which the law (--fit's, else the published one) says this
+    model reaches the loss; an unreachable loss is an error naming the model's floor."""
+    import math
+
+    from pretrainer.analysis.plan import make_plan
+    from pretrainer.analysis.scaling.fit import FIXED_D_FORMS, PUBLISHED_LAW, predict_loss, tokens_for_loss
+
+    counts = make_plan(cfg, gpus=args.gpus, data=data)
+    if args.fit:
+        from pretrainer.analysis.scaling.report import law_from_json, read_fit
+
+        fit = read_fit(Path(args.fit))
+        if fit["form"] in FIXED_D_FORMS:
+            raise UserError(
+                f"{args.fit}: this fit holds D fixed ({fit['form']}): it cannot say how many tokens "
+                f"reach a loss; fit a sweep with several token counts"
+            )
+        law, source = law_from_json(fit)[0], f"the fit {fit['source']}"
+        params = counts["params_total"] if fit["params"] == "total" else counts["params_non_embedding"]
+    else:
+        law, source, params = (
+            PUBLISHED_LAW,
+            "the published law (Hoffmann et al. 2022)",
+            counts["params_total"],
+        )
+    tokens = tokens_for_loss(law, params, args.target_loss)
+    if not math.isfinite(tokens):
+        floor = float(predict_loss(law, params, 1e30))
+        raise UserError(
+            f"plan --target-loss {args.target_loss:g}: {params:,} parameters do not reach it under {source} "
+            f"(its floor for this model is {floor:.3f}); plan a larger model or a higher loss"
+        )
+    return {"loss": args.target_loss, "tokens": tokens, "params": params, "law": source}

@@ -20,20 +20,21 @@ class GPU:
     peak_bf16_tflops: float
     memory_gb: float
     board_power_w: float
+    memory_tbps: float  # memory bandwidth, TB/s (the vendor's data sheet)
 
 
 GPUS = {
-    "a100-40gb": GPU("NVIDIA A100 40GB", 312, 40, 400),
-    "a100-80gb": GPU("NVIDIA A100 80GB", 312, 80, 400),
-    "h100-sxm": GPU("NVIDIA H100 SXM", 989, 80, 700),
-    "h100-pcie": GPU("NVIDIA H100 PCIe", 756, 80, 350),
-    "h200": GPU("NVIDIA H200", 989, 141, 700),
-    "b200": GPU("NVIDIA B200", 2250, 192, 1000),
-    "l4": GPU("NVIDIA L4", 121, 24, 72),
-    "l40s": GPU("NVIDIA L40S", 362, 48, 350),
-    "rtx-3090": GPU("NVIDIA GeForce RTX 3090", 71, 24, 350),
-    "rtx-4090": GPU("NVIDIA GeForce RTX 4090", 165, 24, 450),
-    "a10": GPU("NVIDIA A10", 125, 24, 150),
+    "a100-40gb": GPU("NVIDIA A100 40GB", 312, 40, 400, 1.555),
+    "a100-80gb": GPU("NVIDIA A100 80GB", 312, 80, 400, 2.039),
+    "h100-sxm": GPU("NVIDIA H100 SXM", 989, 80, 700, 3.35),
+    "h100-pcie": GPU("NVIDIA H100 PCIe", 756, 80, 350, 2.0),
+    "h200": GPU("NVIDIA H200", 989, 141, 700, 4.8),
+    "b200": GPU("NVIDIA B200", 2250, 192, 1000, 8.0),
+    "l4": GPU("NVIDIA L4", 121, 24, 72, 0.3),
+    "l40s": GPU("NVIDIA L40S", 362, 48, 350, 0.864),
+    "rtx-3090": GPU("NVIDIA GeForce RTX 3090", 71, 24, 350, 0.936),
+    "rtx-4090": GPU("NVIDIA GeForce RTX 4090", 165, 24, 450, 1.008),
+    "a10": GPU("NVIDIA A10", 125, 24, 150, 0.6),
 }
 ALIASES = {
     "a100-40": "a100-40gb",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pretrainer.artifacts.metrics import run_timings
 from pretrainer.config.schema import BudgetConfig
 from pretrainer.core.errors import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, UserError
 from pretrainer.core.hardware import training_seconds
@@ -172,24 +173,37 @@ def launch_cost_check(
     peak_tflops: float | None,
     elapsed_before_s: float,
     say: Callable[[str], None],
+    measured_step_s: float | None = None,
 ) -> None:
     """Refuse to start when the spend so far (estimated) plus the projected cost of the remaining
-    steps exceeds budget.cap_usd."""
+    steps exceeds budget.cap_usd. The remaining steps are timed by this run's own measured step time
+    when it has one (a resume: its earlier launches' metrics), else at budget.mfu of the device's peak."""
     if not budget.cap_usd:
         return
-    if not peak_tflops:
+    if measured_step_s:
+        seconds, basis = (
+            steps_left * measured_step_s,
+            f"{measured_step_s:.3f} s per step (measured by this run)",
+        )
+    elif not peak_tflops:
         say("budget: no peak TFLOP/s for this device (set budget.peak_tflops); launch cost not projected")
         return
-    seconds = training_seconds(training_flops, gpus, peak_tflops, budget.mfu)
+    else:
+        seconds = training_seconds(training_flops, gpus, peak_tflops, budget.mfu)
+        basis = f"MFU {budget.mfu:g} (assumed)"
     projected = estimated_spend_usd(budget.usd_per_gpu_hour, gpus, elapsed_before_s + seconds)
-    say(
-        f"budget: projected ${projected:.2f} (cap ${budget.cap_usd:.2f}) for {steps_left:,} steps at MFU "
-        f"{budget.mfu:g}"
-    )
+    say(f"budget: projected ${projected:.2f} (cap ${budget.cap_usd:.2f}) for {steps_left:,} steps at {basis}")
     if projected > budget.cap_usd and not budget.allow_over_cap:
         raise UserError(
-            f"budget: the plan projects ${projected:.2f} for the remaining {steps_left:,} steps (MFU "
-            f"{budget.mfu:g}, "
+            f"budget: the plan projects ${projected:.2f} for the remaining {steps_left:,} steps ({basis}, "
             f"${budget.usd_per_gpu_hour:g}/GPU-hour x {gpus}), over budget.cap_usd ${budget.cap_usd:.2f}; "
             f"lower train.max_steps or pass --budget.allow_over_cap=true"
         )
+
+
+def measured_step_s(run_dir: Path) -> float | None:
+    """The step time a run's earlier launches measured (None: too few logged steps to say)."""
+    try:
+        return run_timings(run_dir)["step_s"]
+    except UserError:
+        return None

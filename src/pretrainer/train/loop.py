@@ -34,7 +34,7 @@ from pretrainer.optim.adamw import adamw_update_norm
 from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
 from pretrainer.train.alerts import Alerts
-from pretrainer.train.budget import launch_cost_check
+from pretrainer.train.budget import launch_cost_check, measured_step_s
 from pretrainer.train.cadence import CheckpointCadence
 from pretrainer.train.checkpoint import CheckpointWriter, restore_checkpoint, settle_writes, write_checkpoint
 from pretrainer.train.console import Console, closing_lines, resume_command, step_line
@@ -106,6 +106,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             start.peak_tflops,
             start.elapsed_before,
             say,
+            measured_step_s(run_dir) if resume is not None else None,
         )
 
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---

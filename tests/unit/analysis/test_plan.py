@@ -323,3 +323,26 @@ def test_auto_checkpoints_from_measured_times_and_every_figure_says_where_it_cam
     assumed = make_plan(load_config(CONFIGS / "x1-lab00.toml"))
     assert assumed["provenance"]["wall_hours"] == "assumed"
     assert assumed["provenance"]["checkpointing.write_s"] == "assumed"
+
+
+def test_target_loss_plans_the_tokens_the_law_says_and_ranks_instances_by_their_cost(run_cli, tmp_path):
+    from pretrainer.analysis.scaling.fit import PUBLISHED_LAW, predict_loss, tokens_for_loss
+
+    n, d = 88_942_080, 3e9  # the inverse of the law: the tokens back from the loss they give
+    assert tokens_for_loss(PUBLISHED_LAW, n, float(predict_loss(PUBLISHED_LAW, n, d))) == pytest.approx(d)
+    assert math.isnan(tokens_for_loss(PUBLISHED_LAW, n, 1.9))  # below this size's floor
+    target = float(predict_loss(PUBLISHED_LAW, n, 4e9))
+    code, out, err = run_cli(
+        "plan", CONFIGS / "x1-lab00.toml", "--target-loss", str(target), "--compare", "--json"
+    )
+    assert code == 0, err
+    plan = json.loads(out)
+    assert (
+        plan["target_loss"]["tokens"] == pytest.approx(4e9, rel=1e-6)
+        and "Hoffmann" in plan["target_loss"]["law"]
+    )
+    assert plan["steps"] == math.ceil(plan["target_loss"]["tokens"] / 524_288)
+    costs = [row["total_usd"] for row in plan["compare"] if row["fits"]]
+    assert costs == sorted(costs)  # ranked by what reaching the loss costs
+    code, _, err = run_cli("plan", CONFIGS / "x1-lab00.toml", "--target-loss", "1.9")
+    assert code == 2 and "floor" in err and len(err.strip().splitlines()) == 1

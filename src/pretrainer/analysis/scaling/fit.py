@@ -241,6 +241,19 @@ def predict_loss(law: dict[str, float], params, tokens):
         )
 
 
+# Hoffmann et al. 2022, approach 3 (eq. 10), N the total parameters: the published law, used when no fit.json
+PUBLISHED_LAW = {"E": 1.69, "log_A": math.log(406.4), "alpha": 0.34, "log_B": math.log(410.7), "beta": 0.28}
+
+
+def tokens_for_loss(law: dict[str, float], params: float, loss: float) -> float:
+    """The D at which L(N, D) reaches `loss` for this N: D = (B / (loss - E - A/N^alpha))^(1/beta); nan
+    when no D reaches it (loss at or below the law's floor for this N, E + A/N^alpha)."""
+    gap = loss - law["E"] - math.exp(law["log_A"] - law["alpha"] * math.log(params))
+    if gap <= 0 or law["beta"] <= 0:
+        return math.nan
+    return math.exp((law["log_B"] - math.log(gap)) / law["beta"])
+
+
 def _log(x: float) -> float:
     return math.log(x) if x > 0 else math.nan  # a law with a non-positive exponent has no optimum
 
