@@ -66,6 +66,7 @@ def compare_instances(
     mfu: float,
     mfu_source: str,
     make_plan,
+    own_gpu: str | None = None,
     **plan_kwargs,
 ) -> list[dict]:
     """One row per instance: the run of cfg (its sequences per step kept) planned there."""
@@ -113,6 +114,10 @@ def compare_instances(
             **plan_kwargs,
         )
         bill = plan["bill"]
+        if cfg.budget.max_usd_per_gpu_hour and gpu is not lookup_gpu(cfg.budget.gpu or own_gpu or ""):
+            # a declared price limit is the config's own GPU's (the lab's $1.40 is an A100's): others need
+            # only fit the cap
+            bill["go"] = not cfg.budget.cap_usd or bill["total_usd"] <= cfg.budget.cap_usd
         rows.append(
             {
                 **row,

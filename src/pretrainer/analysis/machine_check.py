@@ -79,7 +79,10 @@ def machine_check(run_dir: Path, device: str = "auto") -> dict:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     gpu = GPUS.get(gpu_from_device_name(name) or "") if dev.type == "cuda" else None
     tflops, gbps = matmul_tflops(dev), copy_gbps(dev)
-    disk, where = disk_write_mbps(run_dir)
+    try:
+        disk, where = disk_write_mbps(run_dir)
+    except OSError as e:  # a read-only or full disk: the run would fail at its first checkpoint
+        disk, where = 0.0, f"cannot write: {e.strerror or e}"
     checks = [
         {
             "what": "matmul",

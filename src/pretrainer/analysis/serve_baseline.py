@@ -61,11 +61,13 @@ def hf_speed(model, batch: int, prompt_tokens: int, new_tokens: int, repeats: in
     prompt = torch.randint(model.config.vocab_size, (batch, prompt_tokens), generator=generator).to(device)
     prefill_s, decode_s = [], []
     # the KV cache's name: `cache` from transformers 5.2x, `past_key_values` before
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    accepted = inspect.signature(model.forward).parameters
+    name = "cache" if "cache" in accepted else "past_key_values"
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in accepted else {}  # prefill: the last logits only
     for round_ in range(warmup + repeats):
         sync(device)
         started = time.perf_counter()
-        out = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=prompt, use_cache=True, **last_only)
         past, next_id = getattr(out, name), out.logits[:, -1].argmax(dim=-1, keepdim=True)
         sync(device)
         prefilled = time.perf_counter()
@@ -118,17 +120,26 @@ def bits_per_byte(model, tokenizer, texts: list[str], device) -> dict:
     }
 
 
-def val_texts(batches, decode) -> list[str]:
-    """The run's val windows as text (inputs and the last target: the whole window)."""
+def val_texts(batches, decode, eot_id: int) -> list[str]:
+    """The run's val windows as text, cut at each end-of-text (a separator the other tokenizer would spell
+    out and pay for; padding after a document is end-of-text too): each piece is scored on its own."""
     texts = []
     for x, y in batches:
         for inputs, targets in zip(x.tolist(), y.tolist()):
-            texts.append(decode(inputs + [t for t in targets[-1:] if t >= 0]))
-    return texts
+            piece: list[int] = []
+            for token in inputs + [t for t in targets[-1:] if t >= 0]:
+                if token != eot_id:
+                    piece.append(token)
+                elif piece:
+                    texts.append(decode(piece))
+                    piece = []
+            if piece:
+                texts.append(decode(piece))
+    return [text for text in texts if text]
 
 
 def measure_baseline(
-    path: Path, batches, decode, device, dtype, speed_settings: dict, usd_per_hour: float, sync
+    path: Path, batches, decode, eot_id: int, device, dtype, speed_settings: dict, usd_per_hour: float, sync
 ) -> dict:
     """The baseline's entry for serve_cost's table: weights, speed and $ per batch size, bits per byte."""
     entry = {
@@ -168,7 +179,7 @@ def measure_baseline(
         speed["usd_per_million_prompt"] = usd_per_hour / 3600 / speed["prefill_tokens_per_s"] * 1e6
         entry["speed"].append(speed)
     entry["quality"] = {
-        **bits_per_byte(model, tokenizer, val_texts(batches, decode), device),
+        **bits_per_byte(model, tokenizer, val_texts(batches, decode, eot_id), device),
         "top1_agreement": None,
         "tokenizer": type(tokenizer).__name__,
     }

@@ -452,6 +452,7 @@ def serve_cost(settings: ServeSettings) -> dict:
             Path(settings.baseline),
             batches,
             data.tokenizer.decode,
+            data.eot_id,
             device,
             serving_dtype(variants[0], device),
             speed_settings,

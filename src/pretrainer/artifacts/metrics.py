@@ -65,6 +65,7 @@ def run_timings(run_dir: Path) -> dict:
         "eval_s": statistics.median(evals) if evals else None,
         "checkpoint_s": statistics.median(checkpoints) if checkpoints else None,
         "startup_s": max(0.0, first["elapsed_s"] - first["step"] * step_s),
+        "tokens_per_step": round(tokens_per_step),
         "run_steps": logged[-1]["step"],
         "run_wall_s": max(r["elapsed_s"] for r in records if "elapsed_s" in r),
     }

@@ -82,6 +82,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
             plan["mfu"] if measured else (args.mfu or cfg.budget.mfu),
             f"measured on {plan['gpu']['name']}, carried by peak FLOP/s" if measured else "assumed",
             make_plan,
+            own_gpu=args.gpu,
             tokens=args.tokens,
             tokens_per_param=args.tokens_per_param,
             flops_convention=args.flops,
@@ -185,7 +186,9 @@ def tokens_for_target(cfg, data, args: argparse.Namespace) -> dict:
     from pretrainer.analysis.plan import make_plan
     from pretrainer.analysis.scaling.fit import FIXED_D_FORMS, PUBLISHED_LAW, predict_loss, tokens_for_loss
 
-    counts = make_plan(cfg, gpus=args.gpus, data=data)
+    counts = make_plan(
+        cfg, tokens=1, gpus=args.gpus, data=data
+    )  # its parameters (the horizon is the target's)
     if args.fit:
         from pretrainer.analysis.scaling.report import law_from_json, read_fit
 

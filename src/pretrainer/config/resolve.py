@@ -135,6 +135,12 @@ def resolve(
     m.d_ff = resolve_d_ff(m)
     if cfg.data.packing == "auto":  # chat data: no token sees or predicts across a conversation's end
         cfg.data.packing = "document" if data is not None and getattr(data, "is_chat", False) else "concat"
+    if m.dropout and cfg.data.packing == "document":  # packing "auto" became document for chat data
+        raise UserError(
+            f"model.dropout = {m.dropout:g} with document packing (chat data packs by document): the "
+            "document-masked attention kernel (flex attention) has no dropout; use model.dropout = 0 or "
+            "data.packing = concat"
+        )
     if t.micro_batch == 0:  # auto: the largest micro-batch that fits, keeping the global batch
         if search_micro_batch is None:
             raise UserError(
@@ -275,6 +281,12 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
     # context extension: a RoPE model has no weight that depends on seq_len, so it may grow on resume (the
     # optimizer state and the data position carry over: SequenceLoader.load_state_dict)
     extends_context = cfg.model.arch == "llama" and cfg.model.seq_len > saved_cfg.model.seq_len
+    if extends_context and (cfg.data.mixture or saved_cfg.data.mixture):
+        raise UserError(
+            f"{where}: a longer model.seq_len on resume (context extension) keeps the data position of one "
+            f"data dir, not of a mixture's stream; resume at model.seq_len = {saved_cfg.model.seq_len}, or "
+            f"start the longer phase from these weights with init.from"
+        )
     model_keys = [
         k
         for k in changed

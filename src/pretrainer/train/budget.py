@@ -201,9 +201,14 @@ def launch_cost_check(
         )
 
 
-def measured_step_s(run_dir: Path) -> float | None:
-    """The step time a run's earlier launches measured (None: too few logged steps to say)."""
+def measured_step_s(run_dir: Path, saved: dict, world_size: int, step_tokens: int) -> float | None:
+    """The step time a run's earlier launches measured, when they ran the same step: as many ranks and
+    tokens per step as this launch (`saved`: the checkpoint's state). None: too few logged steps, or a
+    different step."""
+    if saved.get("hardware", {}).get("world_size") != world_size:
+        return None
     try:
-        return run_timings(run_dir)["step_s"]
+        timings = run_timings(run_dir)
     except UserError:
         return None
+    return timings["step_s"] if timings["tokens_per_step"] == step_tokens else None

@@ -48,8 +48,13 @@ class CheckpointCadence:
     step times, decided again after each checkpoint: the largest rank's choice, so every rank agrees
     (a checkpoint is a collective)."""
 
-    def __init__(self, every: int, interruptions_per_hour: float, first_step: int, env: DistEnv, log) -> None:
+    def __init__(
+        self, every: int, interruptions_per_hour: float, first_step: int, env: DistEnv, log, align: int = 1
+    ) -> None:
+        """align: auto's checkpoints fall on multiples of it (eval.every under ckpt.keep_best, whose
+        ranking needs a validation at the checkpoint's step)."""
         self.every, self.per_hour, self.env, self.log = every, interruptions_per_hour, env, log
+        self.align = max(1, align)
         self.next_step = first_step  # auto: the step of the next checkpoint
         self.step_s: float | None = None
         self.chosen = 0  # auto's interval in steps, once chosen
@@ -57,11 +62,12 @@ class CheckpointCadence:
     def due(self, step: int) -> bool:
         if self.every != AUTO:
             return bool(self.every) and step % self.every == 0
-        return self.step_s is not None and step >= self.next_step
+        return self.step_s is not None and step >= self.next_step and step % self.align == 0
 
     def measured_step(self, step_s: float) -> None:
         """A logged interval's seconds per step (tokens per step / tokens/s)."""
-        self.step_s = step_s
+        if step_s > 0:
+            self.step_s = step_s
 
     def checkpointed(self, step: int, write_s: float) -> None:
         """After a checkpoint that took the training thread `write_s`: auto picks the next one."""

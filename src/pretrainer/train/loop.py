@@ -106,7 +106,13 @@ def train(cfg: Config, clock=time.time) -> dict:
             start.peak_tflops,
             start.elapsed_before,
             say,
-            measured_step_s(run_dir) if resume is not None else None,
+            # rank 0 reads the earlier launches' metrics (not yet cut back to the checkpoint), all get it
+            broadcast_object(
+                measured_step_s(run_dir, resume.state, env.world_size, step_tokens) if env.is_main else None,
+                env,
+            )
+            if resume is not None and cfg.budget.cap_usd
+            else None,
         )
 
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
@@ -185,7 +191,12 @@ def train(cfg: Config, clock=time.time) -> dict:
 
         # which steps checkpoint: every ckpt.every, or auto's Young/Daly interval from measured times
         cadence = CheckpointCadence(
-            cfg.ckpt.every, cfg.ckpt.interruptions_per_hour, state.step + 1, env, run_log.write
+            cfg.ckpt.every,
+            cfg.ckpt.interruptions_per_hour,
+            state.step + 1,
+            env,
+            run_log.write,
+            align=cfg.eval.every if cfg.ckpt.keep_best else 1,  # the best is ranked by a validation there
         )
 
         # step 0's, once per run
@@ -274,6 +285,7 @@ def train(cfg: Config, clock=time.time) -> dict:
                 settle_writes(writer, env)  # a write in flight lands before newer checkpoints are retired
                 state.rewind(restore_checkpoint(verdict.roll_back_to, wrapped, model, optimizer, env))
                 spikes.rolled_back(step, verdict.roll_back_to, state.step, loader)
+                speed.restart(state.tokens)  # tokens went back: the next interval starts here
                 progress.n = state.step
                 optimizer.zero_grad(set_to_none=not keep_grads(strategy, env))
                 continue
@@ -311,7 +323,9 @@ def train(cfg: Config, clock=time.time) -> dict:
                     record["spent_usd"] = stopper.spent_usd(elapsed)
                 run_log.write(record)
                 say(step_line(record, end_step, step_tokens))
-                cadence.measured_step(step_tokens / max(figures["tokens_per_s"], 1e-9))
+                cadence.measured_step(
+                    step_tokens / figures["tokens_per_s"] if figures["tokens_per_s"] > 0 else 0
+                )
                 speed.check(step, figures)  # the throughput watchdog, once after its warm-up
             alerts.step_done(step, last_loss if logging_step else None)  # the stall watchdog's heartbeat
 

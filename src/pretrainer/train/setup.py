@@ -161,6 +161,8 @@ def build_training_model(
     model.configure_blocks(cfg.train.activation_checkpointing, compiled)
     wrapped = wrap_model(model, cfg.parallel.strategy, env, amp_dtype, cfg.parallel.fsdp_shard)
     optimizer = build_optimizer(model, cfg.optim, env.device.type, compile_step=compiled)
+    if cfg.model.dropout:  # the inits above agree; each rank draws its own dropout masks from here on
+        torch.manual_seed(cfg.train.seed + 1 + env.rank)
     if resume is not None or parent is not None:  # AdamW moments too when resuming (name-keyed)
         load_full_state(
             wrapped,

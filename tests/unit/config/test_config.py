@@ -295,3 +295,34 @@ def test_hostile_toml_files_are_one_line(tmp_path: Path):
     bom = tmp_path / "bom.toml"
     bom.write_text("[optim]\nlr = 1e-3\n", encoding="utf-8-sig")
     assert load_config(bom).optim.lr == 1e-3
+
+
+def test_dropout_is_refused_where_chat_data_packs_by_document(tmp_path):
+    """data.packing = auto becomes document for chat data, after the config's own checks ran: resolve
+    refuses dropout there too (flex attention, the document kernel on a GPU, has no dropout)."""
+    from types import SimpleNamespace
+
+    from pretrainer.config.resolve import resolve
+
+    chat = SimpleNamespace(path=tmp_path, manifest={"max_token_id": 99}, vocab_size=100, is_chat=True)
+    cfg = load_config(None, ["--model.dropout=0.1", "--train.max_steps=10"])
+    with pytest.raises(UserError, match="model.dropout = 0.1 with document packing"):
+        resolve(cfg, data=chat)
+    text = SimpleNamespace(path=tmp_path, manifest={"max_token_id": 99}, vocab_size=100, is_chat=False)
+    assert resolve(cfg, data=text).data.packing == "concat"
+
+
+def test_context_extension_is_refused_for_a_mixture_in_one_line(tmp_path):
+    from pretrainer.config.resolve import resume_changes
+    from pretrainer.config.schema import to_dict
+
+    shape = ["--model.vocab_size=128", "--model.d_ff=384", "--train.max_steps=10", "--data.packing=concat"]
+    mixed = [f"--data.mixture={tmp_path}/a:0.5,{tmp_path}/b:0.5", *shape]
+    saved = to_dict(load_config(None, [*mixed, "--model.seq_len=64"]))
+    longer = load_config(None, [*mixed, "--model.seq_len=128"])
+    with pytest.raises(UserError, match="not of a mixture's stream"):
+        resume_changes(longer, saved, tmp_path, "pretrainer train ...")
+    single = [f"--data.dir={tmp_path}/d", *shape]
+    saved = to_dict(load_config(None, [*single, "--model.seq_len=64"]))
+    changed = resume_changes(load_config(None, [*single, "--model.seq_len=128"]), saved, tmp_path, "")
+    assert changed == ["model.seq_len: 64 -> 128"]

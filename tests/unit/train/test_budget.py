@@ -134,3 +134,22 @@ def test_a_budget_file_that_is_a_fifo_does_not_block_and_falls_back_to_the_estim
     assert readings, "reading budget.file blocked on a FIFO"
     assert readings[0].source == "estimate" and readings[0].spent_usd == pytest.approx(1.0)
     assert readings[0].problem == f"{fifo} is not a regular file (a FIFO or device?); using the estimate"
+
+
+def test_a_resumed_launch_projects_with_its_measured_step_only_for_the_same_step(tmp_path):
+    """The launch check's step time comes from the run's earlier launches, when they ran the same step: as
+    many ranks and tokens per step (a resume on 8 GPUs after 1 does not inherit one GPU's step time)."""
+    import json
+
+    from pretrainer.train.budget import measured_step_s
+
+    records = [
+        {"step": s, "loss": 3.0, "tokens": s * 1000, "elapsed_s": 5 + 0.5 * s, "tokens_per_s": 2000.0}
+        for s in (10, 20, 30)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    saved = {"hardware": {"world_size": 1}}
+    assert measured_step_s(tmp_path, saved, 1, 1000) == pytest.approx(0.5)
+    assert measured_step_s(tmp_path, saved, 8, 1000) is None
+    assert measured_step_s(tmp_path, saved, 1, 2000) is None
+    assert measured_step_s(tmp_path / "nothing", saved, 1, 1000) is None

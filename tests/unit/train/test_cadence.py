@@ -80,3 +80,13 @@ def test_auto_is_read_from_toml_and_cli_and_needs_a_declared_rate(tmp_path):
     assert load_config(config, []).ckpt.every == AUTO
     with pytest.raises(UserError, match="interruptions_per_hour"):
         load_config(None, ["--ckpt.every=auto"])
+
+
+def test_auto_under_keep_best_checkpoints_where_a_validation_ran():
+    cadence = CheckpointCadence(AUTO, 100.0, 1, ONE_PROCESS, log=lambda record: None, align=20)
+    cadence.measured_step(0.1)
+    assert not cadence.due(10) and cadence.due(20)  # the first one waits for a validated step
+    cadence.checkpointed(20, write_s=0.01)  # a 1-2 step interval, rounded up to the next validation
+    assert [s for s in range(21, 61) if cadence.due(s)][0] == 40
+    cadence.measured_step(-5.0)  # a negative rate (tokens rewound by a rollback) is not a step time
+    assert cadence.step_s == 0.1

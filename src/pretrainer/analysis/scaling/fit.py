@@ -248,10 +248,11 @@ PUBLISHED_LAW = {"E": 1.69, "log_A": math.log(406.4), "alpha": 0.34, "log_B": ma
 def tokens_for_loss(law: dict[str, float], params: float, loss: float) -> float:
     """The D at which L(N, D) reaches `loss` for this N: D = (B / (loss - E - A/N^alpha))^(1/beta); nan
     when no D reaches it (loss at or below the law's floor for this N, E + A/N^alpha)."""
-    gap = loss - law["E"] - math.exp(law["log_A"] - law["alpha"] * math.log(params))
+    gap = loss - law["E"] - math.exp(min(law["log_A"] - law["alpha"] * math.log(params), 700.0))
     if gap <= 0 or law["beta"] <= 0:
         return math.nan
-    return math.exp((law["log_B"] - math.log(gap)) / law["beta"])
+    log_d = (law["log_B"] - math.log(gap)) / law["beta"]
+    return math.exp(log_d) if log_d < 700 else math.nan  # beyond any float of tokens: unreachable
 
 
 def _log(x: float) -> float:
