@@ -3,7 +3,9 @@
 Sources (repeatable `--corpus`):
   stdlib                  the .py files of the running Python's standard library (offline, built in)
   PATH                    a .txt, .jsonl (a "text" field per line) or .parquet (a "text" column) file,
-                          a directory (searched recursively for those) or a glob
+                          a directory (searched recursively for those) or a glob; .txt and .jsonl may be
+                          compressed (.gz, .zst, .bz2, .xz: streamed, never decompressed whole), parquet
+                          pages in any codec pyarrow reads
   hf:ORG/NAME[:GLOB]      parquet files of a Hugging Face dataset repo, downloaded with huggingface_hub
                           (e.g. hf:HuggingFaceFW/fineweb-edu:sample/10BT/*.parquet); with HF_HUB_OFFLINE=1
                           it reads the local hub cache only
@@ -19,9 +21,13 @@ a text that is not a string (a number, a list, a binary column) is an error.
 
 from __future__ import annotations
 
+import bz2
 import fnmatch
 import glob
+import gzip
+import io
 import json
+import lzma
 import re
 import sysconfig
 from collections.abc import Iterator
@@ -63,8 +69,98 @@ def stdlib_files() -> list[Path]:
     return sorted(files)
 
 
+COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz")  # streamed by gzip, zstandard, bz2, lzma
+
+
 def _kind(path: Path) -> str | None:
-    return {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower())
+    """txt, jsonl or parquet, by the suffix under any compression suffix (docs.jsonl.zst is jsonl)."""
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        return "parquet"
+    for ending in ("", *COMPRESSIONS):
+        for suffix, kind in ((".txt", "txt"), (".jsonl", "jsonl")):
+            if name.endswith(suffix + ending):
+                return kind
+    return None
+
+
+def compression(path: Path) -> str | None:
+    return path.suffix.lower() if path.suffix.lower() in COMPRESSIONS else None
+
+
+class ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a .zst file's frames, one after another. zstandard's own stream reader
+    ends quietly where a file was cut off mid-frame; this one raises EOFError there."""
+
+    def __init__(self, raw):
+        import zstandard
+
+        self.raw, self.new_frame = raw, zstandard.ZstdDecompressor().decompressobj
+        self.frame, self.in_frame, self.pending, self.offset = self.new_frame(), False, b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.offset >= len(self.pending):
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if self.in_frame:
+                    raise EOFError("the last zstd frame is cut off")
+                return 0
+            self.pending, self.offset = self._decompress(chunk), 0
+        n = min(len(buffer), len(self.pending) - self.offset)
+        buffer[:n] = self.pending[self.offset : self.offset + n]
+        self.offset += n
+        return n
+
+    def _decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            out.append(self.frame.decompress(data))
+            self.in_frame = True
+            if not self.frame.eof:
+                break
+            data, self.frame, self.in_frame = self.frame.unused_data, self.new_frame(), False
+        return b"".join(out)
+
+
+class BinaryLines:
+    """A corpus file as binary lines, decompressed on the fly where compressed, and how far into the file
+    on disk it has read (`position`, for progress in the unit of the files' sizes). A truncated or corrupt
+    compressed file is a one-line error naming it."""
+
+    def __init__(self, path: Path):
+        self.path, self.raw = path, open(path, "rb")
+        kind = compression(path)
+        if kind is None:
+            self.stream = self.raw
+        elif kind == ".zst":
+            self.stream = io.BufferedReader(ZstdFrames(self.raw), buffer_size=1 << 20)
+        elif kind == ".gz":
+            self.stream = gzip.GzipFile(fileobj=self.raw, mode="rb")
+        else:
+            self.stream = (bz2.BZ2File if kind == ".bz2" else lzma.LZMAFile)(self.raw, "rb")
+
+    def __enter__(self) -> BinaryLines:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stream.close()
+        self.raw.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        damaged = (EOFError, OSError, lzma.LZMAError, ValueError)
+        try:
+            yield from self.stream
+        except damaged as e:
+            raise UserError(
+                f"{self.path}: a damaged or truncated {compression(self.path)} file ({str(e).splitlines()[0][:120]}); "
+                f"download or compress it again"
+            ) from None
+
+    def position(self) -> int:
+        return self.raw.tell()
 
 
 def _hf_files(spec: str) -> tuple[list[Path], dict]:
@@ -102,7 +198,7 @@ def resolve_files(spec: str) -> list[CorpusFile]:
         candidates = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p))
     elif path.is_file():
         if not _kind(path):
-            raise UserError(f"{path}: unsupported file type; use .txt, .jsonl or .parquet")
+            raise UserError(f"{path}: unsupported file type; use .txt, .jsonl (either may end in .gz, .zst, .bz2 or .xz) or .parquet")
         candidates = [path]
     else:
         raise UserError(f"{path}: corpus not found; give a file, directory, glob, 'stdlib' or hf:ORG/NAME")
@@ -215,11 +311,11 @@ class Corpus:
     def _read_text(self, f: CorpusFile) -> Iterator[str]:
         size = f.path.stat().st_size
         mode = "file" if f.kind == "py" else self.txt_docs
-        if mode == "auto":
-            mode = "blank-lines" if size > AUTO_SPLIT_BYTES else "file"
+        if mode == "auto":  # a compressed file is taken at ~4x its size
+            mode = "blank-lines" if size * (4 if compression(f.path) else 1) > AUTO_SPLIT_BYTES else "file"
             if mode == "blank-lines" and str(f.path) not in self.auto_split_files:
                 self.auto_split_files.append(str(f.path))
-        if mode == "file" and size <= PIECE_BYTES:
+        if mode == "file" and size <= PIECE_BYTES and not compression(f.path):
             text, replaced = self._decode(f.path.read_bytes(), str(f.path))
             text = text.removeprefix(BOM)
             if text.strip():
@@ -234,9 +330,10 @@ class Corpus:
         Pieces (see safe_cut), so memory is bounded by the piece size and the longest line."""
         lines: list[str] = []
         size, replaced_in_document, has_text = 0, False, False
-        with open(path, "rb") as fh:
+        start = self.bytes_read
+        with BinaryLines(path) as fh:
             for lineno, raw in enumerate(fh, 1):
-                self.bytes_read += len(raw)
+                self.bytes_read = start + fh.position()
                 line, replaced = self._decode(raw, f"{path}:{lineno}")
                 line = line.removeprefix(BOM) if lineno == 1 else line
                 if split_at_blank_lines and not line.strip():
@@ -257,9 +354,10 @@ class Corpus:
             yield "".join(lines).rstrip("\r\n") if split_at_blank_lines else "".join(lines)
 
     def _read_jsonl(self, path: Path) -> Iterator[str]:
-        with open(path, "rb") as fh:
+        start = self.bytes_read
+        with BinaryLines(path) as fh:
             for lineno, raw in enumerate(fh, 1):
-                self.bytes_read += len(raw)
+                self.bytes_read = start + fh.position()
                 raw = raw.removeprefix(BOM.encode()) if lineno == 1 else raw
                 if not raw.strip():
                     continue

@@ -413,3 +413,48 @@ def test_the_gpt2_tokenizer_hash_does_not_depend_on_tiktoken():
     tokenizer = tokenizer_from_spec("gpt2")
     assert tokenizer.pattern == GPT2_PATTERN
     assert tokenizer.sha256 == "4df7bb94a1a523aa042a1eb792e7a825e5c99d3a46f80f858a7c13ddb36adaa5"
+
+
+# --- compressed corpora: streamed, the same tokens as the plain file ---
+
+
+def test_compressed_corpora_prepare_to_the_same_token_files_and_a_cut_one_is_one_line(tmp_path, run_cli):
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    plain = tmp_path / "docs.jsonl"
+    plain.write_bytes("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:120]).encode())
+    data = plain.read_bytes()
+    compressed = {
+        "docs.jsonl.gz": gzip.compress(data),
+        # two frames, cut mid-line, as concatenated .zst files are
+        "docs.jsonl.zst": b"".join(zstandard.ZstdCompressor().compress(part) for part in (data[:999], data[999:])),
+        "docs.jsonl.bz2": bz2.compress(data),
+        "docs.jsonl.xz": lzma.compress(data),
+    }
+    outputs = {}
+    for name in ["docs.jsonl", *compressed]:
+        path = tmp_path / "in" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(compressed.get(name, data))
+        out = tmp_path / f"out-{name}"
+        prepare(Corpus([str(path)]), "bpe:300", out, val_fraction=0.1, seed=0, workers=1)
+        outputs[name] = {f.name: f.read_bytes() for f in out.iterdir() if f.suffix == ".bin"}
+    assert outputs["docs.jsonl"] and all(files == outputs["docs.jsonl"] for files in outputs.values())
+    # a text file compressed too, and parquet pages in zstd
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.txt.gz").write_bytes(gzip.compress(DOCS[0].encode()))
+    assert list(Corpus([str(tmp_path / "t" / "a.txt.gz")]).documents()) == [DOCS[0]]
+    pq.write_table(pa.table({"text": DOCS[:5]}), tmp_path / "t" / "z.parquet", compression="zstd")
+    assert list(Corpus([str(tmp_path / "t" / "z.parquet")]).documents()) == DOCS[:5]
+    # cut off mid-frame: one line naming the file, no tokens written
+    cut = tmp_path / "cut" / "docs.jsonl.zst"
+    cut.parent.mkdir()
+    cut.write_bytes(compressed["docs.jsonl.zst"][:-40])
+    code, _, err = run_cli("prepare", "--corpus", cut, "--tokenizer", "bpe:300", "--out", tmp_path / "cut-out")
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(errors) == 1 and str(cut) in errors[0] and "truncated" in errors[0]
+    assert not (tmp_path / "cut-out").exists()
