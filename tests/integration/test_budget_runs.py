@@ -147,12 +147,12 @@ def test_plan_measures_a_probe_and_a_finished_run_and_predicts_the_real_run(
     monkeypatch.setenv(
         "OMP_NUM_THREADS", "1"
     )  # both processes alike, and less at the mercy of a busy machine
-    settings = {"train.max_steps": 60, "eval.every": 20, "ckpt.every": 20, "log.every": 5, "eval.batches": 8}
+    settings = {"train.max_steps": 45, "eval.every": 15, "ckpt.every": 15, "log.every": 5, "eval.batches": 8}
     args = [str(a) for a in tiny_overrides(stdlib_data, tmp_path / "run", **settings)]
-    code, out, err = run_cli("plan", *args, "--measure", "--measure-steps", "15", "--json")
+    code, out, err = run_cli("plan", *args, "--measure", "--measure-steps", "12", "--json")
     assert code == 0, err
     plan = json.loads(out)
-    assert plan["time_source"] == "measured" and plan["measured"]["run_steps"] == 15
+    assert plan["time_source"] == "measured" and plan["measured"]["run_steps"] == 12
     assert plan["provenance"]["wall_hours"] == plan["provenance"]["measured.peak_memory_bytes"] == "measured"
     # the machine check: a matmul, a memory copy and the run dir's disk, each measured; a CPU has no table
     # figures to hold the first two against, the disk is held against plan's checkpoint assumption
@@ -175,7 +175,7 @@ def test_plan_measures_a_probe_and_a_finished_run_and_predicts_the_real_run(
     again = json.loads(out)
     parts = again["measured"]
     assert again["time_source"] == "measured" and parts["eval_s"] > 0 and parts["checkpoint_s"] > 0
-    assert again["evaluations"] == 3 and again["checkpoints"] == 3 and parts["run_steps"] == 60
+    assert again["evaluations"] == 3 and again["checkpoints"] == 3 and parts["run_steps"] == 45
     assert abs(again["wall_hours"] * 3600 - parts["run_wall_s"]) <= 0.10 * parts["run_wall_s"], again
     code, out, _ = run_cli("plan", "--from-run", tmp_path / "run", "--train.max_steps=120")
     assert code == 0 and "wall time (measured)" in out and "120 steps x" in out
