@@ -78,18 +78,9 @@ def hf_speed(model, batch: int, prompt_tokens: int, new_tokens: int, repeats: in
         if round_ >= warmup:
             prefill_s.append(prefilled - started)
             decode_s.append(time.perf_counter() - prefilled)
-    prefill, decode = sorted(prefill_s)[len(prefill_s) // 2], sorted(decode_s)[len(decode_s) // 2]
-    return {
-        "batch": batch,
-        "prefill_tokens_per_s": batch * prompt_tokens / prefill,
-        "decode_tokens_per_s": batch * new_tokens / decode,
-        "prefill_s": prefill,
-        "decode_s": decode,
-        "prefill_s_each": prefill_s,
-        "decode_s_each": decode_s,
-        "kv_cache_bytes": None,
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-    }
+    from pretrainer.analysis.serve_cost import speed_record
+
+    return speed_record(batch, prompt_tokens, new_tokens, prefill_s, decode_s, None, device)
 
 
 @torch.inference_mode()

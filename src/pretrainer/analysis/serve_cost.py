@@ -240,6 +240,19 @@ def measure_speed(
         if round_ >= warmup:
             prefill_s.append(prefilled - started)
             decode_s.append(time.perf_counter() - prefilled)
+    return speed_record(batch, prompt_tokens, new_tokens, prefill_s, decode_s, kv_bytes, device)
+
+
+def speed_record(
+    batch: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    prefill_s: list[float],
+    decode_s: list[float],
+    kv_bytes: int | None,
+    device: torch.device,
+) -> dict:
+    """One batch size's timed rounds as the table's row: median tokens/s of prefill and decode."""
     prefill, decode = statistics.median(prefill_s), statistics.median(decode_s)
     return {
         "batch": batch,
