@@ -30,6 +30,7 @@ from pretrainer.artifacts.metrics import run_timings
 from pretrainer.config.schema import BudgetConfig
 from pretrainer.core.errors import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, UserError
 from pretrainer.core.hardware import training_seconds
+from pretrainer.train.distributed import DistEnv, broadcast_object
 
 FIELDS = ("spent_usd", "rate_usd_per_hr", "hours_elapsed", "projected_total_usd", "last_update_utc")
 ACTION_CODES = {"ok": 0, "warn": 1, "stop": 2, "halt": 3}  # ordered: the most severe wins across ranks
@@ -212,3 +213,15 @@ def measured_step_s(run_dir: Path, saved: dict, world_size: int, step_tokens: in
     except UserError:
         return None
     return timings["step_s"] if timings["tokens_per_step"] == step_tokens else None
+
+
+def resumed_step_s(
+    budget: BudgetConfig, run_dir: Path, saved: dict | None, env: DistEnv, step_tokens: int
+) -> float | None:
+    """For a resumed run's launch check under a cap: the measured step time, read by rank 0 (before the
+    metrics are cut back to the checkpoint) and given to every rank, so all decide alike."""
+    if saved is None or not budget.cap_usd:
+        return None
+    return broadcast_object(
+        measured_step_s(run_dir, saved, env.world_size, step_tokens) if env.is_main else None, env
+    )

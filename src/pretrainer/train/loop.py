@@ -34,7 +34,7 @@ from pretrainer.optim.adamw import adamw_update_norm
 from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
 from pretrainer.train.alerts import Alerts
-from pretrainer.train.budget import launch_cost_check, measured_step_s
+from pretrainer.train.budget import launch_cost_check, resumed_step_s
 from pretrainer.train.cadence import CheckpointCadence
 from pretrainer.train.checkpoint import CheckpointWriter, restore_checkpoint, settle_writes, write_checkpoint
 from pretrainer.train.console import Console, closing_lines, resume_command, step_line
@@ -106,13 +106,7 @@ def train(cfg: Config, clock=time.time) -> dict:
             start.peak_tflops,
             start.elapsed_before,
             say,
-            # rank 0 reads the earlier launches' metrics (not yet cut back to the checkpoint), all get it
-            broadcast_object(
-                measured_step_s(run_dir, resume.state, env.world_size, step_tokens) if env.is_main else None,
-                env,
-            )
-            if resume is not None and cfg.budget.cap_usd
-            else None,
+            resumed_step_s(cfg.budget, run_dir, resume.state if resume else None, env, step_tokens),
         )
 
         # --- the run dir, metrics, the guards, and the trainer state (restored on resume) ---
