@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from pretrainer.analysis.serve_speed import speed_record
 from pretrainer.core.device import tensor_bytes
 from pretrainer.core.errors import UserError
 
@@ -78,8 +79,6 @@ def hf_speed(model, batch: int, prompt_tokens: int, new_tokens: int, repeats: in
         if round_ >= warmup:
             prefill_s.append(prefilled - started)
             decode_s.append(time.perf_counter() - prefilled)
-    from pretrainer.analysis.serve_cost import speed_record
-
     return speed_record(batch, prompt_tokens, new_tokens, prefill_s, decode_s, None, device)
 
 

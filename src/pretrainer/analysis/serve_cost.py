@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import platform
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from pathlib import Path
 import torch
 
 from pretrainer.analysis.report.serve_cost_tables import format_tables
+from pretrainer.analysis.serve_speed import speed_record
 from pretrainer.core.device import import_torchao, tensor_bytes
 from pretrainer.core.errors import UserError
 
@@ -241,30 +241,6 @@ def measure_speed(
             prefill_s.append(prefilled - started)
             decode_s.append(time.perf_counter() - prefilled)
     return speed_record(batch, prompt_tokens, new_tokens, prefill_s, decode_s, kv_bytes, device)
-
-
-def speed_record(
-    batch: int,
-    prompt_tokens: int,
-    new_tokens: int,
-    prefill_s: list[float],
-    decode_s: list[float],
-    kv_bytes: int | None,
-    device: torch.device,
-) -> dict:
-    """One batch size's timed rounds as the table's row: median tokens/s of prefill and decode."""
-    prefill, decode = statistics.median(prefill_s), statistics.median(decode_s)
-    return {
-        "batch": batch,
-        "prefill_tokens_per_s": batch * prompt_tokens / prefill,
-        "decode_tokens_per_s": batch * new_tokens / decode,
-        "prefill_s": prefill,
-        "decode_s": decode,
-        "prefill_s_each": prefill_s,
-        "decode_s_each": decode_s,  # every timed round: the spread behind the median
-        "kv_cache_bytes": kv_bytes,
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-    }
 
 
 @torch.inference_mode()
