@@ -19,6 +19,7 @@ with depth; biases are zero; norm weights are one.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -333,7 +334,9 @@ class Transformer(nn.Module):
         self.checkpoint_blocks, self.compile_loss = checkpointing, compile and on_gpu
         if compile:
             for block in self.layers:
-                block.compile()
+                # PRETRAINER_COMPILE_BACKEND=aot_eager: dynamo and autograd's tracing without inductor's code
+                # generation, torch's own first step in bisecting a compile problem
+                block.compile(backend=os.environ.get("PRETRAINER_COMPILE_BACKEND", "inductor"))
 
     def new_kv_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         attn = self.layers[0].attn
