@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.analysis.serve_speed import speed_record
+from pretrainer.analysis.serve_speed import priced, speed_record, sync, timed_rounds
 from pretrainer.core.device import tensor_bytes
 from pretrainer.core.errors import UserError
 
@@ -56,29 +56,25 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 @torch.inference_mode()
-def hf_speed(model, batch: int, prompt_tokens: int, new_tokens: int, repeats: int, warmup: int, device, sync):
-    """Prefill then greedy decode with the model's own KV cache, as serve_cost.measure_speed times ours."""
+def hf_speed(model, batch: int, prompt_tokens: int, new_tokens: int, repeats: int, warmup: int, device):
+    """Prefill then greedy decode with the model's own KV cache, timed as measure_speed times ours."""
     generator = torch.Generator().manual_seed(batch)
     prompt = torch.randint(model.config.vocab_size, (batch, prompt_tokens), generator=generator).to(device)
-    prefill_s, decode_s = [], []
     # the KV cache's name: `cache` from transformers 5.2x, `past_key_values` before
     accepted = inspect.signature(model.forward).parameters
     name = "cache" if "cache" in accepted else "past_key_values"
     last_only = {"logits_to_keep": 1} if "logits_to_keep" in accepted else {}  # prefill: the last logits only
-    for round_ in range(warmup + repeats):
-        sync(device)
-        started = time.perf_counter()
+
+    def prefill():
         out = model(input_ids=prompt, use_cache=True, **last_only)
-        past, next_id = getattr(out, name), out.logits[:, -1].argmax(dim=-1, keepdim=True)
-        sync(device)
-        prefilled = time.perf_counter()
-        for _ in range(new_tokens):
-            out = model(input_ids=next_id, use_cache=True, **{name: past})
-            past, next_id = getattr(out, name), out.logits[:, -1].argmax(dim=-1, keepdim=True)
-        sync(device)
-        if round_ >= warmup:
-            prefill_s.append(prefilled - started)
-            decode_s.append(time.perf_counter() - prefilled)
+        return getattr(out, name), out.logits[:, -1].argmax(dim=-1, keepdim=True)
+
+    def decode_step(state):
+        past, next_id = state
+        out = model(input_ids=next_id, use_cache=True, **{name: past})
+        return getattr(out, name), out.logits[:, -1].argmax(dim=-1, keepdim=True)
+
+    prefill_s, decode_s = timed_rounds(prefill, decode_step, new_tokens, warmup, repeats, device)
     return speed_record(batch, prompt_tokens, new_tokens, prefill_s, decode_s, None, device)
 
 
@@ -129,7 +125,7 @@ def val_texts(batches, decode, eot_id: int) -> list[str]:
 
 
 def measure_baseline(
-    path: Path, batches, decode, eot_id: int, device, dtype, speed_settings: dict, usd_per_hour: float, sync
+    path: Path, batches, decode, eot_id: int, device, dtype, speed_settings: dict, usd_per_hour: float
 ) -> dict:
     """The baseline's entry for serve_cost's table: weights, speed and $ per batch size, bits per byte."""
     entry = {
@@ -163,11 +159,8 @@ def measure_baseline(
             speed_settings["repeats"],
             speed_settings["warmup"],
             device,
-            sync,
         )
-        speed["usd_per_million_generated"] = usd_per_hour / 3600 / speed["decode_tokens_per_s"] * 1e6
-        speed["usd_per_million_prompt"] = usd_per_hour / 3600 / speed["prefill_tokens_per_s"] * 1e6
-        entry["speed"].append(speed)
+        entry["speed"].append(priced(speed, usd_per_hour))
     entry["quality"] = {
         **bits_per_byte(model, tokenizer, val_texts(batches, decode, eot_id), device),
         "top1_agreement": None,

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from pretrainer.analysis.report.serve_cost_tables import format_tables
-from pretrainer.analysis.serve_speed import speed_record
+from pretrainer.analysis.serve_speed import priced, speed_record, sync, timed_rounds
 from pretrainer.core.device import import_torchao, tensor_bytes
 from pretrainer.core.errors import UserError
 
@@ -144,11 +144,6 @@ def why_not_quantised(
 # --- measuring ---
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def weight_memory(model: torch.nn.Module, skipped: dict[str, str], quantised: set[str], tied: bool) -> dict:
     """Every parameter (a tied one once) by what happened to it: the quantised layers' weights against
     their fp32 bytes, the rest by kind with why it stayed in the serving precision."""
@@ -220,26 +215,21 @@ def measure_speed(
     """Prefill and greedy decode with the KV cache (as model/generate.py runs them), median tokens/s."""
     generator = torch.Generator().manual_seed(batch)
     prompt = torch.randint(model.cfg.vocab_size, (batch, prompt_tokens), generator=generator).to(device)
-    prefill_s, decode_s = [], []
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    kv_bytes = 0
-    for round_ in range(warmup + repeats):
+
+    def prefill():  # a fresh cache each round
         cache = model.new_kv_cache(batch)
-        kv_bytes = tensor_bytes(cache.k) + tensor_bytes(cache.v)
-        sync(device)
-        started = time.perf_counter()
         logits, _ = model(prompt, kv_cache=cache, last_only=True)
-        next_id = logits[:, -1].argmax(dim=-1, keepdim=True)
-        sync(device)
-        prefilled = time.perf_counter()
-        for _ in range(new_tokens):
-            logits, _ = model(next_id, kv_cache=cache)
-            next_id = logits[:, -1].argmax(dim=-1, keepdim=True)
-        sync(device)
-        if round_ >= warmup:
-            prefill_s.append(prefilled - started)
-            decode_s.append(time.perf_counter() - prefilled)
+        return cache, logits[:, -1].argmax(dim=-1, keepdim=True)
+
+    def decode_step(state):
+        cache, next_id = state
+        logits, _ = model(next_id, kv_cache=cache)
+        return cache, logits[:, -1].argmax(dim=-1, keepdim=True)
+
+    prefill_s, decode_s = timed_rounds(prefill, decode_step, new_tokens, warmup, repeats, device)
+    cache = model.new_kv_cache(batch)
+    kv_bytes = tensor_bytes(cache.k) + tensor_bytes(cache.v)
+    del cache
     return speed_record(batch, prompt_tokens, new_tokens, prefill_s, decode_s, kv_bytes, device)
 
 
@@ -397,9 +387,7 @@ def serve_cost(settings: ServeSettings) -> dict:
             speed = measure_speed(
                 model, batch, prompt_tokens, new_tokens, settings.repeats, settings.warmup, device
             )
-            speed["usd_per_million_generated"] = usd_per_hour / 3600 / speed["decode_tokens_per_s"] * 1e6
-            speed["usd_per_million_prompt"] = usd_per_hour / 3600 / speed["prefill_tokens_per_s"] * 1e6
-            entry["speed"].append(speed)
+            entry["speed"].append(priced(speed, usd_per_hour))
         quality = evaluate(model, batches, device, None, token_bytes, separator)
         model.eval()
         top1 = top1_predictions(model, batches[0][0], device)
@@ -446,7 +434,6 @@ def serve_cost(settings: ServeSettings) -> dict:
             serving_dtype(variants[0], device),
             speed_settings,
             usd_per_hour,
-            sync,
         )
         quality = entry["quality"]
         quality["delta_val_loss"] = None  # nats per token of another tokenizer
