@@ -18,7 +18,7 @@ $(VENV)/.torch-stamp:
 	touch $@
 
 $(VENV)/.track-stamp: $(VENV)/.torch-stamp pyproject.toml
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[track]"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[mlflow]"
 	touch $@
 
 $(VENV)/.dev-stamp: $(VENV)/.torch-stamp pyproject.toml

@@ -55,7 +55,7 @@ NCCL_SMOKE = (
     "d.all_reduce(t); torch.cuda.synchronize(); print('nccl all_reduce ok', t.item()); "
     "d.destroy_process_group()"
 )
-GPT2 = ["configs/gpt2-124m.toml", "--mlflow.enabled=false", "--eval.every=0", "--ckpt.every=0"]
+GPT2 = ["configs/gpt2-124m.toml", "--track.backends=none", "--eval.every=0", "--ckpt.every=0"]
 
 
 @dataclass

@@ -46,7 +46,7 @@ def main() -> None:
                 f"--optim.name={name}",
                 f"--train.max_steps={args.max_steps}",
                 "--eval.tasks_every=0",
-                "--mlflow.enabled=false",
+                "--track.backends=none",
                 f"--eval.every={args.max_steps}",
             ]
             subprocess.run(

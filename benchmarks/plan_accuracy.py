@@ -64,7 +64,7 @@ def main() -> None:
             "configs/tiny-cpu.toml",
             f"--data.dir={args.data_dir}",
             f"--train.max_steps={steps}",
-            "--mlflow.enabled=false",
+            "--track.backends=none",
             *overrides,
         ]
         planned = subprocess.run(

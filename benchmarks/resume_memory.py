@@ -64,7 +64,7 @@ def main() -> None:
             "--eval.every=0",
             "--eval.batches=1",
             "--log.every=1",
-            "--mlflow.enabled=false",
+            "--track.backends=none",
             f"--parallel.strategy={args.strategy}",
             "--train.max_steps=3",
         ]

@@ -27,7 +27,7 @@ base = {
     "optim.warmup_steps": 5,
     "eval.batches": 8,
     "log.every": 1,
-    "mlflow.enabled": False,
+    "track.backends": "none",
     "spike.window": 32,
     "spike.min_values": 16,
 }

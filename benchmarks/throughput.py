@@ -17,7 +17,7 @@ Every (variant, micro-batch) is measured by each loop, alternating (bare, pretra
   N timed steps, a synchronize: tokens/s = N x tokens per step / seconds.
 - pretrainer: `train(cfg)` in this process into a temp run dir with max_steps = W + N, eval.every = 0
   and ckpt.every = 0 (so validation and the one checkpoint come before step 1 and after step W + N),
-  mlflow off (--mlflow.enabled=true to include it). tokens/s = the metrics.jsonl records after step W:
+  trackers off (--track.backends=mlflow to include mlflow). tokens/s = the metrics.jsonl records after step W:
   their tokens over the time they cover. log.every stays as configured (10 by default) and W is
   rounded up to a multiple of it, so the window starts on a logging step and the trainer pays its
   real logging cost inside it (its clock is read after the logging step's sync).
@@ -224,8 +224,8 @@ def pretrainer_loop(
     cfg = load_config(
         args.config,
         [
-            "--mlflow.enabled=false",
-            *overrides,  # --mlflow.enabled=true measures its cost too
+            "--track.backends=none",
+            *overrides,  # --track.backends=mlflow measures its cost too
             f"--run.dir={run_dir}",
             f"--train.max_steps={warmup + steps}",
             "--train.stop_at_step=0",

@@ -34,7 +34,7 @@ def tiny_overrides(data_dir: Path, run_dir: Path, **extra) -> list[str]:
         "eval.batches": 4,
         "ckpt.every": 10,
         "log.every": 1,
-        "mlflow.enabled": False,
+        "track.backends": "none",
     }
     settings.update(extra)
     return [f"--{k}={v}" for k, v in settings.items()]

@@ -47,7 +47,7 @@ SETTINGS = {  # helpers.tiny_overrides' model, as the TOML config file a job scr
     "eval": {"every": 0, "batches": 4},
     "ckpt": {"every": 1000},
     "log": {"every": 1},
-    "mlflow": {"enabled": False},
+    "track": {"backends": []},
 }
 CPU = "--train.device=cpu"
 PYTHONPATH = os.pathsep.join([str(Path(pretrainer.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])

@@ -203,7 +203,7 @@ def test_credentials_in_uris_reach_no_file_log_or_tracker(
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     run, outputs = tmp_path / "run", []
     settings = tiny_overrides(
-        stdlib_data, run, **{"train.max_steps": 10, "eval.every": 10, "mlflow.enabled": True}
+        stdlib_data, run, **{"train.max_steps": 10, "eval.every": 10, "track.backends": "mlflow"}
     )
     for extra in (["--train.stop_at_step=5"], []):  # a stop and a resume, the credentials given again
         code, out, err = run_cli("train", *settings, *CREDENTIALS, *extra)
@@ -222,7 +222,7 @@ def test_credentials_in_uris_reach_no_file_log_or_tracker(
     tracked = tmp_path / "tracked"  # a store that works: its params and artifacts in mlflow.db
     code, out, err = run_cli(
         "train",
-        *tiny_overrides(stdlib_data, tracked, **{"train.max_steps": 3, "mlflow.enabled": True}),
+        *tiny_overrides(stdlib_data, tracked, **{"train.max_steps": 3, "track.backends": "mlflow"}),
         *CREDENTIALS[1:],
     )
     assert code == 0 and (tracked / "mlflow.db").is_file() and "warning: mlflow" not in out + err, out + err
@@ -235,7 +235,7 @@ def test_a_broken_tracking_store_is_one_warning_and_training_continues(
 ):
     run = tmp_path / "run"
     settings = tiny_overrides(
-        stdlib_data, run, **{"train.max_steps": 10, "eval.every": 10, "mlflow.enabled": True}
+        stdlib_data, run, **{"train.max_steps": 10, "eval.every": 10, "track.backends": "mlflow"}
     )
     assert run_cli("train", *settings, "--train.stop_at_step=5")[0] == 0
     store = run / "mlflow.db"

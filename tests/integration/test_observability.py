@@ -1,4 +1,4 @@
-"""What a run shows while it runs: metrics, mlflow, and what it does on SIGTERM."""
+"""What a run shows while it runs: metrics, the trackers, and what it does on SIGTERM."""
 
 import pytest
 from helpers import tiny_config
@@ -18,25 +18,57 @@ def test_logged_steps_carry_norms_and_update_ratio(stdlib_data, tmp_path):
         assert "mfu" not in r  # no trusted peak for a CPU: MFU is not reported rather than guessed
 
 
-def test_mlflow_store_in_the_run_dir_lists_the_run_and_its_metrics(stdlib_data, tmp_path, capfd):
-    from mlflow.tracking import MlflowClient
+def test_every_tracker_holds_each_step_once_across_a_stop_a_lost_checkpoint_and_a_resume(
+    stdlib_data, tmp_path, capfd, monkeypatch
+):
+    """mlflow, TensorBoard and W&B (offline), read back with their own readers. The first launch logs
+    steps 1-6 and checkpoints at 4 and 6; step 6's checkpoint is then lost (as when a run is killed after
+    logging past its last checkpoint), so the resume recomputes steps 5-6: TensorBoard purges and takes
+    them again, mlflow and W&B are not sent them twice. The same run in each, the same values."""
+    import shutil
 
+    from mlflow.tracking import MlflowClient
+    from support.tracker_readers import mlflow_history, tensorboard_history, wandb_history, wandb_records
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"
-    train(
-        tiny_config(
-            stdlib_data, run, **{"train.max_steps": 4, "train.stop_at_step": 2, "mlflow.enabled": True}
-        )
-    )
-    out, err = capfd.readouterr()  # mlflow's INFO lines (creating its database) stay out of the run's output
-    assert "INFO" not in out + err and "step 2/2 | loss" in out
-    # resumes the same mlflow run
-    train(tiny_config(stdlib_data, run, **{"train.max_steps": 4, "mlflow.enabled": True}))
+    settings = {
+        "train.max_steps": 10,
+        "ckpt.every": 4,
+        "eval.every": 4,
+        "track.backends": "mlflow,tensorboard,wandb",
+    }
+    train(tiny_config(stdlib_data, run, **settings, **{"train.stop_at_step": 6}))
+    out, err = capfd.readouterr()  # the trackers' own lines (mlflow creating its database) stay out
+    assert (
+        "INFO" not in out + err
+        and "wandb:" not in out + err
+        and "warning: " not in out.replace("warning: the spike detector", "")
+    ), out + err
+    shutil.rmtree(run / "checkpoints" / "step-0000006")
+    train(tiny_config(stdlib_data, run, **settings))
+    records = read_metrics(run / "metrics.jsonl")
+    loss = {r["step"]: r["loss"] for r in records if "loss" in r}
+    val = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+    assert list(loss) == list(range(1, 11)) and list(val) == [0, 4, 8, 10]
+    for history in (mlflow_history, wandb_history):
+        assert history(run, "loss") == {step: [value] for step, value in loss.items()}, history
+        assert history(run, "val_loss") == {step: [value] for step, value in val.items()}, history
+    for key, expected in (("loss", loss), ("val_loss", val)):  # float32 in event files
+        held = tensorboard_history(run, key)
+        assert list(held) == list(expected) and all(len(v) == 1 for v in held.values())
+        assert [v[0] for v in held.values()] == pytest.approx(list(expected.values()), rel=1e-6)
+
     client = MlflowClient(tracking_uri=f"sqlite:///{run.resolve() / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("pretrainer").experiment_id])
     assert len(runs) == 1 and runs[0].info.run_id == (run / "mlflow-run-id.txt").read_text().strip()
     assert runs[0].info.status == "FINISHED" and runs[0].data.params["optim.lr"] == "0.003"
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] == [1, 2, 3, 4]
-    assert {m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")} == {0, 4}
+    run_id = (run / "wandb-run-id.txt").read_text().strip()
+    launches = sorted((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    first = [r.run.config for r in wandb_records(launches[0]) if r.WhichOneof("record_type") == "run"]
+    assert len(launches) == 2 and any(
+        item.key == "optim.lr" and item.value_json == "0.003" for c in first for item in c.update
+    )
 
 
 def test_micro_batch_auto_is_a_clear_error_on_cpu(stdlib_data, tmp_path):

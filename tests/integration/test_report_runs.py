@@ -33,7 +33,7 @@ def finished_run(stdlib_data, tmp_path_factory):
             **{
                 "train.max_steps": 20,
                 "eval.every": 10,
-                "mlflow.enabled": True,
+                "track.backends": "mlflow",
                 "budget.usd_per_gpu_hour": 2.0,
                 "eval.tasks_every": 10,
                 "eval.tasks": str(tasks),

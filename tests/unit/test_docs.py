@@ -124,6 +124,8 @@ def anchors(path: Path) -> set[str]:
 
 
 def toml_value(value) -> str:
+    if isinstance(value, list) and all(isinstance(word, str) for word in value):  # on one line
+        return "[" + ", ".join(toml_value(word) for word in value) + "]"
     return tomli_w.dumps({"v": value})[len("v = ") :].strip()
 
 

@@ -89,7 +89,7 @@ def measure_probe(config: str | None, overrides: list[str], steps: int, gpus: in
         run = Path(tmp) / "run"
         args = ["train", *([str(config)] if config else []), *overrides]
         args += [f"--run.dir={run}", f"--train.stop_at_step={steps}", f"--eval.every={steps}"]
-        args += [f"--ckpt.every={steps}", f"--log.every={max(1, steps // 10)}", "--mlflow.enabled=false"]
+        args += [f"--ckpt.every={steps}", f"--log.every={max(1, steps // 10)}", "--track.backends=none"]
         args += ["--eval.tasks_every=0"] + (["--nproc", str(gpus)] if gpus > 1 else [])
         with open(Path(tmp) / "probe.log", "w+") as log:
             code, rss = run_measuring_peak_rss(args, log, Path(tmp))

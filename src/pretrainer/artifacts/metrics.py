@@ -1,6 +1,6 @@
 """Where metrics go: metrics.jsonl always (one JSON object per logged step, validation pass or
-event, appended and flushed), and mlflow when it is installed and enabled. The loop writes to one
-`RunLog`, which is both (and nothing on ranks other than 0).
+event, appended and flushed), and the trackers of track.backends. The loop writes to one `RunLog`
+(train/tracking.py), which is all of them (and nothing on ranks other than 0).
 
 On resume the file is first cut back to the checkpoint's step (records of steps after it were
 written by the interrupted run and will be recomputed), so every step appears exactly once.
@@ -76,7 +76,10 @@ class MetricsLog:
         """keep_through_step: the resumed checkpoint's step; -1 on a fresh start (an attempt killed before
         its first checkpoint leaves nothing behind)."""
         self.path = Path(path)
-        kept = [r for r in read_metrics(self.path, note=print) if r.get("step", 0) <= keep_through_step]
+        records = read_metrics(self.path, note=print)
+        kept = [r for r in records if r.get("step", 0) <= keep_through_step]
+        # what the interrupted run logged after its checkpoint
+        self.cut = [r for r in records if r.get("step", 0) > keep_through_step]
         if self.path.exists() or kept:
             atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
         self.file = open(self.path, "a")

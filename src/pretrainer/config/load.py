@@ -16,6 +16,7 @@ from typing import Any
 from pretrainer.config.schema import (
     AUTO_NUMBERS,
     HORIZON_KEYS,
+    RENAMED_KEYS,
     SECRET_KEYS,
     SWITCH_KEYS,
     Config,
@@ -79,7 +80,7 @@ def out_of_range(value: Any, allowed: str | tuple) -> bool:
     """Whether a coerced value falls outside its key's `allowed` (config/schema.py's `opt`): a tuple of
     words, or a range of finite numbers ("> 0", ">= 0", "[0, 1)", "(0, 1]", ...)."""
     if isinstance(allowed, tuple):
-        return value not in allowed
+        return any(word not in allowed for word in value) if isinstance(value, list) else value not in allowed
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     if not math.isfinite(value) or abs(value) > MAX_INT:
@@ -112,7 +113,7 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
             on = value if isinstance(value, bool) else BOOL_WORDS[str(value).strip().lower()]
             return "true" if on else "false"
         if typ is list:
-            return _mixture(value)
+            return _mixture(value) if key == "data.mixture" else _words(value)
         if isinstance(value, str) and typ is not str:
             if typ is bool:
                 return BOOL_WORDS[value.strip().lower()]
@@ -131,9 +132,22 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
         raise ValueError(value)
     except (ValueError, KeyError, OverflowError):
         expected = (
-            "[{dir, weight > 0}, ...] in TOML or DIR:WEIGHT,DIR:WEIGHT" if typ is list else typ.__name__
+            typ.__name__
+            if typ is not list
+            else "[{dir, weight > 0}, ...] in TOML or DIR:WEIGHT,DIR:WEIGHT"
+            if key == "data.mixture"
+            else '["a", "b"] in TOML or a,b'
         )
         raise UserError(f"{where}: '{key}' must be {expected}, got {shown(value)}") from None
+
+
+def _words(value: Any) -> list[str]:
+    """A list of words from TOML (["a", "b"]) or the command line ("a,b"); "none" alone is the empty list."""
+    if isinstance(value, str):
+        value = [word.strip() for word in value.split(",") if word.strip()]
+    if not isinstance(value, list) or not all(isinstance(word, str) for word in value):
+        raise ValueError(value)
+    return [] if value == ["none"] else list(dict.fromkeys(value))
 
 
 def _mixture(value: Any) -> list[dict]:
@@ -157,6 +171,11 @@ def _mixture(value: Any) -> list[dict]:
 
 def set_key(cfg: Config, typed_key: str, value: Any, where: str) -> None:
     key, types = canonical_key(typed_key), all_keys(cfg)
+    if key == "mlflow.enabled":  # earlier versions' switch: mlflow joins or leaves track.backends
+        on, others = _coerce(key, value, bool, where), [b for b in cfg.track.backends if b != "mlflow"]
+        cfg.track.backends = ["mlflow", *others] if on else others
+        return
+    key = RENAMED_KEYS.get(key, key)
     if key not in types:
         raise _unknown_key(typed_key, where)
     section, name = key.split(".", 1)

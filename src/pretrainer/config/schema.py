@@ -442,11 +442,20 @@ class SpikeConfig:
     )
 
 
+TRACKERS = ("mlflow", "tensorboard", "wandb")
+
+
 @dataclass
-class MlflowConfig:
-    enabled: bool = opt(True, "log to mlflow when it is installed")
-    uri: str = opt("", 'tracking URI; "" = sqlite:///RUN_DIR/mlflow.db')
-    experiment: str = opt("pretrainer", "mlflow experiment name")
+class TrackConfig:
+    backends: list = opt(
+        ["mlflow"],
+        "where the metrics, params and events go besides metrics.jsonl: any of mlflow (sqlite in the run "
+        'dir), tensorboard (RUN_DIR/tensorboard), wandb ($WANDB_MODE=offline: RUN_DIR/wandb); ["none"] for '
+        'none; "mlflow,wandb" on the command line; one not installed is a one-line note',
+        allowed=(*TRACKERS, "none"),
+    )
+    experiment: str = opt("pretrainer", "the mlflow experiment and the W&B project")
+    mlflow_uri: str = opt("", 'mlflow tracking URI; "" = sqlite:///RUN_DIR/mlflow.db')
 
 
 @dataclass
@@ -489,7 +498,7 @@ class Config:
     ckpt: CkptConfig = field(default_factory=CkptConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     spike: SpikeConfig = field(default_factory=SpikeConfig)
-    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
 
@@ -522,7 +531,10 @@ RESUME_FREE_KEYS = (
     "ckpt.interruptions_per_hour",
     *(f"budget.{name}" for name in PLAN_ONLY_BUDGET_KEYS),
     *(f"alerts.{f.name}" for f in dataclasses.fields(AlertsConfig)),
+    *(f"track.{f.name}" for f in dataclasses.fields(TrackConfig)),  # where numbers go, not what they are
 )
+# keys of earlier versions, read (a saved run's config.toml, an old config) as the keys that replaced them
+RENAMED_KEYS = {"mlflow.uri": "track.mlflow_uri", "mlflow.experiment": "track.experiment"}
 # words that also read as booleans: true/false/yes/no/on/off/1/0 and a bare --flag give "true"/"false"
 SWITCH_KEYS = ("train.compile", "model.qkv_bias")
 # numbers a config may write as "auto", and the number that means it
@@ -583,7 +595,7 @@ def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
 
 
 def flatten(cfg: Config) -> dict[str, Any]:
-    """{"optim.lr": 3e-4, ...}: the one flat view, used for the hash, diffs and mlflow params."""
+    """{"optim.lr": 3e-4, ...}: the one flat view, used for the hash, diffs and the trackers' params."""
     return {
         f"{section}.{key}": value for section, values in to_dict(cfg).items() for key, value in values.items()
     }

@@ -236,13 +236,28 @@ def test_train_help_lists_every_key_with_its_help(capsys):
 
 def test_bare_boolean_flag_on_the_command_line(capsys):
     """Before the positional config path it is a flag, not that path taken as its value."""
-    assert main(["config", "--train.compile", "configs/tiny-cpu.toml", "--mlflow.enabled", "false"]) == 0
+    assert main(["config", "--train.compile", "configs/tiny-cpu.toml", "--ckpt.keep_best", "false"]) == 0
     raw = tomllib.loads(capsys.readouterr().out)
     assert (
         raw["train"]["compile"] == "true"
-        and raw["mlflow"]["enabled"] is False
+        and raw["ckpt"]["keep_best"] is False
         and raw["train"]["max_steps"] == 360
     )
+
+
+def test_track_backends_from_toml_and_the_command_line_and_the_keys_they_replaced(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[track]\nbackends = ["tensorboard", "wandb"]\n')
+    assert load_config(path).track.backends == ["tensorboard", "wandb"]
+    assert load_config(path, ["--track.backends=mlflow,wandb"]).track.backends == ["mlflow", "wandb"]
+    assert load_config(None, ["--track.backends=none"]).track.backends == []
+    with pytest.raises(UserError, match=r"track.backends = \['mlflow', 'neptune'\] is not allowed: .*wandb"):
+        load_config(None, ["--track.backends=mlflow,neptune"])
+    # a run saved by an earlier version ([mlflow] enabled, uri, experiment) reads as the keys replacing them
+    path.write_text('[mlflow]\nenabled = false\nexperiment = "x1"\n[track]\nbackends = ["tensorboard"]\n')
+    old = load_config(path)
+    assert old.track.backends == ["tensorboard"] and old.track.experiment == "x1"
+    assert load_config(None, ["--mlflow.enabled=true"]).track.backends == ["mlflow"]
 
 
 @pytest.mark.parametrize(

@@ -325,7 +325,8 @@ def export_report(run, out: Path) -> dict:
         if (run_dir / "mlflow-run-id.txt").is_file():
             run_id = (run_dir / "mlflow-run-id.txt").read_text().strip()
             tracking = redact(  # a run saved before credentials were kept out of files
-                state["config"].get("mlflow", {}).get("uri")
+                state["config"].get("track", {}).get("mlflow_uri")
+                or state["config"].get("mlflow", {}).get("uri")  # a run saved before track.mlflow_uri
                 or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
             )
             mlflow_uri = {"tracking_uri": tracking, "run_id": run_id, "run_uri": f"runs:/{run_id}"}
