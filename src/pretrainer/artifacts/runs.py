@@ -126,8 +126,10 @@ class InitSource:
 def open_init_source(spec: str) -> InitSource:
     if spec.startswith("hf:"):
         from pretrainer.artifacts import hf_format as hf
+        from pretrainer.data.hub import is_hub_spec, pull
 
-        directory = Path(spec[len("hf:") :])
+        # hf://ORG/NAME: an export `pretrainer push` uploaded, pulled and verified; hf:DIR: a local one
+        directory = pull(spec, "model") if is_hub_spec(spec) else Path(spec[len("hf:") :])
         source_cfg = hf.read_hf_config(directory)
         return InitSource(
             source_cfg,

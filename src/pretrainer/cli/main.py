@@ -26,7 +26,7 @@ import sys
 
 from pretrainer.cli.output import print_to_stderr
 from pretrainer.cli.parser import build_parser, join_dotted_overrides
-from pretrainer.cli.verbs_data import cmd_fetch_gpt2, cmd_prepare
+from pretrainer.cli.verbs_data import cmd_fetch_gpt2, cmd_prepare, cmd_push
 from pretrainer.cli.verbs_model import cmd_chat, cmd_eval, cmd_export, cmd_sample, cmd_serve_cost
 from pretrainer.cli.verbs_plan import cmd_config, cmd_fit, cmd_plan, cmd_sweep
 from pretrainer.cli.verbs_train import cmd_budget_check, cmd_postmortem, cmd_train
@@ -54,6 +54,7 @@ VERBS = {
     "sweep": lambda args, extra, argv: cmd_sweep(args, extra),
     "fit": lambda args, extra, argv: cmd_fit(args),
     "export": lambda args, extra, argv: cmd_export(args),
+    "push": lambda args, extra, argv: cmd_push(args),
     "sample": lambda args, extra, argv: cmd_sample(args),
     "chat": lambda args, extra, argv: cmd_chat(args),
     "serve-cost": lambda args, extra, argv: cmd_serve_cost(args),

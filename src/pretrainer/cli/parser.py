@@ -24,8 +24,14 @@ def verb_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--corpus",
         action="append",
-        required=True,
-        help="stdlib | PATH (.txt/.jsonl/.parquet file, dir or glob) | hf:ORG/NAME[:GLOB]; repeatable",
+        help="stdlib | PATH (.txt/.jsonl/.parquet file, dir or glob; .gz/.zst/.bz2/.xz too) | "
+        "hf:ORG/NAME[:GLOB]; repeatable",
+    )
+    p.add_argument(
+        "--from-hub",
+        metavar="ORG/NAME[@REV]",
+        help="instead of --corpus: pull a data dir `pretrainer push` uploaded and verify every file (into "
+        "--out, or the hub cache without it)",
     )
     p.add_argument(
         "--tokenizer",
@@ -61,7 +67,7 @@ def verb_parser() -> argparse.ArgumentParser:
         help="chat: a malformed conversation is an error naming file and line (default), or skipped and "
         "counted",
     )
-    p.add_argument("--out", required=True, help="output data directory (must not exist unless --force)")
+    p.add_argument("--out", help="output data directory (must not exist unless --force)")
     p.add_argument(
         "--val-fraction", type=float, default=0.005, help="fraction of documents held out for validation"
     )
@@ -315,6 +321,25 @@ def verb_parser() -> argparse.ArgumentParser:
         default="fp32",
         choices=["fp32", "bf16"],
         help="weights' dtype in the hf / safetensors export (the report keeps the checkpoint's fp32 bytes)",
+    )
+
+    p = verbs.add_parser(
+        "push",
+        help="a prepared data dir, or a run as a Hugging Face export, to the Hugging Face Hub",
+        epilog="examples: pretrainer push data/fw-gpt2 me/fw-gpt2;  "
+        "pretrainer push runs/x1 me/x1-50m --dry-run",
+    )
+    p.add_argument("path", metavar="DATA_DIR_OR_RUN_DIR", help="a `pretrainer prepare` output or a run dir")
+    p.add_argument(
+        "repo_id", metavar="ORG/NAME", help="the Hub repo (a dataset repo for data, a model repo for a run)"
+    )
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--revision", help="a branch to push to (created if missing; default main)")
+    p.add_argument(
+        "--dtype", default="bf16", choices=["fp32", "bf16"], help="a run's exported weights (default bf16)"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="stage the files, card and checksums in PATH/.hub-push only"
     )
 
     p = verbs.add_parser("sample", help="generate text from a run dir or checkpoint")

@@ -1,4 +1,5 @@
-"""The data verbs: `prepare` (corpus -> tokenizer -> token files + manifest) and `fetch-gpt2`."""
+"""The data verbs: `prepare` (corpus -> tokenizer -> token files + manifest, or --from-hub), `push` (a data
+dir or a run to the Hub) and `fetch-gpt2`."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import shlex
 import signal
 from pathlib import Path
 
+from pretrainer.core.errors import UserError
 from pretrainer.core.secrets import redact
 
 
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
     from pretrainer.data.sources import Corpus
 
+    if args.from_hub:
+        return pull_prepared(args)
+    if not args.corpus or not args.out:
+        raise UserError("prepare: give --corpus and --out (or --from-hub ORG/NAME to pull prepared data)")
     corpus = Corpus(
         args.corpus,
         txt_docs=args.txt_docs,
@@ -45,6 +51,36 @@ def _prepare(args: argparse.Namespace, argv: list[str], corpus) -> None:
         tokenizer_from=args.tokenizer_from or "",
         eot_token=args.eot_token,
     )
+
+
+def pull_prepared(args: argparse.Namespace) -> None:
+    """prepare --from-hub: the pushed data dir, every file against checksums.sha256 and the token files
+    against manifest.json (data.verify = full)."""
+    from pretrainer.data.hub import HUB_PREFIX, pull
+    from pretrainer.data.loader import open_data_dir
+    from pretrainer.data.verify import verify_data
+
+    if args.corpus:
+        raise UserError("prepare: --from-hub pulls data already prepared; drop --corpus")
+    spec = args.from_hub if args.from_hub.startswith(HUB_PREFIX) else HUB_PREFIX + args.from_hub
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and any(out.iterdir()) and not args.force:
+        raise UserError(
+            f"{out}: already exists and is not empty; pass --force to pull into it, or --out elsewhere"
+        )
+    local = pull(spec, "dataset", local_dir=out)
+    checked = verify_data(open_data_dir(local), "full")
+    print(
+        f"pulled {spec} to {local}: every file matches checksums.sha256, and {checked['chunks_checked']} "
+        f"chunks of token files match manifest.json\n"
+        f"train on it: --data.dir={shlex.quote(str(out) if out else spec)}"
+    )
+
+
+def cmd_push(args: argparse.Namespace) -> None:
+    from pretrainer.analysis.publish import push
+
+    push(Path(args.path), args.repo_id, args.private, args.revision, args.dry_run, args.dtype)
 
 
 def stop_on_signals(message: str) -> dict:

@@ -248,7 +248,8 @@ def absolute_paths(cfg: Config) -> Config:
     config works from any directory."""
     cfg = copy.deepcopy(cfg)
     # not resolve(): keep symlinks
-    absolute = lambda p: os.path.abspath(os.path.expanduser(p)) if p else p
+    # a hub repo (hf://ORG/NAME) is not a path
+    absolute = lambda p: os.path.abspath(os.path.expanduser(p)) if p and not p.startswith("hf://") else p
     cfg.data.dir, cfg.run.dir, cfg.budget.file = (
         absolute(cfg.data.dir),
         absolute(cfg.run.dir),
@@ -256,7 +257,11 @@ def absolute_paths(cfg: Config) -> Config:
     )
     cfg.data.mixture = [{**source, "dir": absolute(source["dir"])} for source in cfg.data.mixture]
     spec = cfg.init.from_
-    cfg.init.from_ = "hf:" + absolute(spec[3:]) if spec.startswith("hf:") else absolute(spec)
+    cfg.init.from_ = (
+        "hf:" + absolute(spec[3:])
+        if spec.startswith("hf:") and not spec.startswith("hf://")
+        else absolute(spec)
+    )
     return cfg
 
 

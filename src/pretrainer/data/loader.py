@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pretrainer.data.hub import is_hub_spec, pull
 from pretrainer.data.tokenizers.base import Tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer
 from pretrainer.data.tokenizers.base import metadata_path
@@ -138,6 +139,8 @@ def open_data_dir(path: str | Path) -> DataDir:
     """Open and check a directory written by `pretrainer prepare`."""
     if not str(path):
         raise UserError("data.dir is not set; pass --data.dir=DIR, a directory written by `pretrainer prepare`")
+    if is_hub_spec(str(path)):  # pushed by `pretrainer push`: pulled (or found in the hub cache), verified
+        path = pull(str(path), "dataset")
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: data dir not found; run `pretrainer prepare --corpus ... --out {shlex.quote(str(path))}` first"

@@ -1,0 +1,83 @@
+"""`pretrainer push` then a pull of what it staged, through huggingface_hub's real cache layout: no Hub
+runs here, so support/hub_cache.py stands for the upload and download in between (the docs say so)."""
+
+import shutil
+
+import pytest
+import torch
+from helpers import run_subprocess, tiny_config
+from support.hub_cache import publish_to_hub_cache
+
+from pretrainer.artifacts.runs import open_init_source, open_run
+from pretrainer.core.errors import UserError
+from pretrainer.data.hub import pull
+from pretrainer.train.loop import train
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """This process's huggingface_hub reads only a cache the test fills (constants read at import)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_push_then_pull_a_data_dir_and_an_export_verifies_every_file(
+    stdlib_data, tmp_path, run_cli, offline_hub
+):
+    data = tmp_path / "data"
+    shutil.copytree(stdlib_data, data)
+    code, out, err = run_cli("push", data, "me/stdlib-bpe1k", "--dry-run")
+    assert code == 0 and "staged 9 files" in out and "dry run: nothing uploaded" in out, out + err
+    staged = data / ".hub-push"
+    card = (staged / "README.md").read_text()
+    assert "--data.dir=hf://me/stdlib-bpe1k" in card and "| train |" in card
+    snapshot = publish_to_hub_cache(staged, "me/stdlib-bpe1k", "dataset", offline_hub)
+
+    # the real CLI in its own process: the env vars huggingface_hub reads, the pull and both verifications
+    pulled = tmp_path / "pulled"
+    result = run_subprocess(
+        "prepare",
+        "--from-hub",
+        "me/stdlib-bpe1k",
+        "--out",
+        pulled,
+        env={"HF_HUB_CACHE": str(offline_hub), "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0 and "every file matches checksums.sha256" in result.stdout, result.stderr
+    for name in ("train.bin", "val.bin", "manifest.json", "tokenizer.json"):
+        assert (pulled / name).read_bytes() == (data / name).read_bytes()
+
+    # a run trains on hf://; its saved config keeps the repo, not the cache path
+    run = tmp_path / "run"
+    train(tiny_config("hf://me/stdlib-bpe1k", run, **{"train.max_steps": 4, "eval.every": 4}))
+    assert 'dir = "hf://me/stdlib-bpe1k"' in (run / "config.toml").read_text()
+
+    # the run as an export: pulled back, its weights are the run's (bf16)
+    code, out, err = run_cli("push", run, "me/tiny", "--dry-run")
+    assert code == 0, out + err
+    publish_to_hub_cache(run / ".hub-push", "me/tiny", "model", offline_hub)
+    source = open_init_source("hf://me/tiny")
+    ours = open_run(run).load_weights()
+    theirs = source.load()
+    assert theirs.keys() == ours.keys()
+    assert all(torch.equal(theirs[k], ours[k].to(torch.bfloat16).float()) for k in ours)
+
+    # a pulled file changed in the cache is refused, naming it
+    blob = (snapshot / "val.bin").resolve()
+    blob.write_bytes(blob.read_bytes()[:-2] + b"\x00\x01")
+    with pytest.raises(UserError, match=r"val\.bin does not match its sha256 in checksums\.sha256"):
+        pull("hf://me/stdlib-bpe1k", "dataset")
+    result = run_subprocess(
+        "train",
+        "configs/tiny-cpu.toml",
+        "--data.dir=hf://me/stdlib-bpe1k",
+        f"--run.dir={tmp_path / 'r2'}",
+        env={"HF_HUB_CACHE": str(offline_hub), "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 2 and result.stderr.count("error:") == 1 and "val.bin" in result.stderr
+    assert "Traceback" not in result.stderr
