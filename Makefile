@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0
 QS_DATA := data/stdlib-bpe4k
 QS_RUN  := runs/quickstart
 
-.PHONY: install setup lint test test-unit quickstart eval clean
+.PHONY: install setup lint test test-deps test-unit quickstart eval clean
 
 # The venv with the pinned torch, then the package with the extras each target needs.
 $(VENV)/.torch-stamp:
@@ -39,13 +39,16 @@ lint: $(VENV)/.dev-stamp
 	$(BIN)/lint-imports
 
 # The whole suite: unit, integration and distributed tiers, nothing left out (CI runs this).
-# install-test-deps.sh: a real SLURM for tests/distributed/test_slurm.py where it can (root, apt);
-# elsewhere one line, and those tests skip.
 # PYTHONDONTWRITEBYTECODE emptied: the suite starts ~100 processes that import torch; with its
 # bytecode written once into .venv they load it instead of compiling torch again (~4 s of CPU each).
-test: setup lint
-	sh scripts/install-test-deps.sh
+test: test-deps setup lint
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q
+
+# install-test-deps.sh: a real SLURM and Chromium for the tests that use them, where it can (root, apt),
+# started first and in the background (the tests that need them wait for it); elsewhere one line, and
+# those tests skip.
+test-deps:
+	sh scripts/install-test-deps.sh --background
 
 # The fast tier: no subprocess, no whole training run.
 test-unit: setup

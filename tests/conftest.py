@@ -125,7 +125,9 @@ def slurm():
     import shutil
 
     from support.slurm_cluster import SlurmUnavailable, start_cluster
+    from support.test_deps import wait_for_test_deps
 
+    wait_for_test_deps()  # `make test` installs SLURM in the background
     try:
         cluster = start_cluster()
     except SlurmUnavailable as e:

@@ -79,30 +79,32 @@ def test_in_loop_tasks_and_probes_are_logged_and_reported(finished_run, tmp_path
     assert {r["kind"] for r in rows if r["name"] == "suite_score"} == {"tasks"}
 
 
-def test_export_writes_the_x1_report(finished_run, tmp_path, run_cli):
-    out = tmp_path / "report"
-    code, stdout, err = run_cli("export", finished_run, "--out", out)
-    assert code == 0, err
+@pytest.fixture(scope="module")
+def report(finished_run, tmp_path_factory):
+    """finished_run's report, exported once for the tests that only read it."""
+    from pretrainer.cli.main import main
+
+    out = tmp_path_factory.mktemp("exported") / "report"
+    assert main(["export", str(finished_run), "--out", str(out)]) == 0
+    return out
+
+
+PLOTS = ["loss-curve.png", "gradnorm-curve.png", "lr.png", "evals.png", "throughput.png", "mfu-cost.png"]
+
+
+def test_export_writes_the_x1_report(finished_run, report):
+    out = report
     assert {p.name for p in out.iterdir()} == {
         "manifest.json",
         "metrics.csv",
-        "loss-curve.png",
-        "gradnorm-curve.png",
-        "lr.png",
-        "evals.png",
-        "throughput.png",
+        *PLOTS,
+        "index.html",
         "final.safetensors",
         "mlflow-run-uri.txt",
         "probes.md",
     }
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["plots"] == [
-        "loss-curve.png",
-        "gradnorm-curve.png",
-        "lr.png",
-        "evals.png",
-        "throughput.png",
-    ]
+    assert manifest["plots"] == PLOTS and manifest["page"] == "index.html"
     assert manifest["seed"] == 1337 and manifest["steps"] == 20 and manifest["tokens"] == 20 * 8 * 64
     assert set(manifest["versions"]) >= {"python", "torch", "numpy", "tiktoken", "safetensors", "mlflow"}
     assert manifest["hardware"]["device_type"] == "cpu" and manifest["hardware"]["cpu_model"]
@@ -118,9 +120,8 @@ def test_export_writes_the_x1_report(finished_run, tmp_path, run_cli):
     assert f"run_id: {run_id}" in (out / "mlflow-run-uri.txt").read_text()
 
 
-def test_metrics_csv_is_long_format_with_every_number(finished_run, tmp_path, run_cli):
-    run_cli("export", finished_run, "--out", tmp_path / "report")
-    rows = list(csv.DictReader(open(tmp_path / "report" / "metrics.csv")))
+def test_metrics_csv_is_long_format_with_every_number(finished_run, report):
+    rows = list(csv.DictReader(open(report / "metrics.csv")))
     records = read_metrics(finished_run / "metrics.jsonl")
     expected = sum(1 for r in records for k, v in r.items() if k != "step" and isinstance(v, (int, float)))
     assert len(rows) == expected and set(rows[0]) == {"step", "kind", "name", "value"}
@@ -128,11 +129,10 @@ def test_metrics_csv_is_long_format_with_every_number(finished_run, tmp_path, ru
     assert losses == [r["loss"] for r in records if "loss" in r]
 
 
-def test_plots_are_real_pngs_with_data(finished_run, tmp_path, run_cli):
+def test_plots_are_real_pngs_with_data(report):
     import matplotlib.image as mpimg
     import numpy as np
 
-    run_cli("export", finished_run, "--out", tmp_path / "report")
     # matplotlib C0, C1
     first_line, second_line = (np.array([0x1F, 0x77, 0xB4]) / 255, np.array([0xFF, 0x7F, 0x0E]) / 255)
     for name, lines in (
@@ -141,8 +141,9 @@ def test_plots_are_real_pngs_with_data(finished_run, tmp_path, run_cli):
         ("lr.png", 1),
         ("evals.png", 1),
         ("throughput.png", 1),
+        ("mfu-cost.png", 1),  # $ spent (no MFU on a CPU)
     ):
-        image = mpimg.imread(tmp_path / "report" / name)[..., :3]
+        image = mpimg.imread(report / name)[..., :3]
         assert image.shape[0] > 300 and image.shape[1] > 500
         for colour in (first_line, second_line)[:lines]:  # the data lines are drawn, not just axes
             assert (np.abs(image - colour).max(axis=-1) < 0.05).sum() > 200, name
@@ -155,3 +156,22 @@ def test_exported_files_get_the_umask_mode(finished_run, tmp_path, run_cli):
     found = modes(tmp_path)
     assert {"hf/model.safetensors", "report/final.safetensors", "safetensors"} <= set(found)
     assert found == {name: 0o755 if (tmp_path / name).is_dir() else 0o644 for name in found}
+
+
+def test_the_report_page_renders_in_a_real_browser_with_its_plots(finished_run, report, tmp_path):
+    """index.html in headless Chromium: no console message (a plot that did not decode logs one), the
+    plots drawn in the screenshot, nothing fetched from the network, and how the run ended."""
+    from support.browser import plot_pixels, render
+
+    page = (report / "index.html").read_text()
+    assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page
+    assert page.count("data:image/png;base64,") == len(PLOTS)
+    assert "Ended: <strong>finished at step 20</strong>" in page and "--run.dir=" in page
+    assert "Plan against actual" in page and "<td>tokens</td><td>10,240</td><td>10,240</td>" in page
+    console = render(report / "index.html", tmp_path / "page.png")
+    assert console == [], console
+    assert plot_pixels(tmp_path / "page.png") > 0.002
+
+    broken = tmp_path / "broken.html"  # the check can fail: a plot that does not decode is a console error
+    broken.write_text(page.replace("data:image/png;base64,iVBOR", "data:image/png;base64,XXXX", 1))
+    assert any("did not load" in line for line in render(broken, tmp_path / "broken.png"))

@@ -161,31 +161,6 @@ def stage_run(run_dir: Path, repo_id: str, dtype: str) -> Path:
     return staged
 
 
-def plan_against_actual(run) -> list[tuple[str, str, str]]:
-    """(figure, planned, actual) for the card: what `pretrainer plan` makes of the run's config, and what
-    the run did."""
-    from pretrainer.analysis.plan import make_plan
-
-    state = run.state
-    try:
-        plan = make_plan(run.cfg)
-    except UserError:
-        plan = {}
-    rows = [
-        ("steps", f"{plan.get('steps', 0):,}", f"{state['step']:,}"),
-        ("tokens", f"{plan.get('steps', 0) * plan.get('tokens_per_step', 0):,}", f"{state['tokens']:,}"),
-        ("parameters", f"{plan.get('params_total', 0):,}", ""),
-    ]
-    if "wall_hours" in plan:
-        rows.append(("wall time (h)", f"{plan['wall_hours']:.2f}", f"{state['elapsed_s'] / 3600:.2f}"))
-    else:
-        rows.append(("wall time (h)", "(no GPU peak to plan from)", f"{state['elapsed_s'] / 3600:.3f}"))
-    if "cost_usd" in plan or state.get("spent_usd"):
-        planned = f"{plan['cost_usd']:.2f}" if "cost_usd" in plan else "(no price)"
-        rows.append(("cost ($)", planned, f"{state.get('spent_usd') or 0:.2f}"))
-    return rows
-
-
 def model_card(run, repo_id: str, dtype: str) -> str:
     records = read_metrics(run.run_dir / "metrics.jsonl")
     train = [r for r in records if "loss" in r]
@@ -202,6 +177,8 @@ def model_card(run, repo_id: str, dtype: str) -> str:
             if isinstance(value, float):
                 results.append((f"{path.stem}: {name}", f"{value:.4f}"))
     table = lambda rows: "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    from pretrainer.analysis.report.html import plan_against_actual
+
     plan_rows = plan_against_actual(run)
     tokenizer = dataset.get("tokenizer", {})
     return f"""---

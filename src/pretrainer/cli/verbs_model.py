@@ -59,8 +59,8 @@ def cmd_export(args: argparse.Namespace) -> None:
         )
         tables = [manifest["probes_table"]] if manifest["probes_table"] else []
         print(
-            f"report: {out}/ (manifest.json, metrics.csv, {', '.join(manifest['plots'] + tables)}, "
-            f"final.safetensors: {check})"
+            f"report: {out}/index.html (open it in a browser); manifest.json, metrics.csv, "
+            f"{', '.join(manifest['plots'] + tables)}, final.safetensors: {check}"
         )
         return
     if args.format == "hf":

@@ -6,10 +6,12 @@ DIR/
   metrics.csv           long format: step,kind,name,value (every number in metrics.jsonl; kind: step,
                         eval, event, or rolled_back for a step a rollback later recomputed;
                         non-finite values as nan/inf)
-  loss-curve.png        train and validation loss vs step
+  loss-curve.png        train and validation loss vs step, spikes, drills, rollbacks and alerts marked
   gradnorm-curve.png    gradient norm and parameter norm vs step
   lr.png                learning rate vs step
   evals.png             validation loss, bits per byte and (with eval.tasks_every) the suite score vs tokens
+  mfu-cost.png          MFU (a GPU with a known peak) and $ spent (a priced run) vs wall-clock time
+  index.html            all of it on one self-contained page (report/html.py)
   probes.md             the prompt probes' greedy completions at each in-loop evaluation (eval.tasks_every)
   throughput.png        tokens/s vs wall-clock time (seconds, minutes or hours: whichever fits the run)
   final.safetensors     the newest checkpoint's weights
@@ -26,6 +28,7 @@ import platform
 import shutil
 from pathlib import Path
 
+from pretrainer.analysis.report.html import write_html
 from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import (
@@ -166,11 +169,25 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
         ylabel: str,
         log_y: bool = False,
         from_zero: bool = False,
+        marks: list[tuple[int, str, str]] = (),
     ):
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
         for label, (xs, ys), style in lines:
             if xs:
                 ax.plot(xs, ys, style, label=label, linewidth=1.2, markersize=4)
+        for kind in sorted(
+            {kind for _, kind, _ in marks}
+        ):  # spikes, drills, rollbacks, alerts: one legend each
+            steps = [step for step, k, _ in marks if k == kind]
+            for i, step in enumerate(steps[:100]):
+                ax.axvline(
+                    step,
+                    color=EVENT_COLOURS.get(kind, "grey"),
+                    alpha=0.45,
+                    linewidth=0.9,
+                    linestyle="--",
+                    label=kind if i == 0 else None,
+                )
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -191,6 +208,7 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
         [("train loss", _series(records, "loss"), "-"), ("val loss", _series(records, "val_loss"), "o-")],
         "step",
         "loss (nats/token)",
+        marks=events(records),
     )
     figure(
         "gradnorm-curve.png",
@@ -217,7 +235,7 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
     panels = [panel for panel in panels if panel[2][0]]
     if panels:
         fig, axes = plt.subplots(
-            len(panels), 1, figsize=(8, 2.6 * len(panels)), dpi=110, sharex=True, squeeze=False
+            len(panels), 1, figsize=(8, max(3.2, 2.6 * len(panels))), dpi=110, sharex=True, squeeze=False
         )
         for ax, (_, label, (xs, ys)) in zip(axes[:, 0], panels):
             ax.plot(xs, ys, "o-", linewidth=1.2, markersize=4)
@@ -228,7 +246,49 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
         save(fig, "evals.png")
     throughput, time_label = throughput_series(records)
     figure("throughput.png", [("tokens/s", throughput, "-")], time_label, "tokens/s", from_zero=True)
+    # MFU (a GPU with a known peak) and $ spent (a priced run), against wall-clock time
+    panels = [
+        (label, _series(records, name, x="elapsed_s"))
+        for name, label in (("mfu", "MFU"), ("spent_usd", "$ spent"))
+    ]
+    panels = [panel for panel in panels if panel[1][0]]
+    if panels:
+        unit, unit_s = time_unit(max(max(xs) for _, (xs, _) in panels))
+        fig, axes = plt.subplots(
+            len(panels), 1, figsize=(8, max(3.2, 2.6 * len(panels))), dpi=110, sharex=True, squeeze=False
+        )
+        for ax, (label, (xs, ys)) in zip(axes[:, 0], panels):
+            ax.plot([x / unit_s for x in xs], ys, "-", linewidth=1.2)
+            ax.set_ylabel(label, fontsize=8)
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+        axes[0, 0].set_title(title)
+        axes[-1, 0].set_xlabel(f"wall-clock {unit}")
+        save(fig, "mfu-cost.png")
     return written
+
+
+# what an event record is, by the key that makes it one (train/spikes.py, alerts.py, stopping.py)
+EVENT_KEYS = {
+    "spike_injected": "drill",
+    "spike": "spike",
+    "rollback": "rollback",
+    "invalid_tokens": "bad tokens",
+    "alert": "alert",
+    "budget_problem": "budget",
+}
+EVENT_COLOURS = {"drill": "tab:purple", "spike": "tab:red", "rollback": "tab:orange", "alert": "tab:brown"}
+
+
+def events(records: list[dict]) -> list[tuple[int, str, str]]:
+    """(step, kind, what it says) of each event record: spikes, drills, rollbacks, alerts."""
+    out = []
+    for r in records:
+        kind = next((name for key, name in EVENT_KEYS.items() if r.get(key)), None)
+        if kind is not None and "step" in r:
+            detail = r.get("message") or r.get("alert") or r.get("inject_kind") or ""
+            out.append((int(r["step"]), kind, str(detail)))
+    return out
 
 
 def write_probes_table(probes: list[dict], path: Path) -> None:
@@ -368,10 +428,12 @@ def export_report(run, out: Path) -> dict:
             "final_weights": weights_check,
             "metrics_csv_rows": rows,
             "plots": plots,
+            "page": "index.html",
             "probes_table": "probes.md" if probes else None,
             "mlflow": mlflow_uri,
         }
         atomic_write_json(tmp / "manifest.json", manifest)
+        write_html(tmp, run, manifest, records)
         if not weights_check["reload_resave_byte_identical"]:
             raise UserError(
                 f"{checkpoint}/model.safetensors: reloading and re-saving changed the bytes; report not "
