@@ -28,7 +28,7 @@ import platform
 import shutil
 from pathlib import Path
 
-from pretrainer.analysis.report.html import write_html
+from pretrainer.analysis.report.html import EVENT_COLOURS, events, write_html
 from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import (
@@ -266,29 +266,6 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
         axes[-1, 0].set_xlabel(f"wall-clock {unit}")
         save(fig, "mfu-cost.png")
     return written
-
-
-# what an event record is, by the key that makes it one (train/spikes.py, alerts.py, stopping.py)
-EVENT_KEYS = {
-    "spike_injected": "drill",
-    "spike": "spike",
-    "rollback": "rollback",
-    "invalid_tokens": "bad tokens",
-    "alert": "alert",
-    "budget_problem": "budget",
-}
-EVENT_COLOURS = {"drill": "tab:purple", "spike": "tab:red", "rollback": "tab:orange", "alert": "tab:brown"}
-
-
-def events(records: list[dict]) -> list[tuple[int, str, str]]:
-    """(step, kind, what it says) of each event record: spikes, drills, rollbacks, alerts."""
-    out = []
-    for r in records:
-        kind = next((name for key, name in EVENT_KEYS.items() if r.get(key)), None)
-        if kind is not None and "step" in r:
-            detail = r.get("message") or r.get("alert") or r.get("inject_kind") or ""
-            out.append((int(r["step"]), kind, str(detail)))
-    return out
 
 
 def write_probes_table(probes: list[dict], path: Path) -> None:

@@ -30,6 +30,29 @@ PLOTS = {
 }
 
 
+# what an event record is, by the key that makes it one (train/spikes.py, alerts.py, stopping.py)
+EVENT_KEYS = {
+    "spike_injected": "drill",
+    "spike": "spike",
+    "rollback": "rollback",
+    "invalid_tokens": "bad tokens",
+    "alert": "alert",
+    "budget_problem": "budget",
+}
+EVENT_COLOURS = {"drill": "tab:purple", "spike": "tab:red", "rollback": "tab:orange", "alert": "tab:brown"}
+
+
+def events(records: list[dict]) -> list[tuple[int, str, str]]:
+    """(step, kind, what it says) of each event record: spikes, drills, rollbacks, alerts."""
+    out = []
+    for r in records:
+        kind = next((name for key, name in EVENT_KEYS.items() if r.get(key)), None)
+        if kind is not None and "step" in r:
+            detail = r.get("message") or r.get("alert") or r.get("inject_kind") or ""
+            out.append((int(r["step"]), kind, str(detail)))
+    return out
+
+
 def plan_against_actual(run) -> list[tuple[str, str, str]]:
     """(figure, planned, actual): what `pretrainer plan` makes of the run's config, and what it did."""
     from pretrainer.analysis.plan import make_plan
@@ -87,8 +110,6 @@ def ending(run_dir: Path) -> tuple[str, str]:
 
 
 def write_html(report_dir: Path, run, manifest: dict, records: list[dict]) -> None:
-    from pretrainer.analysis.report.export import events
-
     report_dir = Path(report_dir)
     run_dir = run.run_dir
     said, next_command = ending(run_dir)
