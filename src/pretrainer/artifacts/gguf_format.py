@@ -68,11 +68,10 @@ def export_gguf(
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype}: a GGUF export is f16 or q8_0")
     cfg, weights = without_padding_rows(cfg, weights, tokenizer.vocab_size)
-    arch = gguf.MODEL_ARCH.LLAMA if cfg.arch == "llama" else gguf.MODEL_ARCH.GPT2
     tensors = gguf_tensors(cfg, weights)  # before the file: an unsupported model is refused first
     vocabulary = gguf_vocabulary(tokenizer, cfg.seq_len)
     with atomic_file(Path(out)) as tmp:
-        writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[arch])
+        writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf_arch(cfg)])
         writer.add_type(gguf.GGUFType.MODEL)
         writer.add_name(name)
         add_hyper_parameters(writer, cfg)
@@ -83,10 +82,18 @@ def export_gguf(
         for tensor_name, tensor in tensors.items():
             data, qtype = encoded(tensor_name, tensor, dtype)
             writer.add_tensor(tensor_name, data, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+
+
+def gguf_arch(cfg: ModelConfig):
+    import gguf
+
+    return gguf.MODEL_ARCH.LLAMA if cfg.arch == "llama" else gguf.MODEL_ARCH.GPT2
 
 
 # --- weights ---
@@ -100,8 +107,7 @@ def gguf_tensors(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str
         hf = to_hf_weights(cfg, weights)
     except UserError as e:
         raise UserError(f"GGUF export maps the weights through Hugging Face's names: {e}") from None
-    arch = gguf.MODEL_ARCH.LLAMA if cfg.arch == "llama" else gguf.MODEL_ARCH.GPT2
-    names = gguf.get_tensor_name_map(arch, cfg.n_layer)
+    names = gguf.get_tensor_name_map(gguf_arch(cfg), cfg.n_layer)
     out = {}
     for hf_name, tensor in hf.items():
         tensor = tensor.float()
