@@ -103,7 +103,7 @@ def cli(*args: str) -> None:
 def trained(run: Path, family: str, data: Path) -> Path:
     if not (run / "checkpoints").is_dir():
         shape = ["--model.arch=gpt2", "--model.n_kv_head=0"] if family == "gpt2" else []
-        settings = [f"--data.dir={data}", f"--run.dir={run}", "--mlflow.enabled=false", *shape]
+        settings = [f"--data.dir={data}", f"--run.dir={run}", "--track.backends=none", *shape]
         cli("train", "configs/tiny-cpu.toml", *settings)
     return run
 
