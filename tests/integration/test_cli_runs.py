@@ -114,6 +114,29 @@ def test_eval_sample_export_postmortem_take_the_run_dir_alone(
     assert code == 2 and "say what to evaluate: RUN_DIR_OR_CHECKPOINT or hf:DIR" in err
 
 
+def test_export_gguf_writes_one_llama_cpp_file(stopped_run, run_cli, capsys):
+    """RUN/model-f16.gguf by default; a dtype GGUF export does not write is one error line. (The file
+    read back tensor by tensor: tests/unit/artifacts/test_gguf_format.py; llama.cpp's generations:
+    benchmarks/gguf_llamacpp.py.)"""
+    import gguf
+
+    code, out, err = run_cli("export", stopped_run, "--format", "gguf")
+    assert code == 0, err
+    assert out.endswith(f"as gguf (f16) to {stopped_run / 'model-f16.gguf'}\n")
+    reader = gguf.GGUFReader(stopped_run / "model-f16.gguf")
+    # token_embd, output_norm and 9 per layer (tied: no output.weight)
+    assert reader.fields["general.architecture"].contents() == "llama" and len(reader.tensors) == 2 + 2 * 9
+    for dtype in ("bf16", "q4_k"):  # a dtype of another format, one of none
+        try:
+            code, _, err = run_cli("export", stopped_run, "--format", "gguf", "--dtype", dtype)
+        except SystemExit as e:  # argparse's, one line too
+            code, err = e.code, capsys.readouterr().err
+        assert code == 2 and err.startswith("error:") and err.count("\n") == 1, err
+    code, _, err = run_cli("export", stopped_run, "--format", "gguf")
+    assert code == 2 and "already exists; pass --force" in err
+    assert run_cli("export", stopped_run, "--format", "gguf", "--force")[0] == 0
+
+
 def test_saved_configs_are_completed_by_overrides_then_checked(stopped_run, tmp_path):
     """Overrides are checked against the saved config they complete, not the defaults; a chosen
     checkpoint (train.resume=PATH) brings its own config."""

@@ -291,7 +291,7 @@ def verb_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
 
     p = verbs.add_parser(
-        "export", help="the run's report, or its newest checkpoint as a model (hf / safetensors)"
+        "export", help="the run's report, or its newest checkpoint as a model (hf / safetensors / gguf)"
     )
     p.add_argument(
         "run",
@@ -302,14 +302,15 @@ def verb_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         default="report",
-        choices=["report", "hf", "safetensors"],
+        choices=["report", "hf", "safetensors", "gguf"],
         help="report (default): manifest, metrics.csv, plots, final weights; hf: a transformers model "
-        "directory; safetensors: one weights file with the config in its metadata",
+        "directory; safetensors: one weights file with the config in its metadata; gguf: one llama.cpp "
+        "file, weights and tokenizer",
     )
     p.add_argument(
         "--out",
-        help="output directory (report, hf) or file (safetensors); default RUN_DIR/report, RUN_DIR/hf "
-        "or RUN_DIR/model.safetensors",
+        help="output directory (report, hf) or file (safetensors, gguf); default RUN_DIR/report, "
+        "RUN_DIR/hf, RUN_DIR/model.safetensors or RUN_DIR/model-DTYPE.gguf",
     )
     p.add_argument(
         "--force",
@@ -318,9 +319,9 @@ def verb_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dtype",
-        default="fp32",
-        choices=["fp32", "bf16"],
-        help="weights' dtype in the hf / safetensors export (the report keeps the checkpoint's fp32 bytes)",
+        choices=["fp32", "bf16", "f16", "q8_0"],
+        help="weights' dtype: fp32 (default) or bf16 for hf / safetensors, f16 (default) or q8_0 for gguf "
+        "(the report keeps the checkpoint's fp32 bytes)",
     )
 
     p = verbs.add_parser(

@@ -28,18 +28,36 @@ EXPORTS = {
         lambda out: (out / "config.json").is_file() and any(out.glob("*.safetensors")),
     ),
     "safetensors": ("a weights file", lambda out: out.is_file() and out.suffix == ".safetensors"),
+    "gguf": ("a GGUF file", lambda out: out.is_file() and out.suffix == ".gguf" and is_gguf(out)),
 }
+# the weights' dtypes each model format writes, its default first (the report keeps fp32 bytes)
+EXPORT_DTYPES = {"hf": ("fp32", "bf16"), "safetensors": ("fp32", "bf16"), "gguf": ("f16", "q8_0")}
+
+
+def is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"  # the format's magic
+
+
+def export_dtype(fmt: str, dtype: str | None) -> str:
+    """--dtype, or the format's default; one that the format does not write is an error."""
+    allowed = EXPORT_DTYPES.get(fmt, ("fp32",))
+    if dtype is not None and fmt in EXPORT_DTYPES and dtype not in allowed:
+        raise UserError(f"--dtype {dtype}: --format {fmt} writes {' or '.join(allowed)}; pass one of those")
+    return dtype or allowed[0]
 
 
 def cmd_export(args: argparse.Namespace) -> None:
     from pretrainer.analysis.report.export import export_report, export_weights
     from pretrainer.artifacts.runs import open_run
 
+    dtype = export_dtype(args.format, args.dtype)
     run = open_run(args.run)
     default_out = {
         "report": run.run_dir / "report",
         "hf": run.run_dir / "hf",
         "safetensors": run.run_dir / "model.safetensors",
+        "gguf": run.run_dir / f"model-{dtype}.gguf",
     }
     out = Path(args.out) if args.out else default_out[args.format]
     if out.exists() and not args.force:
@@ -49,7 +67,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         )
     what, ours = EXPORTS[args.format]
     refuse_to_replace(out, ours, what, keep=[run.checkpoint, run.run_dir])
-    check_output(out, "file" if args.format == "safetensors" else "directory")  # before the export
+    check_output(out, "file" if args.format in ("safetensors", "gguf") else "directory")  # before the export
     if args.format == "report":
         manifest = export_report(run, out)
         check = (
@@ -66,10 +84,15 @@ def cmd_export(args: argparse.Namespace) -> None:
     if args.format == "hf":
         from pretrainer.artifacts import hf_format as hf
 
-        hf.export_hf(run.cfg.model, run.load_weights(), run.tokenizer(), out, args.dtype)
+        hf.export_hf(run.cfg.model, run.load_weights(), run.tokenizer(), out, dtype)
+    elif args.format == "gguf":
+        from pretrainer.artifacts.gguf_format import export_gguf
+
+        name = f"{run.run_dir.name} step {run.step}"
+        export_gguf(run.cfg.model, run.load_weights(), run.tokenizer(), out, dtype, name=name)
     else:
-        export_weights(run, out, args.dtype)
-    print(f"exported {run.checkpoint} (step {run.step}) as {args.format} ({args.dtype}) to {out}")
+        export_weights(run, out, dtype)
+    print(f"exported {run.checkpoint} (step {run.step}) as {args.format} ({dtype}) to {out}")
 
 
 def cmd_sample(args: argparse.Namespace) -> None:

@@ -44,12 +44,20 @@ def nearest_existing(path: Path) -> Path:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """`data` in `path`, or (disk full, a signal) `path` as it was and no temp file left."""
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside `path` for a writer that wants a file name (gguf's writer); when the
+    block succeeds the file is fsynced and renamed onto `path`, when it fails it is removed and `path`
+    is as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
