@@ -5,19 +5,21 @@
 #   slurm-wlm, munge   a real one-node SLURM for tests/distributed/test_slurm.py
 #   chromium           a real browser that renders the HTML report (tests/integration/test_report_runs.py)
 # --background: return at once and install while the suite starts (apt's ~35 s overlap pip, lint and the
-# first tests); the tests that need a package wait for the install (tests/support/test_deps.py reads
-# $STATE/pid and $STATE/done).
-STATE=${PRETRAINER_TEST_DEPS_STATE:-/tmp/pretrainer-test-deps}
+# first tests). The install holds $STATE/lock (flock) while it runs; a test that needs a package waits
+# for that lock (tests/support/test_deps.py), and a second `make test` queues behind the first.
+STATE=${PRETRAINER_TEST_DEPS_STATE:-/tmp/pretrainer-test-deps-$(id -u)}
 if [ "$1" = "--background" ]; then
-  mkdir -p "$STATE" && rm -f "$STATE/done"
-  nohup sh "$0" >"$STATE/output" 2>&1 &
-  echo $! >"$STATE/pid"
-  echo "install-test-deps: installing what the tests need in the background ($STATE/output)"
-  exit 0
+  mkdir -p "$STATE" && chmod 700 "$STATE"
+  if command -v flock >/dev/null 2>&1; then
+    nohup flock "$STATE/lock" sh "$0" >>"$STATE/output" 2>&1 &
+    echo "install-test-deps: installing what the tests need in the background ($STATE/output)"
+    exit 0
+  fi
+  exec sh "$0"  # no flock: install now, before the tests
 fi
-log=/tmp/install-test-deps.log
-: >"$log"
-apt_get() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >>"$log" 2>&1; }
+log=$STATE/apt.log
+mkdir -p "$STATE"
+apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq "$@" >>"$log" 2>&1; }
 install() {  # $1: the command that shows it is there, $2: the packages, $3: who needs them
   if command -v "$1" >/dev/null 2>&1; then
     return
@@ -44,5 +46,4 @@ if [ -n "$host" ] && ! getent hosts "$host" >/dev/null 2>&1; then
     echo "install-test-deps: the hostname $host does not resolve: the SLURM tests will skip"
   fi
 fi
-mkdir -p "$STATE" && touch "$STATE/done"
 exit 0

@@ -219,13 +219,16 @@ def test_credentials_in_uris_reach_no_file_log_or_tracker(
         assert code == 0, out + err
         outputs += [out, err]
     assert "alice:***@127.0.0.1:9/?token=***" in (run / "config.toml").read_text()
-    tracked = tmp_path / "tracked"  # a store that works: its params and artifacts in mlflow.db
-    code, out, err = run_cli(
-        "train",
-        *tiny_overrides(stdlib_data, tracked, **{"train.max_steps": 3, "track.backends": "mlflow"}),
-        *CREDENTIALS[1:],
-    )
-    assert code == 0 and (tracked / "mlflow.db").is_file() and "warning: mlflow" not in out + err, out + err
+    # trackers that work: mlflow's params and artifacts in mlflow.db, W&B's offline run (W&B records the
+    # process's command line unless told not to: here it holds the credentials, as a CLI process's would)
+    tracked = tmp_path / "tracked"
+    backends = {"train.max_steps": 3, "track.backends": "mlflow,wandb"}
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr("sys.argv", ["pretrainer", "train", *CREDENTIALS[1:]])
+    code, out, err = run_cli("train", *tiny_overrides(stdlib_data, tracked, **backends), *CREDENTIALS[1:])
+    assert code == 0 and (tracked / "mlflow.db").is_file(), out + err
+    assert "warning: mlflow" not in out + err and "warning: wandb" not in out + err, out + err
+    assert any((tracked / "wandb").glob("offline-run-*/run-*.wandb"))
     assert_no_secret(tmp_path, *outputs, out, err)
 
 

@@ -56,6 +56,13 @@ def test_push_then_pull_a_data_dir_and_an_export_verifies_every_file(
     run = tmp_path / "run"
     train(tiny_config("hf://me/stdlib-bpe1k", run, **{"train.max_steps": 4, "eval.every": 4}))
     assert 'dir = "hf://me/stdlib-bpe1k"' in (run / "config.toml").read_text()
+    code, out, err = run_cli("train", f"--run.dir={run}", "--train.max_steps=6")  # from its saved config
+    assert code == 0 and "step 6/6" in out, out + err
+    # --force replaces a prepared data dir only, never another directory
+    code, out, err = run_cli("prepare", "--from-hub", "me/stdlib-bpe1k", "--out", run, "--force")
+    assert (
+        code == 2 and "is not a prepared data dir pretrainer wrote" in err and (run / "checkpoints").is_dir()
+    )
 
     # the run as an export: pulled back, its weights are the run's (bf16)
     code, out, err = run_cli("push", run, "me/tiny", "--dry-run")

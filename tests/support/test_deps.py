@@ -1,22 +1,30 @@
 """The system packages scripts/install-test-deps.sh installs (SLURM, Chromium): `make test` starts it in
-the background, and a test that needs one waits here until it has finished."""
+the background, holding STATE/lock while it installs; a test that needs one waits here for that lock."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from pathlib import Path
 
-STATE = Path(os.environ.get("PRETRAINER_TEST_DEPS_STATE", "/tmp/pretrainer-test-deps"))
+STATE = Path(os.environ.get("PRETRAINER_TEST_DEPS_STATE", f"/tmp/pretrainer-test-deps-{os.getuid()}"))
 
 
-def wait_for_test_deps(timeout_s: float = 600) -> None:
-    """Return once no install is running (finished, failed, or never started: then the test's own check
-    says what is missing)."""
+def wait_for_test_deps(timeout_s: float = 600) -> bool:
+    """True once no install holds the lock (it finished or failed, or none ran: then the test's own check
+    says what is missing); False after `timeout_s`."""
+    lock = STATE / "lock"
+    if not lock.is_file():
+        return True
     deadline = time.monotonic() + timeout_s
-    while not (STATE / "done").exists() and time.monotonic() < deadline:
-        try:
-            os.kill(int((STATE / "pid").read_text()), 0)
-        except (OSError, ValueError):  # no install running
-            return
-        time.sleep(0.5)
+    with open(lock) as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.5)

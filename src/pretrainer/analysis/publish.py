@@ -40,7 +40,7 @@ def push(
     path = Path(path)
     repo_id, given_revision = parse_hub_spec(repo_id)
     revision = revision or given_revision
-    if (path / "manifest.json").is_file() and (path / "pretrainer-tokenizer.json").is_file():
+    if (path / "manifest.json").is_file() and '"splits"' in (path / "manifest.json").read_text():
         repo_type, staged = "dataset", stage_data_dir(path, repo_id)
     elif (path / "checkpoints").is_dir() or (path / "state.json").is_file():
         repo_type, staged = "model", stage_run(path, repo_id, dtype)
@@ -228,6 +228,8 @@ def upload(staged: Path, repo_id: str, repo_type: str, private: bool, revision: 
 
         api = HfApi()
         api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
+        if private and not api.repo_info(repo_id, repo_type=repo_type).private:  # exist_ok left it public
+            raise UserError(f"push {repo_id}: --private, but the repo exists and is public; nothing uploaded")
         if revision:
             api.create_branch(repo_id, repo_type=repo_type, branch=revision, exist_ok=True)
         large = getattr(api, "upload_large_folder", None)  # huggingface_hub < 1.0: its resumable upload
@@ -240,7 +242,10 @@ def upload(staged: Path, repo_id: str, repo_type: str, private: bool, revision: 
                 repo_type=repo_type,
                 revision=revision,
                 commit_message="pretrainer push",
+                delete_patterns="*",  # the repo mirrors what was staged: no stale file an earlier push left
             )
+    except UserError:
+        raise
     except Exception as e:  # auth, network, quota: one line; the staged files stay for the next try
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise UserError(

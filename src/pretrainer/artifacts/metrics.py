@@ -78,8 +78,15 @@ class MetricsLog:
         self.path = Path(path)
         records = read_metrics(self.path, note=print)
         kept = [r for r in records if r.get("step", 0) <= keep_through_step]
-        # what the interrupted run logged after its checkpoint
-        self.cut = [r for r in records if r.get("step", 0) > keep_through_step]
+        cut = [r for r in records if r.get("step", 0) > keep_through_step]
+        # what interrupted launches logged past this checkpoint (the trackers already hold it): this one's
+        # and, when a launch was killed again before a newer checkpoint, the ones before
+        superseded = self.path.with_name("metrics-superseded.jsonl")
+        earlier = [r for r in read_metrics(superseded) if r.get("step", 0) > keep_through_step]
+        self.cut = earlier + cut
+        if cut:
+            with open(superseded, "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in cut))
         if self.path.exists() or kept:
             atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
         self.file = open(self.path, "a")

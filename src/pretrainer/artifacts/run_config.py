@@ -36,7 +36,8 @@ def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
     if horizon_keys_set(cfg.train):
         cfg.train.max_steps = 0  # derived again from the run's horizon: the world size may differ
     cfg = apply_overrides(cfg, overrides)
-    if not Path(cfg.data.dir).is_absolute() and not Path(cfg.data.dir).is_dir():
+    hub = cfg.data.dir.startswith("hf://")  # pulled again (or found in the hub cache) at launch
+    if not hub and not Path(cfg.data.dir).is_absolute() and not Path(cfg.data.dir).is_dir():
         raise UserError(
             f"{source}: data.dir = {cfg.data.dir} is relative (saved by an older version) and not found "
             f"from here; pass --data.dir=DIR"

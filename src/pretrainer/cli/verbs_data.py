@@ -64,10 +64,13 @@ def pull_prepared(args: argparse.Namespace) -> None:
         raise UserError("prepare: --from-hub pulls data already prepared; drop --corpus")
     spec = args.from_hub if args.from_hub.startswith(HUB_PREFIX) else HUB_PREFIX + args.from_hub
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and any(out.iterdir()) and not args.force:
-        raise UserError(
-            f"{out}: already exists and is not empty; pass --force to pull into it, or --out elsewhere"
-        )
+    if out is not None and out.exists():
+        if not args.force:
+            raise UserError(f"{out}: already exists; pass --force to replace it (once the pull is verified)")
+        from pretrainer.core.files import refuse_to_replace
+        from pretrainer.data.prepare import is_prepared_dir
+
+        refuse_to_replace(out, is_prepared_dir, "a prepared data dir")  # --force never removes anything else
     local = pull(spec, "dataset", local_dir=out)
     checked = verify_data(open_data_dir(local), "full")
     print(

@@ -62,7 +62,11 @@ BOOL_WORDS = {
 
 def is_bool_key(key: str) -> bool:
     """A key a bare `--key` sets to true: a boolean, or a switch with an "auto" (train.compile)."""
-    return all_keys().get(canonical_key(key)) is bool or canonical_key(key) in SWITCH_KEYS
+    return (
+        all_keys().get(canonical_key(key)) is bool
+        or canonical_key(key) in SWITCH_KEYS
+        or canonical_key(key) == "mlflow.enabled"  # earlier versions' switch (set_key reads it)
+    )
 
 
 MAX_INT = 2**62  # no count or size here comes near it; beyond it, tensors and seeds overflow
@@ -147,6 +151,8 @@ def _words(value: Any) -> list[str]:
         value = [word.strip() for word in value.split(",") if word.strip()]
     if not isinstance(value, list) or not all(isinstance(word, str) for word in value):
         raise ValueError(value)
+    if "none" in value and len(value) > 1:
+        raise ValueError(value)  # "none" means no backend, not one more
     return [] if value == ["none"] else list(dict.fromkeys(value))
 
 

@@ -56,8 +56,15 @@ def verify_checksums(directory: Path, where: str) -> int:
     if not listing.is_file():
         raise UserError(f"{where}: no {CHECKSUMS}; not a repo `pretrainer push` wrote, so it cannot be verified")
     lines = [line for line in listing.read_text().splitlines() if line.strip()]
+    listed = {line.partition("  ")[2] for line in lines}
+    present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+    unlisted = sorted(present - listed - {CHECKSUMS, ".gitattributes"})
+    if unlisted:  # e.g. a stale file an earlier push left: it would be read unverified
+        raise UserError(f"{where}: {unlisted[0]} is not in {CHECKSUMS}, so it cannot be verified; push again")
     for line in lines:
         expected, _, name = line.partition("  ")
+        if name.startswith("/") or ".." in Path(name).parts:
+            raise UserError(f"{where}: {CHECKSUMS} names {name!r}, outside the repo; refused")
         path = directory / name
         if not path.is_file():
             raise UserError(f"{where}: {name} is listed in {CHECKSUMS} but missing; pull it again")

@@ -12,6 +12,7 @@ Each is imported only when asked for; RunLog (train/tracking.py) reports one tha
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import time
 from pathlib import Path
@@ -66,6 +67,7 @@ class MlflowTracker:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
         run_dir = Path(run_dir).resolve()
+        self.events = int(time.time() * 1000)  # event tags' names stay unique across launches
         self.uri = uri or f"sqlite:///{run_dir / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=reveal(self.uri))  # the one place credentials are used
         found = self.client.get_experiment_by_name(experiment)
@@ -92,7 +94,8 @@ class MlflowTracker:
 
         step, now_ms = int(record.get("step", 0)), int(time.time() * 1000)
         metrics = [Metric(k, v, now_ms, step) for k, v in scalars(record).items()]
-        tags = [RunTag(f"event.{step:08d}.{k}", v[:5000]) for k, v in words(record).items()]
+        self.events += bool(words(record))  # two events at one step: two tags
+        tags = [RunTag(f"event.{self.events}.step{step}.{k}", v[:5000]) for k, v in words(record).items()]
         if metrics or tags:
             self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
 
@@ -140,16 +143,31 @@ class WandbTracker:
 
         run_dir = Path(run_dir).resolve()
         id_file, run_id = run_id_file(run_dir, "wandb")
+        offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled")
+        # W&B names an offline run's directory by its start second: a launch within a second of the last
+        # one would write into that one's
+        started = [p.stat().st_mtime for p in (run_dir / "wandb").glob("offline-run-*")]
+        if offline and started and time.time() - max(started) < 1.1:
+            time.sleep(1.1 - (time.time() - max(started)))
+        if not offline and not wandb.login(prompt=False, verify=False):  # a terminal would wait on a prompt
+            raise RuntimeError("not logged in to W&B: wandb login, WANDB_API_KEY, or WANDB_MODE=offline")
         self.run = wandb.init(
             project=experiment,
-            id=run_id or secrets.token_hex(4),  # W&B's ids: 8 lowercase letters and digits
+            id=run_id or secrets.token_hex(8),  # W&B's ids: lowercase letters and digits
             resume="allow",
             name=run_dir.name,
             dir=str(run_dir),
             config=params,
-            # the run's console is its own (train/console.py); no sampling thread or code upload
+            # the run's console is its own (train/console.py); no sampling thread or code upload; no
+            # metadata: it would hold the command line (a credential given as --key=VALUE) and git remotes
             settings=wandb.Settings(
-                console="off", silent=True, x_disable_stats=True, save_code=False, x_save_requirements=False
+                console="off",
+                silent=True,
+                x_disable_stats=True,
+                x_disable_meta=True,
+                disable_git=True,
+                save_code=False,
+                x_save_requirements=False,
             ),
         )
         if not run_id:

@@ -29,7 +29,7 @@ class RunLog:
         self.say, self.lock, self.alerts = say, threading.RLock(), None  # alerts: train/alerts.Alerts
         self.metrics = MetricsLog(run_dir / "metrics.jsonl", keep_through_step) if is_main else None
         # (step, key) the interrupted run already sent
-        self.sent = {(r["step"], k) for r in self.metrics.cut for k in r} if is_main else set()
+        self.sent = {(r.get("step", 0), k) for r in self.metrics.cut for k in r} if is_main else set()
         self.trackers = {}
         for name in cfg.track.backends if is_main else ():
             tracker = self._tracked(name, lambda: open_tracker(name, cfg, run_dir, keep_through_step, say))
