@@ -69,9 +69,9 @@ class LoopEvals:
         self.write = self.say = self.elapsed = self.probes_log = None
 
     def attach(self, run_dir: Path, keep_through_step: int, is_main: bool, write, say, elapsed) -> None:
-        """Where results go: `write` (metrics.jsonl and the trackers), `say`, and RUN_DIR/probes.jsonl on rank 0,
-        cut back to the resumed checkpoint's step (also when this launch runs no probes); `elapsed()`:
-        the run's clock, read when a record is written."""
+        """Where results go: `write` (metrics.jsonl and the trackers), `say`, and RUN_DIR/probes.jsonl on
+        rank 0, cut back to the resumed checkpoint's step (also when this launch runs no probes);
+        `elapsed()`: the run's clock, read when a record is written."""
         self.write, self.say, self.elapsed = write, say, elapsed
         path = Path(run_dir) / "probes.jsonl"
         if is_main and (self.prompts or path.exists()):
