@@ -1,7 +1,8 @@
-"""8-bit and 4-bit AdamW against AdamW on the quickstart: final validation loss, optimizer state, speed.
+"""8-bit and 4-bit AdamW (or Muon) against AdamW on the quickstart: final validation loss, optimizer
+state, speed.
 
     python benchmarks/lowbit_adamw.py --data data/stdlib-bpe4k [--max-steps 360] [--names
-    adamw,adamw8bit,adamw4bit]
+    adamw,adamw8bit,adamw4bit]          # or --names adamw,muon
 
 Trains configs/tiny-cpu.toml once per optimizer (same seed, data and schedule; each in its own process),
 then prints a markdown table: final val loss and its difference from AdamW's, the optimizer state's

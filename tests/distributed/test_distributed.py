@@ -114,6 +114,27 @@ def test_two_ranks_equal_one_process_with_grad_accum(strategy, single, stdlib_da
     assert read_metrics(run / "probes.jsonl") == read_metrics(single / "probes.jsonl")
 
 
+@pytest.fixture(scope="module")
+def single_muon(stdlib_data, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("single-muon") / "run"
+    train(tiny_config(stdlib_data, run, **settings(**{"train.grad_accum": 2, "optim.name": "muon"})))
+    return run
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_with_muon_equal_one_process(strategy, single_muon, stdlib_data, tmp_path):
+    """Muon orthogonalises whole matrices: under FSDP2 each rank gathers the momentum of its row shard,
+    orthogonalises the whole and keeps its rows, so two ranks equal one process as AdamW's do."""
+    run = tmp_path / "run"
+    train_ranks(
+        2,
+        *tiny_overrides(
+            stdlib_data, run, **settings(**{"parallel.strategy": strategy, "optim.name": "muon"})
+        ),
+    )
+    assert_same_run(run, single_muon)
+
+
 def test_fsdp_over_two_nodes_shards_within_each_node_and_equals_one_process(single, stdlib_data, tmp_path):
     """4 ranks as 2 nodes x 2 (torchrun's LOCAL_WORLD_SIZE), 2 micro-steps: FSDP2 shards within a node and
     replicates across nodes (HSDP), so no all-gather crosses the network, and all-reduces between the

@@ -58,6 +58,23 @@ def test_resume_is_bit_exact(stdlib_data, tmp_path):
     assert final(straight) == final(split)
 
 
+def test_muon_learns_and_resumes_bit_exactly(stdlib_data, tmp_path):
+    """optim.name = muon: one state dict (Muon's momentum, AdamW's moments, the momentum warm-up's step
+    count) checkpointed and restored, so a stopped run continues with the same floats; and it learns."""
+    muon = {"optim.name": "muon", "train.max_steps": 30, "eval.every": 30, "log.every": 2}
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(tiny_config(stdlib_data, straight, **muon))
+    train(tiny_config(stdlib_data, split, **muon, **{"train.stop_at_step": 10}))
+    train(tiny_config(stdlib_data, split, **muon))
+    expected, got = losses(straight), losses(split)
+    assert list(expected) == list(range(2, 31, 2)) and got == expected
+    final = lambda run: (latest_checkpoint(run) / "model.safetensors").read_bytes()
+    assert final(straight) == final(split)
+    assert expected[30] < expected[2] - 0.5, expected
+    state = json.loads((latest_checkpoint(straight) / "state.json").read_text())
+    assert state["optimizer"]["name"] == "muon"
+
+
 def test_checkpoint_weights_reload_and_resave_byte_identically(stdlib_data, tmp_path):
     train(tiny_config(stdlib_data, tmp_path / "run", **{"train.max_steps": 10}))
     path = latest_checkpoint(tmp_path / "run") / "model.safetensors"

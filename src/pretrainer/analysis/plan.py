@@ -85,9 +85,12 @@ def make_plan(
         horizon=tokens is None and tokens_per_param is None,
     )
     counts, memory = planned_memory(cfg, gpus, memory_gb)  # the model on the meta device
-    flops = flops_per_token(cfg.model, counts["non_embedding"])
-    per_token = flops["total"] if flops_convention == "full" else flops_per_token_6n(counts["non_embedding"])
     step_tokens = tokens_per_step(cfg, gpus)
+    flops = flops_per_token(cfg.model, counts["non_embedding"])
+    if counts["optimizer_flops_per_step"]:  # Muon's orthogonalisations, spread over the step's tokens
+        flops["optimizer"] = counts["optimizer_flops_per_step"] / step_tokens
+        flops["total"] += flops["optimizer"]
+    per_token = flops["total"] if flops_convention == "full" else flops_per_token_6n(counts["non_embedding"])
     chinchilla_tokens = CHINCHILLA_TOKENS_PER_PARAM * counts["total"]
     if tokens is not None:
         budget, source = tokens, "--tokens"

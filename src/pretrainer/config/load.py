@@ -310,7 +310,7 @@ def validate(cfg: Config) -> None:
         # FSDP2 shards the moments already; gathering and re-sharding quantised ones for checkpoints is not
         # tested here
         (
-            o.name == "adamw" or cfg.parallel.strategy == "ddp",
+            o.name in ("adamw", "muon") or cfg.parallel.strategy == "ddp",
             f"optim.name = {o.name} needs parallel.strategy = ddp "
             "(also for one process); with fsdp use optim.name = adamw",
         ),

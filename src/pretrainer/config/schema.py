@@ -246,8 +246,9 @@ class OptimConfig:
     name: str = opt(
         "adamw",
         '"adamw" (fused, fp32 moments: 8 bytes per parameter), "adamw8bit" or "adamw4bit" (torchao\'s '
-        "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install 'pretrainer[lowbit]')",
-        allowed=("adamw", "adamw8bit", "adamw4bit"),
+        "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install 'pretrainer[lowbit]'), or "
+        '"muon" (Muon for the hidden matrices, 4 bytes per parameter; AdamW for embeddings, head, norms)',
+        allowed=("adamw", "adamw8bit", "adamw4bit", "muon"),
     )
     lr: float = opt(3e-4, "peak learning rate", allowed="> 0")
     schedule: str = opt(
@@ -264,6 +265,11 @@ class OptimConfig:
     beta1: float = opt(0.9, "AdamW's first-moment decay", allowed="[0, 1)")
     beta2: float = opt(0.95, "AdamW's second-moment decay", allowed="[0, 1)")
     eps: float = opt(1e-8, "AdamW's epsilon", allowed="> 0")
+    muon_momentum: float = opt(
+        0.95,
+        "Muon's Nesterov momentum (optim.name = muon), warmed up from 0.85 over 300 steps",
+        allowed="[0, 1)",
+    )
 
 
 @dataclass

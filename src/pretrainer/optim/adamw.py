@@ -33,6 +33,11 @@ def build_optimizer(
     loop uses it to keep non-finite and flagged steps away from the weights. adamw8bit / adamw4bit:
     the same groups and hyperparameters with quantised moments, honouring found_inf with one host
     sync (optim/lowbit.py); their update is compiled on CUDA or when `compile_step`."""
+    if cfg.name == "muon":
+        from pretrainer.optim.muon import MuonAdamW, muon_param_groups
+
+        groups = muon_param_groups(model, cfg.weight_decay)
+        return MuonAdamW(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps, cfg.muon_momentum)
     groups = param_groups(model, cfg.weight_decay)
     if cfg.name == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
@@ -52,6 +57,12 @@ def describe_optimizer(optimizer: torch.optim.Optimizer, name: str) -> dict:
     """What the report records about the optimizer (its state's size is measured at each checkpoint)."""
     if name == "adamw":
         return {"name": name, "implementation": f"torch.optim.AdamW, fused (torch {torch.__version__})"}
+    if name == "muon":
+        return {
+            "name": name,
+            "implementation": "optim/muon.MuonAdamW: Muon (Newton-Schulz, 5 steps) for the "
+            "hidden matrices, AdamW for the rest",
+        }
     import importlib.metadata
 
     return {
@@ -72,6 +83,8 @@ def adamw_update_norm(optimizer: torch.optim.Optimizer, skipped: torch.Tensor | 
     used them before re-quantising, so the norm is within that quantisation error of the applied update. A
     skipped update (`skipped` = 1, fused AdamW's
     found_inf) changed nothing: its norm is 0. Under FSDP2 the shards' sums are reduced (a collective)."""
+    if hasattr(optimizer, "update_norm"):  # Muon's (optim/muon.py): measured as it stepped
+        return optimizer.update_norm(skipped)
     total = None
     for group in optimizer.param_groups:
         lr, weight_decay, (beta1, beta2), eps = (

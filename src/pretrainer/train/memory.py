@@ -35,6 +35,7 @@ from pretrainer.config.schema import Config
 from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.loss import LOSS_CHUNK_ELEMENTS
+from pretrainer.optim.muon import hidden_flags, optimizer_flops_per_step
 from pretrainer.optim.sizes import planned_state_bytes
 
 CUDA_OVERHEAD_BYTES = int(1.5 * 2**30)
@@ -74,6 +75,7 @@ def memory_per_gpu(
     strategy: str,
     gpu_memory_gb: float | None,
     gpus_per_node: int = 8,
+    hidden: list[bool] | None = None,
 ) -> dict:
     """Bytes per GPU at the step's peak, item by item (see the module docstring), for the configured
     micro-batch, with and without activation checkpointing."""
@@ -85,7 +87,7 @@ def memory_per_gpu(
     out = {
         "weights": 4 * params // shards,
         "gradients": 4 * params // shards,
-        "optimizer": planned_state_bytes(cfg.optim.name, param_shapes, shards),
+        "optimizer": planned_state_bytes(cfg.optim.name, param_shapes, shards, hidden),
         "ddp_buckets": 0,  # gradient_as_bucket_view: the gradients are the buckets
         "bf16_weights": int(2 * 2 * block_params)
         if shards > 1
@@ -131,6 +133,8 @@ def planned_memory(
         counts, matmul_params = count_parameters(model), matmul_parameter_count(model)
         # tied weights once, as the optimizer holds them
         param_shapes = [tuple(p.shape) for p in model.parameters()]
+        hidden = hidden_flags(model)  # the matrices Muon keeps one buffer for
+        counts["optimizer_flops_per_step"] = optimizer_flops_per_step(model, cfg.optim.name)
     memory = memory_per_gpu(
         cfg,
         counts["total"],
@@ -140,9 +144,12 @@ def planned_memory(
         cfg.parallel.strategy,
         memory_gb,
         gpus_per_node,
+        hidden,
     )
     # what a checkpoint writes: the whole fp32 model and optimizer state, however it is sharded
-    counts["checkpoint_bytes"] = 4 * counts["total"] + planned_state_bytes(cfg.optim.name, param_shapes, 1)
+    counts["checkpoint_bytes"] = 4 * counts["total"] + planned_state_bytes(
+        cfg.optim.name, param_shapes, 1, hidden
+    )
     return counts, memory
 
 

@@ -30,6 +30,7 @@ from pretrainer.model import count_parameters
 from pretrainer.model.flops import flops_per_token
 from pretrainer.model.transformer import total_parameters
 from pretrainer.optim.adamw import build_optimizer, describe_optimizer
+from pretrainer.optim.muon import optimizer_flops_per_step
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.console import resume_command
 from pretrainer.train.distributed import (
@@ -371,6 +372,10 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
 
     # --- what the run will do; refuse a launch the budget cannot pay for ---
     model_flops_per_token = flops_per_token(cfg.model, count_parameters(model)["non_embedding"])["total"]
+    # Muon's orthogonalisations are work the run does: MFU and the budget count them
+    model_flops_per_token += optimizer_flops_per_step(model, cfg.optim.name) / tokens_per_step(
+        cfg, env.world_size
+    )
     peak_tflops = device_peak_tflops(cfg.budget.peak_tflops, device)
     max_steps = cfg.train.max_steps
     end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
