@@ -151,8 +151,8 @@ def stage_run(run_dir: Path, repo_id: str, dtype: str) -> Path:
     from pretrainer.artifacts.hf_format import export_hf
     from pretrainer.artifacts.runs import open_run
 
-    run = open_run(run_dir)
-    staged = run_dir / STAGING
+    run = open_run(run_dir)  # a run dir or one of its checkpoints: staged beside the run, not inside it
+    staged = run.run_dir / STAGING
     if staged.exists():
         shutil.rmtree(staged)
     export_hf(run.cfg.model, run.load_weights(), run.tokenizer(), staged, dtype)
