@@ -22,7 +22,7 @@ from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.config.schema import config_text
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_bytes
-from pretrainer.data.hub import CHECKSUMS, parse_hub_spec, write_checksums
+from pretrainer.data.hub import CHECKSUMS, hidden, parse_hub_spec, write_checksums
 
 STAGING = ".hub-push"
 
@@ -90,10 +90,7 @@ def stage_data_dir(data_dir: Path, repo_id: str) -> Path:
     staged = _fresh_staging(data_dir)
     for source in sorted(p for p in data_dir.rglob("*") if p.is_file()):
         relative = source.relative_to(data_dir)
-        if not any(part.startswith(".") for part in relative.parts) and relative.name not in (
-            "README.md",
-            CHECKSUMS,
-        ):
+        if not hidden(source, data_dir) and relative.name not in ("README.md", CHECKSUMS):
             _link_or_copy(source, staged / relative)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     atomic_write_bytes(staged / "README.md", dataset_card(manifest, repo_id).encode())
@@ -152,9 +149,7 @@ def stage_run(run_dir: Path, repo_id: str, dtype: str) -> Path:
     from pretrainer.artifacts.runs import open_run
 
     run = open_run(run_dir)  # a run dir or one of its checkpoints: staged beside the run, not inside it
-    staged = run.run_dir / STAGING
-    if staged.exists():
-        shutil.rmtree(staged)
+    staged = run.run_dir / STAGING  # export_hf replaces it whole
     export_hf(run.cfg.model, run.load_weights(), run.tokenizer(), staged, dtype)
     atomic_write_bytes(staged / "README.md", model_card(run, repo_id, dtype).encode())
     write_checksums(staged)

@@ -37,14 +37,15 @@ def write_checksums(directory: Path) -> int:
     -> how many files."""
     directory = Path(directory)
     files = sorted(
-        p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS and not _hidden(p, directory)
+        p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS and not hidden(p, directory)
     )
     lines = "".join(f"{sha256_file(p)}  {p.relative_to(directory).as_posix()}\n" for p in files)
     atomic_write_bytes(directory / CHECKSUMS, lines.encode())
     return len(files)
 
 
-def _hidden(path: Path, root: Path) -> bool:
+def hidden(path: Path, root: Path) -> bool:
+    """A dot-file or a file under a dot-directory (staging, caches): never pushed or listed."""
     return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
