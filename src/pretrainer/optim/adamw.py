@@ -33,12 +33,12 @@ def build_optimizer(
     loop uses it to keep non-finite and flagged steps away from the weights. adamw8bit / adamw4bit:
     the same groups and hyperparameters with quantised moments, honouring found_inf with one host
     sync (optim/lowbit.py); their update is compiled on CUDA or when `compile_step`."""
-    if cfg.name == "muon":
-        from pretrainer.optim.muon import MuonAdamW, muon_param_groups
-
-        groups = muon_param_groups(model, cfg.weight_decay)
-        return MuonAdamW(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps, cfg.muon_momentum)
     groups = param_groups(model, cfg.weight_decay)
+    if cfg.name == "muon":
+        from pretrainer.optim.muon import MuonAdamW, with_muon_group
+
+        groups = with_muon_group(groups, model, cfg.weight_decay)
+        return MuonAdamW(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps, cfg.muon_momentum)
     if cfg.name == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
     from pretrainer.optim import lowbit  # torchao: an optional extra

@@ -40,22 +40,13 @@ def is_hidden_matrix(name: str, p: torch.Tensor, embedding_ids: set[int]) -> boo
     return p.dim() == 2 and id(p) not in embedding_ids and not name.startswith(("lm_head", "wte", "wpe"))
 
 
-def muon_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Muon's hidden matrices (decayed); AdamW's other matrices (decayed) and the rest (not decayed)."""
-    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    muon, decay, no_decay = [], [], []
-    for name, p in model.named_parameters():  # tied weights appear once
-        if not p.requires_grad:
-            continue
-        if is_hidden_matrix(name, p, embedding_ids):
-            muon.append(p)
-        else:
-            (decay if p.dim() >= 2 and id(p) not in embedding_ids else no_decay).append(p)
-    return [
-        {"params": muon, "weight_decay": weight_decay, "muon": True},
-        {"params": decay, "weight_decay": weight_decay, "muon": False},
-        {"params": no_decay, "weight_decay": 0.0, "muon": False},
-    ]
+def with_muon_group(groups: list[dict], model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups (optim/adamw.param_groups: what is decayed) with the hidden matrices
+    moved into a first group of their own, which Muon updates (decayed, as they were)."""
+    hidden = {id(p) for p, flag in zip(model.parameters(), hidden_flags(model)) if flag}
+    muon = [p for group in groups for p in group["params"] if id(p) in hidden]
+    rest = [{**group, "params": [p for p in group["params"] if id(p) not in hidden]} for group in groups]
+    return [{"params": muon, "weight_decay": weight_decay, "muon": True}, *rest]
 
 
 def orthogonalise(m: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
