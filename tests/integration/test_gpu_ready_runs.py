@@ -21,10 +21,10 @@ def audited(run: Path) -> list[float]:
     ]
 
 
-@pytest.mark.parametrize("action", ["log", "skip"])
-def test_no_host_sync_outside_logging_steps(action, stdlib_data, tmp_path):
+@pytest.mark.parametrize("optimizer, action", [("adamw", "log"), ("adamw", "skip"), ("muon", "skip")])
+def test_no_host_sync_outside_logging_steps(optimizer, action, stdlib_data, tmp_path):
     run = tmp_path / "run"
-    train(tiny_config(stdlib_data, run, **AUDIT, **{"spike.action": action}))
+    train(tiny_config(stdlib_data, run, **AUDIT, **{"spike.action": action, "optim.name": optimizer}))
     counts = audited(run)
     assert len(counts) == 3 and counts == [0.0, 0.0, 0.0], counts  # logging steps 5, 10, 12
 

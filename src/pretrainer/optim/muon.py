@@ -18,8 +18,10 @@ single-process one. Under FSDP2 a rank holds a row shard; the iteration needs th
 rank gathers the momentum (full_tensor), orthogonalises it, and keeps its own rows: the same numbers
 as one process, at the cost of every rank orthogonalising every matrix.
 
-`found_inf` (the loop's skip flag) drops the whole update, AdamW's part included, with one host sync
-(fused AdamW alone avoids it).
+`found_inf` (the loop's skip flag, 1.0 on the device) drops the whole update, AdamW's part included,
+without a host sync: every write is masked by it on the device (as fused AdamW's found_inf input is),
+so weights, momenta and AdamW's step counts stay as they were on a skipped step. Muon's momentum
+warm-up counts optimizer calls, skipped or not, as the LR schedule counts steps.
 """
 
 from __future__ import annotations
@@ -89,14 +91,15 @@ class MuonAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         self.update_sq = []
-        if self.found_inf is not None and bool(self.found_inf):  # skipped: nothing changes
-            return None
+        # kept: a 0-d bool on the device, read by torch.where, never by the host; None: every step is kept
+        # (FSDP2: a 0-d plain tensor beside DTensors counts as replicated, the same flag on every rank)
+        kept = None if self.found_inf is None else self.found_inf == 0
         for group in self.param_groups:
             group["steps"] += 1
             if group["muon"]:
-                self._muon(group)
+                self._muon(group, kept)
             else:
-                self._adamw(group)
+                self._adamw(group, kept)
         return None
 
     def update_norm(self, skipped: torch.Tensor | None = None) -> torch.Tensor:
@@ -110,7 +113,7 @@ class MuonAdamW(torch.optim.Optimizer):
         ).sum()
         return total.sqrt()
 
-    def _muon(self, group: dict) -> None:
+    def _muon(self, group: dict, kept: torch.Tensor | None) -> None:
         start, warmup_steps = MOMENTUM_WARMUP
         mu = group["momentum"]
         mu = start + (mu - start) * min(1.0, group["steps"] / warmup_steps) if mu > start else mu
@@ -122,7 +125,10 @@ class MuonAdamW(torch.optim.Optimizer):
             if not state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
-            buf.mul_(mu).add_(p.grad)
+            if kept is None:
+                buf.mul_(mu).add_(p.grad)
+            else:
+                buf.copy_(torch.where(kept, buf * mu + p.grad, buf))
             nesterov = p.grad.add(buf, alpha=mu)
             sharded = hasattr(nesterov, "full_tensor")  # FSDP2: this rank's rows of the matrix
             full = orthogonalise(nesterov.full_tensor() if sharded else nesterov)
@@ -135,10 +141,12 @@ class MuonAdamW(torch.optim.Optimizer):
             update = full.to(p.dtype).mul_(scaled_lr)
             if wd:
                 update.add_(p, alpha=lr * wd)  # decoupled weight decay, on the weights before the step
+            if kept is not None:
+                update = torch.where(kept, update, 0.0)  # p - 0 is p, bit for bit; a NaN never lands
             self.update_sq.append(update.float().pow(2).sum())
             p.sub_(update)
 
-    def _adamw(self, group: dict) -> None:
+    def _adamw(self, group: dict, kept: torch.Tensor | None) -> None:
         (beta1, beta2), eps, lr, wd = group["betas"], group["eps"], group["lr"], group["weight_decay"]
         for p in group["params"]:
             if p.grad is None:
@@ -148,15 +156,23 @@ class MuonAdamW(torch.optim.Optimizer):
                 state["step"] = torch.zeros((), dtype=torch.float32)
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
-            state["step"] += 1
-            step = state["step"].to(p.device)  # the bias corrections stay on the device: no host sync
+            # the count and the bias corrections stay on the device: no host sync
+            step = state["step"].to(p.device) + (1 if kept is None else kept)
+            state["step"] = step
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            exp_avg.lerp_(p.grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            if kept is None:
+                exp_avg.lerp_(p.grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            else:
+                exp_avg.copy_(torch.where(kept, exp_avg.lerp(p.grad, 1 - beta1), exp_avg))
+                fresh = exp_avg_sq.mul(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                exp_avg_sq.copy_(torch.where(kept, fresh, exp_avg_sq))
             denominator = (exp_avg_sq / (1 - beta2**step)).sqrt_().add_(eps)
             update = (exp_avg / (1 - beta1**step)).div_(denominator).mul_(lr)
             if wd:
                 update.add_(p, alpha=lr * wd)
+            if kept is not None:
+                update = torch.where(kept, update, 0.0)
             self.update_sq.append(update.float().pow(2).sum())
             p.sub_(update)
 
