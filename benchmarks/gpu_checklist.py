@@ -25,6 +25,8 @@ Stages for one GPU (STAGES below; `--stages` picks some, default all that fit th
   lowbit          AdamW 8-bit against AdamW: tokens/s, host syncs per step, optimizer memory
   serve_cost      serve-cost of the compiled_bf16 run (bf16, int8, int4): decode tokens/s, $/M tokens
   throughput_124m GPT-2 124M at micro-batches 16, 32 against the bare loop (and nanoGPT with --nanogpt)
+  vs_nanogpt      time to quality with the default recipe against nanoGPT (needs --nanogpt), GPT-2 shapes
+                  384x6 and 768x12 (124M) at 300 and 600 steps: the fraction of nanoGPT's tokens (<= 0.75)
   llama_1b        the 1.2B Llama shape at seq 2048, activation checkpointing, against plan
 Stages for several GPUs:
   ddp_fsdp        --nproc N with DDP and with FSDP against one process: the largest loss difference
@@ -362,6 +364,25 @@ def table_judge(outcomes):
     return o.code == 0, "the table below", {"table": o.out.strip()[-4000:]}
 
 
+def vs_nanogpt_commands(args, tmp):
+    if not args.nanogpt:
+        return [Command([sys.executable, "-c", "raise SystemExit('vs_nanogpt: give --nanogpt PATH')"])]
+    return [
+        Command(
+            [sys.executable, "benchmarks/vs_nanogpt.py", "--data", args.data, "--nanogpt", args.nanogpt]
+            + ["--device", "cuda", "--sizes", "384x6,768x12", "--horizons", "300,600", "--evals", "6"]
+            + ["--eval-batches", "20", "--train.compile=false"]  # nanoGPT's side is not compiled either
+        )
+    ]
+
+
+def vs_nanogpt_judge(outcomes):
+    (o,) = outcomes
+    fractions = re.findall(r"\| ([\d.]+|> 1) \|$", o.out, re.MULTILINE)
+    ok = o.code == 0 and bool(fractions) and all(f != "> 1" and float(f) <= 0.75 for f in fractions)
+    return ok, f"fractions of nanoGPT's tokens: {', '.join(fractions)}", {"table": o.out.strip()[-3000:]}
+
+
 def llama_commands(args, tmp):
     return [
         Command(
@@ -485,6 +506,13 @@ STAGES = [
         "GPT-2 124M tokens/s, MFU vs the bare loop (and nanoGPT)",
         throughput_commands,
         table_judge,
+    ),
+    Stage(
+        "vs_nanogpt",
+        1,
+        "the default recipe's time to quality against nanoGPT at 124M",
+        vs_nanogpt_commands,
+        vs_nanogpt_judge,
     ),
     Stage("llama_1b", 1, "the 1.2B shape's tokens/s, MFU, memory vs plan", llama_commands, llama_judge),
     Stage("ddp_fsdp", 2, "DDP and FSDP on N GPUs against one process", ddp_fsdp_commands, ddp_fsdp_judge),

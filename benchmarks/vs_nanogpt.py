@@ -1,9 +1,11 @@
 """Time to quality against nanoGPT: at which fraction of nanoGPT's tokens does a pretrainer run first
-reach nanoGPT's final validation loss? Same token files, same model shape, same batch, on CPU.
+reach nanoGPT's final validation loss? Same token files, same model shape, same batch, on CPU (or one
+GPU: `--device cuda`, which benchmarks/gpu_checklist.py's vs_nanogpt stage runs at GPT-2 124M's width).
 
     python benchmarks/vs_nanogpt.py --data data/stdlib-bpe4k --nanogpt PATH_TO_NANOGPT_CHECKOUT
         [--sizes 128x4,192x6] [--horizons 200,400] [--evals 8] [--eval-batches 40]
-        [--optim.name=muon ...]          # pretrainer's side: any config override (default: the defaults)
+        [--device cpu|cuda] [--cache FILE.json]
+        [--optim.name=adamw ...]          # pretrainer's side: any config override (default: the defaults)
 
 For each size (d_model x n_layer; 64-wide heads) and horizon H (optimizer steps of 16 x 256 tokens):
 
@@ -11,7 +13,8 @@ For each size (d_model x n_layer; 64-wide heads) and horizon H (optimizer steps 
   train.py, as a subprocess on our train/val token files, with its own hyper-parameters (lr 6e-4, min
   lr 6e-5, weight decay 0.1, betas 0.9/0.95, grad clip 1.0, cosine decay), the ones its comments tie
   to the horizon set to it (max_iters = lr_decay_iters = H, warmup_iters = H / 10 instead of 2,000,
-  which a short run would never finish), bias on (our GPT-2 shape), dropout 0, float32, no compile.
+  which a short run would never finish), bias on (our GPT-2 shape), dropout 0, no compile; float32 on
+  CPU, bfloat16 on CUDA (its default there).
   Its validation loss every H / evals iterations over --eval-batches random val batches.
 - pretrainer: `pretrainer train` with model.arch = gpt2 of the same shape, the same batch and H
   steps, and the config's defaults unless overridden on this command line; validation every
@@ -50,6 +53,7 @@ def nanogpt_val_losses(
     every: int,
     eval_batches: int,
     workdir: Path,
+    device: str,
 ) -> dict[int, float]:
     """{iteration: val loss} of nanoGPT's train.py on our token files."""
     dataset = workdir / "data" / "pretrainer"
@@ -81,8 +85,8 @@ def nanogpt_val_losses(
         "always_save_checkpoint": False,
         "wandb_log": False,
         "compile": False,
-        "device": "cpu",
-        "dtype": "float32",
+        "device": device,
+        "dtype": "float32" if device == "cpu" else "bfloat16",
     }
     result = subprocess.run(
         [sys.executable, "train.py", *[f"--{k}={v}" for k, v in settings.items()]],
@@ -106,6 +110,7 @@ def pretrainer_val_losses(
     eval_batches: int,
     overrides: list[str],
     run: Path,
+    device: str,
 ) -> dict[int, float]:
     args = [
         f"--data.dir={data}",
@@ -124,6 +129,7 @@ def pretrainer_val_losses(
         f"--ckpt.every={horizon}",
         "--log.every=50",
         "--track.backends=none",
+        f"--train.device={device}",
         *overrides,
     ]
     subprocess.run([sys.executable, "-m", "pretrainer", "train", *args], check=True, capture_output=True)
@@ -149,6 +155,12 @@ def main() -> None:
     parser.add_argument("--horizons", default="200,400", help="optimizer steps, comma-separated")
     parser.add_argument("--evals", type=int, default=8, help="evaluations per run")
     parser.add_argument("--eval-batches", type=int, default=40)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where both train")
+    parser.add_argument(
+        "--cache",
+        help="a JSON file of nanoGPT's curves, read and extended: nanoGPT runs once per size, horizon and "
+        "evaluation setting while pretrainer's side is varied",
+    )
     args, overrides = parser.parse_known_args()
     import json
 
@@ -160,25 +172,40 @@ def main() -> None:
         "tokens to reach it |"
     )
     print("|---|---|---|---|---|---|")
+    cache = json.loads(Path(args.cache).read_text()) if args.cache and Path(args.cache).exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes.split(","):
             d_model, n_layer = (int(x) for x in size.split("x"))
             for horizon in (int(h) for h in args.horizons.split(",")):
                 every = horizon // args.evals
                 work = Path(tmp) / f"{size}-{horizon}"
-                theirs = nanogpt_val_losses(
-                    Path(args.nanogpt),
+                key = f"{data.resolve()} {size} {horizon} {every} {args.eval_batches} {args.device}"
+                if key not in cache:
+                    cache[key] = nanogpt_val_losses(
+                        Path(args.nanogpt),
+                        data,
+                        vocab,
+                        d_model,
+                        n_layer,
+                        horizon,
+                        every,
+                        args.eval_batches,
+                        work / "nanogpt",
+                        args.device,
+                    )
+                    if args.cache:
+                        Path(args.cache).write_text(json.dumps(cache, indent=1))
+                theirs = {int(step): loss for step, loss in cache[key].items()}
+                ours = pretrainer_val_losses(
                     data,
-                    vocab,
                     d_model,
                     n_layer,
                     horizon,
                     every,
                     args.eval_batches,
-                    work / "nanogpt",
-                )
-                ours = pretrainer_val_losses(
-                    data, d_model, n_layer, horizon, every, args.eval_batches, overrides, work / "ours"
+                    overrides,
+                    work / "ours",
+                    args.device,
                 )
                 target = theirs[max(theirs)]
                 reached = first_reach(ours, target)

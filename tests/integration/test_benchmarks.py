@@ -108,7 +108,7 @@ def test_gpu_checklist_dry_run_walks_every_stage_and_checks_its_commands(monkeyp
     assert result.returncode == 0, result.stdout[-3000:]
     for stage in checklist.STAGES:
         assert f"{stage.name} (>= {stage.gpus} GPU): would measure {stage.measures}" in result.stdout
-    assert "dry run: 15 stages, 0 with a command the trainer would refuse" in result.stdout
+    assert "dry run: 16 stages, 0 with a command the trainer would refuse" in result.stdout
     assert (
         "--train.deterministic=true" in result.stdout
         and "--nproc 8 --parallel.strategy=fsdp" in result.stdout
