@@ -61,6 +61,7 @@ def test_masked_mean_over_a_step_is_over_all_counted_targets_and_two_ranks_match
                 "data.dir": chat_data,
                 "run.dir": two,
                 "mlflow.enabled": False,
+                "optim.name": "adamw",
                 "optim.lr": 3e-3,
                 "optim.warmup_steps": 5,
                 **steps,

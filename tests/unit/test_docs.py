@@ -20,7 +20,7 @@ import tomli_w
 from pretrainer.analysis.scaling.ladder import SweepConfig
 from pretrainer.cli.parser import build_parser
 from pretrainer.config.doc import type_and_range
-from pretrainer.config.schema import Config, all_keys, key_help, to_dict
+from pretrainer.config.schema import AUTO_NUMBERS, Config, all_keys, key_help, to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -133,6 +133,8 @@ def key_row(key: str) -> str:
     """The row the configuration page should have for a key (the code's type, default and help)."""
     section, name = key.split(".", 1)
     default = to_dict(Config())[section][name]
+    if key in AUTO_NUMBERS and default == AUTO_NUMBERS[key]:
+        default = "auto"  # as a config writes it
     help_text = key_help()[key].replace("|", "\\|")
     return f"| `{key}` | {type_and_range(key)} | `{toml_value(default)}` | {help_text} |"
 

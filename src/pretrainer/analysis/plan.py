@@ -142,6 +142,12 @@ def make_plan(
         },
         "strategy": cfg.parallel.strategy,
         "optimizer": cfg.optim.name,
+        "lr_schedule": {
+            "lr": cfg.optim.lr,
+            "warmup_steps": cfg.optim.warmup_steps,
+            "schedule": cfg.optim.schedule,
+            "min_lr_ratio": cfg.optim.min_lr_ratio,
+        },
         "memory_per_gpu_bytes": memory,
         "warnings": config_warnings(cfg),
     }
@@ -238,6 +244,15 @@ def provenance(plan: dict) -> dict:
     return figures
 
 
+def optimizer_line(plan: dict) -> str:
+    """'muon, lr 0.005, 18 warm-up steps, cosine to 0.1 x lr'."""
+    o = plan["lr_schedule"]
+    decay = "constant" if o["schedule"] == "constant" else f"{o['schedule']} to {o['min_lr_ratio']:g} x lr"
+    # warm-up "auto" stays unresolved only where the horizon's steps cannot be counted
+    warmup = "auto warm-up" if o["warmup_steps"] < 0 else f"{o['warmup_steps']:,} warm-up steps"
+    return f"{plan['optimizer']}, lr {o['lr']:g}, {warmup}, {decay}"
+
+
 def format_plan(plan: dict) -> str:
     f, t, g = plan["flops_per_token_terms"], plan["tokens_per_step_terms"], plan["gpu"]
     gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
@@ -273,6 +288,7 @@ def format_plan(plan: dict) -> str:
             else "",
         ),
         ("horizon", horizon_line(plan["horizon"])),
+        ("optimizer", optimizer_line(plan)),
         (
             "Chinchilla-optimal",
             f"{plan['chinchilla_tokens']:,} tokens ({CHINCHILLA_TOKENS_PER_PARAM} per parameter) = "

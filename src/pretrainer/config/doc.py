@@ -9,11 +9,14 @@ from typing import Any
 
 import tomli_w
 
-from pretrainer.config.schema import Config, all_keys, flatten, key_allowed, key_help, to_dict
+from pretrainer.config.schema import AUTO_NUMBERS, Config, all_keys, flatten, key_allowed, key_help, to_dict
 
 
-def _toml_value(value: Any) -> str:
-    # tomli_w's quoting and number format, for one value
+def toml_value(key: str, value: Any) -> str:
+    """One key's value as TOML writes it (tomli_w's quoting and number format); "auto" for the number
+    that means auto (train.micro_batch = 0, optim.lr = 0, ...), as a config may write it."""
+    if key in AUTO_NUMBERS and value == AUTO_NUMBERS[key]:
+        value = "auto"
     return tomli_w.dumps({"v": value})[len("v = ") :].strip()
 
 
@@ -24,8 +27,8 @@ def config_text_with_help(cfg: Config) -> str:
         lines += ["", f"[{section}]"]
         for name, value in values.items():
             key = f"{section}.{name}"
-            default = f" (default {_toml_value(defaults[key])})" if value != defaults[key] else ""
-            lines += [f"# {helps[key]}{default}", f"{name} = {_toml_value(value)}"]
+            default = f" (default {toml_value(key, defaults[key])})" if value != defaults[key] else ""
+            lines += [f"# {helps[key]}{default}", f"{name} = {toml_value(key, value)}"]
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
@@ -46,6 +49,6 @@ def keys_reference(width: int = 100) -> str:
         lines.append(f"[{section}]")
         for name, default in values.items():
             key = f"{section}.{name}"
-            lines.append(f"  --{key}  ({type_and_range(key)}, default {_toml_value(default)})")
+            lines.append(f"  --{key}  ({type_and_range(key)}, default {toml_value(key, default)})")
             lines += textwrap.wrap(helps[key], width, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines)

@@ -244,17 +244,28 @@ class ParallelConfig:
 @dataclass
 class OptimConfig:
     name: str = opt(
-        "adamw",
+        "muon",
         '"adamw" (fused, fp32 moments: 8 bytes per parameter), "adamw8bit" or "adamw4bit" (torchao\'s '
         "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install 'pretrainer[lowbit]'), or "
         '"muon" (Muon for the hidden matrices, 4 bytes per parameter; AdamW for embeddings, head, norms)',
         allowed=("adamw", "adamw8bit", "adamw4bit", "muon"),
     )
-    lr: float = opt(3e-4, "peak learning rate", allowed="> 0")
+    lr: float = opt(
+        0.0,
+        "peak learning rate; \"auto\" (= 0): the default recipe's for the model's width, 5e-3 x (128 / "
+        "model.d_model) to 2 significant figures with muon, half that with the AdamW optimizers "
+        "(docs/training.md, the default recipe)",
+        allowed=">= 0",
+    )
     schedule: str = opt(
         "cosine", '"cosine", "wsd" (warmup-stable-decay) or "constant"', allowed=("cosine", "wsd", "constant")
     )
-    warmup_steps: int = opt(100, "steps of linear warmup to lr", allowed=">= 0")
+    warmup_steps: int = opt(
+        -1,
+        'steps of linear warmup to lr; "auto" (= -1): the default recipe\'s, 5% of train.max_steps with '
+        "muon, 10% with the AdamW optimizers",
+        allowed=">= -1",
+    )
     min_lr_ratio: float = opt(0.1, "floor of the decay, as a fraction of lr", allowed="[0, 1]")
     decay_fraction: float = opt(
         0.2, "wsd only: the last fraction of max_steps spent decaying", allowed="(0, 1]"
@@ -544,7 +555,7 @@ RENAMED_KEYS = {"mlflow.uri": "track.mlflow_uri", "mlflow.experiment": "track.ex
 # words that also read as booleans: true/false/yes/no/on/off/1/0 and a bare --flag give "true"/"false"
 SWITCH_KEYS = ("train.compile", "model.qkv_bias")
 # numbers a config may write as "auto", and the number that means it
-AUTO_NUMBERS = {"train.micro_batch": 0, "ckpt.every": -1}
+AUTO_NUMBERS = {"train.micro_batch": 0, "ckpt.every": -1, "optim.lr": 0, "optim.warmup_steps": -1}
 # values that are credentials as a whole: only their scheme and host are ever kept (core/secrets.py)
 SECRET_KEYS = ("alerts.webhook_url",)
 # the run's horizon: exactly one is set; resolve() derives train.max_steps from any of the others

@@ -33,6 +33,8 @@ def build_optimizer(
     loop uses it to keep non-finite and flagged steps away from the weights. adamw8bit / adamw4bit:
     the same groups and hyperparameters with quantised moments, honouring found_inf with one host
     sync (optim/lowbit.py); their update is compiled on CUDA or when `compile_step`."""
+    if cfg.lr <= 0:  # optim.lr = auto is a number only once config/resolve.py has seen the model
+        raise ValueError("optim.lr is auto (0): build the optimizer from a resolved config")
     groups = param_groups(model, cfg.weight_decay)
     if cfg.name == "muon":
         from pretrainer.optim.muon import MuonAdamW, with_muon_group

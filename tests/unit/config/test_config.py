@@ -107,7 +107,8 @@ def test_config_text_with_help_parses_back_to_the_same_config(tmp_path: Path):
 
 def test_keys_reference_lists_every_key_with_type_default_and_help():
     text = keys_reference()
-    assert "--optim.lr  (float > 0, default 0.0003)" in text and "peak learning rate" in text
+    assert '--optim.lr  (float >= 0, default "auto")' in text and "peak learning rate" in text
+    assert "--optim.beta2  (float in [0, 1), default 0.95)" in text
     assert all(f"--{key} " in text for key in all_keys())
 
 
@@ -227,7 +228,7 @@ def test_train_help_lists_every_key_with_its_help(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert (
-        "--optim.lr  (float > 0, default 0.0003)" in out
+        '--optim.lr  (float >= 0, default "auto")' in out
         and "peak learning rate" in out
         and "pretrainer config" in out
     )
@@ -263,17 +264,17 @@ def test_track_backends_from_toml_and_the_command_line_and_the_keys_they_replace
 @pytest.mark.parametrize(
     "override, allowed",
     [
-        ("--optim.lr=inf", "a finite number > 0"),
-        ("--optim.lr=1e400", "a finite number > 0"),
-        ("--optim.lr=nan", "a finite number > 0"),
-        ("--optim.lr=-1", "a finite number > 0"),
+        ("--optim.lr=inf", "a finite number >= 0"),
+        ("--optim.lr=1e400", "a finite number >= 0"),
+        ("--optim.lr=nan", "a finite number >= 0"),
+        ("--optim.lr=-1", "a finite number >= 0"),
         ("--optim.weight_decay=nan", "a finite number >= 0"),
         ("--model.init_std=inf", "a finite number > 0"),
         ("--model.rope_theta=nan", "a finite number > 0"),
         ("--model.norm_eps=-1", "a finite number > 0"),
         ("--train.grad_clip=nan", "a finite number >= 0"),
         ("--train.grad_clip=-1", "a finite number >= 0"),
-        ("--optim.warmup_steps=-10", "an integer >= 0"),
+        ("--optim.warmup_steps=-10", "an integer >= -1"),
         ("--train.stop_at_step=-3", "an integer >= 0"),
         ("--optim.beta2=1.5", r"a finite number in \[0, 1\)"),
         ("--train.seed=-1", r"an integer in \[0, 4294967295\]"),

@@ -99,3 +99,28 @@ def test_a_saved_run_keeps_its_horizon_and_a_new_one_replaces_it(tmp_path):
     assert resolve(resumed, world_size=2).train.max_steps == math.ceil(1_000_000 / (2 * TOKENS_PER_STEP))
     longer = load_train_config(None, [f"--run.dir={run}", "--train.max_steps=2000"])
     assert resolve(longer).train.max_steps == 2000 and longer.train.max_tokens == 0
+
+
+def test_the_default_recipe_resolves_to_numbers_for_the_width_and_the_horizon(tmp_path):
+    from pretrainer.config.resolve import AUTO_WARMUP_FRACTION, auto_lr
+    from pretrainer.config.schema import save_config
+
+    narrow = resolve(load_config(None, [*SHAPE, "--model.d_model=128", "--train.max_tokens=1000000"]))
+    wide = resolve(load_config(None, [*SHAPE, "--model.d_model=512", "--train.max_tokens=1000000"]))
+    assert narrow.optim.name == "muon" and narrow.optim.lr == auto_lr(128) > wide.optim.lr == auto_lr(512) > 0
+    # the warmup is a fraction of the steps the horizon became, not a fixed count
+    assert narrow.optim.warmup_steps == round(AUTO_WARMUP_FRACTION["muon"] * 977) > 0
+    adamw = resolve(load_config(None, [*SHAPE, "--optim.name=adamw", "--train.max_tokens=1000000"]))
+    assert adamw.optim.warmup_steps == round(AUTO_WARMUP_FRACTION["adamw"] * 977) > narrow.optim.warmup_steps
+    assert adamw.optim.lr == auto_lr(128, "adamw") == narrow.optim.lr / 2  # AdamW's own, measured
+    # what a run saves holds the numbers, and reads back to them
+    save_config(narrow, tmp_path / "config.toml")
+    again = resolve(load_config(tmp_path / "config.toml"))
+    assert (again.optim.lr, again.optim.warmup_steps) == (narrow.optim.lr, narrow.optim.warmup_steps)
+    # given numbers stand, "auto" is accepted as written, and `plan` shows what the run will use
+    given = resolve(
+        load_config(None, [*SHAPE, "--optim.lr=1e-3", "--optim.warmup_steps=7", "--train.max_steps=50"])
+    )
+    assert (given.optim.lr, given.optim.warmup_steps) == (1e-3, 7)
+    cfg = load_config(None, [*SHAPE, "--optim.lr=auto", "--optim.warmup_steps=auto", "--train.max_steps=200"])
+    assert format_plan(make_plan(cfg)).count(f"{auto_lr(cfg.model.d_model):g}") >= 1

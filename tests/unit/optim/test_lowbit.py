@@ -10,6 +10,7 @@ from support.lowbit_helpers import LOW_BIT
 import pretrainer.optim
 from pretrainer.analysis.plan import make_plan
 from pretrainer.config.load import load_config
+from pretrainer.config.resolve import resolve
 from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
 from pretrainer.optim.adamw import build_optimizer
@@ -23,9 +24,16 @@ pytest.importorskip("torchao")
 def test_plan_predicts_the_optimizer_state_bytes(name):
     """The quickstart's shapes (4,096 x 128 embedding, 64 x 128 key/value projections below the
     4,096-value quantisation threshold, norms): plan's figure within 5% of the state a step creates."""
-    cfg = load_config(
-        None,
-        ["--model.vocab_size=4096", "--model.n_kv_head=2", f"--optim.name={name}", "--train.max_steps=1000"],
+    cfg = resolve(
+        load_config(
+            None,
+            [
+                "--model.vocab_size=4096",
+                "--model.n_kv_head=2",
+                f"--optim.name={name}",
+                "--train.max_steps=1000",
+            ],
+        )
     )
     planned = make_plan(cfg)["memory_per_gpu_bytes"]["optimizer"]
     torch.manual_seed(0)
@@ -53,8 +61,17 @@ def same(a, b) -> bool:
 
 @pytest.mark.parametrize("name", LOW_BIT)
 def test_found_inf_skips_the_whole_update_and_state_round_trips_through_a_file(name, tmp_path):
-    cfg = load_config(
-        None, ["--model.vocab_size=512", "--model.d_model=64", "--model.n_layer=1", f"--optim.name={name}"]
+    cfg = resolve(
+        load_config(
+            None,
+            [
+                "--model.vocab_size=512",
+                "--model.d_model=64",
+                "--model.n_layer=1",
+                f"--optim.name={name}",
+                "--train.max_steps=9",
+            ],
+        )
     )
     model = Transformer(cfg.model)
     optimizer = build_optimizer(model, cfg.optim, "cpu")
@@ -89,6 +106,8 @@ def test_without_torchao_the_error_is_one_line(monkeypatch):
     monkeypatch.delitem(sys.modules, "pretrainer.optim.lowbit", raising=False)
     # else `from pretrainer.optim import lowbit` finds it
     monkeypatch.delattr(pretrainer.optim, "lowbit", raising=False)
-    cfg = load_config(None, ["--model.vocab_size=256", "--optim.name=adamw8bit"])
+    cfg = resolve(
+        load_config(None, ["--model.vocab_size=256", "--optim.name=adamw8bit", "--train.max_steps=9"])
+    )
     with pytest.raises(UserError, match=r"pip install 'pretrainer\[lowbit\]'"):
         build_optimizer(Transformer(cfg.model), cfg.optim, "cpu")

@@ -6,6 +6,7 @@ import torch
 
 from pretrainer.analysis.plan import make_plan
 from pretrainer.config.load import load_config
+from pretrainer.config.resolve import resolve
 from pretrainer.model import Transformer
 from pretrainer.optim.adamw import adamw_update_norm, build_optimizer
 from pretrainer.optim.muon import newton_schulz_flops, orthogonalise
@@ -13,19 +14,21 @@ from pretrainer.optim.sizes import optimizer_state_bytes
 
 
 def tiny(arch: str, *extra: str):
-    cfg = load_config(
-        None,
-        [
-            f"--model.arch={arch}",
-            "--model.vocab_size=256",
-            "--model.d_model=64",
-            "--model.n_layer=2",
-            "--model.n_head=4",
-            "--model.seq_len=32",
-            "--optim.name=muon",
-            "--train.max_steps=100",
-            *extra,
-        ],
+    cfg = resolve(
+        load_config(
+            None,
+            [
+                f"--model.arch={arch}",
+                "--model.vocab_size=256",
+                "--model.d_model=64",
+                "--model.n_layer=2",
+                "--model.n_head=4",
+                "--model.seq_len=32",
+                "--optim.name=muon",
+                "--train.max_steps=100",
+                *extra,
+            ],
+        )
     )
     torch.manual_seed(0)
     return cfg, Transformer(cfg.model)
@@ -113,6 +116,7 @@ def test_plan_counts_muons_state_and_its_orthogonalisation_flops():
                     "model.seq_len": 32,
                     "train.max_steps": 100,
                     "train.micro_batch": 2,
+                    "optim.name": "adamw",
                 }.items()
             ],
         )

@@ -115,6 +115,7 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
     earlier micro-step, AdamW moments), each within 10%."""
     from pretrainer.analysis.plan import make_plan
     from pretrainer.config.load import load_config
+    from pretrainer.config.resolve import resolve
     from pretrainer.core.device import autocast
     from pretrainer.model import Transformer
     from pretrainer.optim.adamw import build_optimizer
@@ -123,6 +124,7 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
     cfg = load_config(
         None,
         [
+            "--optim.name=adamw",  # the moments this test counts; Muon's state: tests/unit/optim/test_muon.py
             f"--model.arch={arch}",
             f"--model.d_model={d}",
             f"--model.n_layer={layers}",
@@ -135,6 +137,7 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
         ],
     )
     memory = make_plan(cfg, gpus=1)["memory_per_gpu_bytes"]
+    cfg = resolve(cfg)  # optim.lr = auto becomes a number
     torch.manual_seed(0)
     model = Transformer(cfg.model)
     optimizer = build_optimizer(model, cfg.optim, "cpu")

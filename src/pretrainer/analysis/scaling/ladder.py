@@ -18,11 +18,13 @@ The rules, stated once:
   A run trains whole steps: ceil(D / tokens per step) of them, and its CSV row has the real count.
 - learning rate: `lr_rule = "power"` (default): lr = base lr x (N / N_base)^(-lr_exponent), N
   non-embedding, N_base the base config's, exponent 1/3 (OLMo's ladder: lr proportional to N^-1/3);
-  "constant": the base lr for every size.
+  "constant": the base lr for every size. A base lr of auto stays auto: each size gets optim.lr's
+  width rule (config/resolve.auto_lr) instead.
 - batch: `batch_rule = "constant"` (default): the base config's micro-batch and grad_accum for every
   size; "power": sequences per step = base x (N / N_base)^batch_exponent (default 2/3, OLMo's
   ladder), in whole micro-batches (grad_accum grows, micro_batch stays).
-- warmup, eval.every and ckpt.every keep their fraction of the base config's max_steps.
+- warmup, eval.every and ckpt.every keep their fraction of the base config's max_steps (warmup = auto
+  is a fraction already).
 """
 
 from __future__ import annotations
@@ -347,7 +349,8 @@ def plan_runs(sweep: SweepConfig, base: Config, sweep_dir: Path) -> list[RunSpec
                 fraction = steps / (base.train.max_steps or steps)
                 cfg.train.max_steps = steps  # the run's one horizon
                 cfg.train.max_tokens, cfg.train.tokens_per_param, cfg.train.epochs = 0, 0.0, 0.0
-                cfg.optim.warmup_steps = min(steps - 1, round(base.optim.warmup_steps * fraction))
+                if base.optim.warmup_steps >= 0:  # auto stays auto: a fraction of each run's steps
+                    cfg.optim.warmup_steps = min(steps - 1, round(base.optim.warmup_steps * fraction))
                 cfg.eval.every = max(1, round(base.eval.every * fraction)) if base.eval.every else 0
                 cfg.ckpt.every = (
                     max(1, round(base.ckpt.every * fraction)) if base.ckpt.every > 0 else base.ckpt.every
