@@ -168,19 +168,24 @@ def resolve(
 # nanoGPT") and explained in docs/training.md
 # AdamW's half of Muon's: at 128 x 4 over 200 steps AdamW reached nanoGPT's loss in 0.47 of its tokens at
 # 2.5e-3 and 0.70 at 5e-3
-AUTO_LR_AT_WIDTH_128 = {"muon": 5e-3, "adamw": 2.5e-3, "adamw8bit": 2.5e-3, "adamw4bit": 2.5e-3}
+AUTO_LR_AT_WIDTH_128 = {"muon": 5e-3, "adamw": 2.5e-3}  # by recipe_family(optim.name)
 # lr ~ 1 / width: GPT-3's AdamW table (6e-4 at 768 .. 2e-4 at 2048), muP's hidden-layer rule under Adam;
 # our two CPU widths cannot measure the slope (5e-3 at 192 did better than the rule's 3.3e-3 over 200 steps)
 AUTO_LR_WIDTH_EXPONENT = 1.0
 # warm-up as a fraction of the run: AdamW at the auto lr needs twice Muon's (at 5% it ends above nanoGPT's
 # loss, at 10% it reaches it in 0.70 of the tokens; Muon is as good at 5% as at 10%)
-AUTO_WARMUP_FRACTION = {"muon": 0.05, "adamw": 0.10, "adamw8bit": 0.10, "adamw4bit": 0.10}
+AUTO_WARMUP_FRACTION = {"muon": 0.05, "adamw": 0.10}
+
+
+def recipe_family(optimizer: str) -> str:
+    """Which auto values an optimizer takes: muon, or adamw for AdamW and its low-bit variants."""
+    return "muon" if optimizer == "muon" else "adamw"
 
 
 def auto_lr(d_model: int, optimizer: str = "muon") -> float:
     """optim.lr = auto: AUTO_LR_AT_WIDTH_128[optimizer] x (128 / d_model)^AUTO_LR_WIDTH_EXPONENT, to 2
     significant figures (Muon: 5e-3 at 128, 8.3e-4 at 768, 3.1e-4 at 2,048; AdamW half of that)."""
-    base = AUTO_LR_AT_WIDTH_128[optimizer]
+    base = AUTO_LR_AT_WIDTH_128[recipe_family(optimizer)]
     return float(f"{base * (128 / d_model) ** AUTO_LR_WIDTH_EXPONENT:.2g}")
 
 
@@ -191,7 +196,7 @@ def resolve_optim(cfg: Config) -> None:
     if o.lr == 0:
         o.lr = auto_lr(cfg.model.d_model, o.name)
     if o.warmup_steps < 0 and cfg.train.max_steps:
-        o.warmup_steps = round(AUTO_WARMUP_FRACTION[o.name] * cfg.train.max_steps)
+        o.warmup_steps = round(AUTO_WARMUP_FRACTION[recipe_family(o.name)] * cfg.train.max_steps)
 
 
 def horizon_tokens(cfg: Config, data: DataInfo | None, count_parameters) -> tuple[str, float] | None:
