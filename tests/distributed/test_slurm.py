@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import tomli_w
 from helpers import _child, _cli_train, exit_hook, exit_hook_calls, fork_train, losses, rank_envs
 from support.slurm_cluster import FINAL_STATES as FINAL
 from support.slurm_cluster import SlurmCluster
@@ -36,6 +35,7 @@ from support.slurm_cluster import SlurmCluster
 import pretrainer
 from pretrainer.artifacts.checkpoint import latest_checkpoint
 from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.toml_text import toml_document
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "slurm"
 STEPS = 30  # ~25 ms a step: the signal (sent once step SIGNAL_AT is logged) lands mid-run
@@ -325,7 +325,7 @@ def drills(request, slurm, stdlib_data, tmp_path_factory):
     """Every selected test's drill, started together, and the references they need forked beside them."""
     root = tmp_path_factory.mktemp("slurm-drills")
     config = root / "tiny.toml"
-    config.write_text(tomli_w.dumps({"data": {"dir": str(stdlib_data)}, **SETTINGS}))
+    config.write_text(toml_document({"data": {"dir": str(stdlib_data)}, **SETTINGS}))
     runs = Drills(slurm, root, config)
     runs.warm_bytecode()
     selected = [DRILLS[item.name] for item in request.session.items if item.name in DRILLS]

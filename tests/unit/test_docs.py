@@ -15,12 +15,11 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import tomli_w
-
 from pretrainer.analysis.scaling.ladder import SweepConfig
 from pretrainer.cli.parser import build_parser
 from pretrainer.config.doc import type_and_range
 from pretrainer.config.schema import AUTO_NUMBERS, Config, all_keys, key_help, to_dict
+from pretrainer.config.toml_text import toml_value as toml_literal
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -126,7 +125,7 @@ def anchors(path: Path) -> set[str]:
 def toml_value(value) -> str:
     if isinstance(value, list) and all(isinstance(word, str) for word in value):  # on one line
         return "[" + ", ".join(toml_value(word) for word in value) + "]"
-    return tomli_w.dumps({"v": value})[len("v = ") :].strip()
+    return toml_literal(value)
 
 
 def key_row(key: str) -> str:

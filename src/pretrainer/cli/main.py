@@ -38,6 +38,7 @@ from pretrainer.core.errors import (
     UserError,
     WriteFault,
     exit_code_for_signal,
+    missing_package_hint,
     write_fault,
 )
 from pretrainer.core.secrets import forget_secrets, redact
@@ -102,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as e:
         print_to_stderr(f"stopped: {e}")
         return e.exit_code
+    except ModuleNotFoundError as e:
+        hint = missing_package_hint(e)
+        if hint is None:  # pretrainer's own module: a bug, with its traceback
+            raise
+        print_to_stderr(f"error: {args.verb}: {hint}")
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         import signal
 

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import tomli_w
-
 from pretrainer.config.schema import AUTO_NUMBERS, Config, all_keys, flatten, key_allowed, key_help, to_dict
+from pretrainer.config.toml_text import toml_value as toml_literal
 
 
 def toml_value(key: str, value: Any) -> str:
-    """One key's value as TOML writes it (tomli_w's quoting and number format); "auto" for the number
+    """One key's value as TOML writes it (config/toml_text's quoting and number format); "auto" for the number
     that means auto (train.micro_batch = 0, optim.lr = 0, ...), as a config may write it."""
     if key in AUTO_NUMBERS and value == AUTO_NUMBERS[key]:
         value = "auto"
-    return tomli_w.dumps({"v": value})[len("v = ") :].strip()
+    return toml_literal(value)
 
 
 def config_text_with_help(cfg: Config) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomli_w
+from pretrainer.config.toml_text import toml_document
 
 
 def opt(default: Any, help: str, allowed: str | tuple = "") -> Any:
@@ -631,7 +631,7 @@ def diff_keys(a: Config, b: Config) -> list[str]:
 
 def config_text(cfg: Config) -> str:
     """The config as TOML: what RUN_DIR/config.toml holds."""
-    return tomli_w.dumps(to_dict(cfg))
+    return toml_document(to_dict(cfg))
 
 
 def save_config(cfg: Config, path: Path) -> None:

@@ -54,6 +54,24 @@ def read_exit_record(path) -> dict | None:
         return None
 
 
+# an import name -> the name pip installs it by, where the two differ
+PIP_NAMES = {"yaml": "pyyaml", "sklearn": "scikit-learn", "PIL": "pillow"}
+
+
+def missing_package_hint(error: ModuleNotFoundError) -> str | None:
+    """The one line for a package a verb needs and this environment lacks (every package beyond torch is
+    imported where it is used, so a missing one fails only the verb that uses it); None for a module of
+    pretrainer's own, which is a bug."""
+    top = (error.name or "").split(".")[0]
+    if not top or top == "pretrainer":
+        return None
+    package = PIP_NAMES.get(top, top.replace("_", "-"))
+    return (
+        f"this needs the Python package {package}, which is not installed here: pip install {package} "
+        f"(no network: bring it as a wheel, docs/installing.md#offline)"
+    )
+
+
 def exit_code_for_signal(signum: int) -> int:
     """128 + signal (143 SIGTERM, 130 SIGINT), the shell's convention: stopped by a signal after
     writing a checkpoint; `pretrainer train --run.dir=RUN_DIR` resumes."""

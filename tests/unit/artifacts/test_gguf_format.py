@@ -4,7 +4,6 @@ llama.cpp generates what we do is benchmarks/gguf_llamacpp.py's job (it builds l
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -21,6 +20,9 @@ from pretrainer.data.tokenizers.chat_format import HF_CHAT_TEMPLATE, chat_tokeni
 from pretrainer.data.tokenizers.hf import load_hf_tokenizer
 from pretrainer.model import Transformer
 from pretrainer.model.transformer import apply_rope, rope_tables
+
+# a core dependency, imported where a GGUF is written: a site image running the cuda tests may lack it
+gguf = pytest.importorskip("gguf")
 
 SHAPES = {  # vocab 384: the tokenizer's 300 ids padded to a multiple of 128, as training does
     "llama-gqa-tied": dict(
