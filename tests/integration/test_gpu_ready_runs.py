@@ -155,3 +155,59 @@ def test_compiled_training_matches_eager_and_evaluation_does_not_recompile(
     # graphs,
     # step 1 the training graphs; from then on nothing new
     assert graphs[1] > graphs[0] and len(set(graphs[3:])) == 1, graphs
+
+
+def test_a_partial_validation_batch_compiles_no_dynamic_graph_and_a_resume_is_bit_exact(
+    stdlib_data, tmp_path
+):
+    """A validation split that is not a multiple of the micro-batch has a short last batch. Compiled
+    (inductor), the step-0 evaluation used to compile the blocks at that batch, training then
+    recompiled them with the batch dimension dynamic, and a resumed run (no step-0 evaluation)
+    compiled a static graph: other kernels. Now no shape is made symbolic (torch's `dynamic` log is
+    silent), and a run stopped at step 4 and resumed in a fresh compile equals one straight through."""
+    import logging
+
+    import torch._dynamo
+
+    from pretrainer.data.loader import open_data_dir
+
+    windows = open_data_dir(stdlib_data).sources("val", 64, "concat")[0][0].n_sequences
+    micro_batch = next(m for m in (8, 7, 6, 5) if windows % m)
+    settings = {
+        "train.compile": True,
+        "train.micro_batch": micro_batch,
+        "eval.batches": -(-windows // micro_batch),  # every window: the last batch is short
+        "eval.every": 4,
+        "ckpt.every": 4,
+        "train.max_steps": 8,
+    }
+    symbols = []
+
+    class Symbols(logging.Handler):
+        def emit(self, record):
+            if "create_symbol" in record.getMessage():
+                symbols.append(record.getMessage())
+
+    shapes_log, handler = logging.getLogger("torch.fx.experimental.symbolic_shapes"), Symbols()
+    shapes_log.addHandler(handler)
+    torch._logging.set_logs(dynamic=logging.INFO)
+    try:
+        for run, extra in (
+            (tmp_path / "straight", {}),
+            (tmp_path / "run", {"train.stop_at_step": 4}),
+            (tmp_path / "run", {}),
+        ):
+            torch._dynamo.reset()  # each launch compiles afresh, as a new process would
+            train(tiny_config(stdlib_data, run, **settings, **extra))
+    finally:
+        torch._logging.set_logs()
+        shapes_log.removeHandler(handler)
+        torch._dynamo.reset()
+    assert symbols == [], symbols[:3]
+    numbers = lambda run: [  # noqa: E731
+        (r["step"], key, r[key])
+        for r in read_metrics(tmp_path / run / "metrics.jsonl")
+        for key in ("loss", "grad_norm", "val_loss", "val_bpb")
+        if key in r
+    ]
+    assert numbers("straight") == numbers("run") and len(numbers("run")) > 16

@@ -106,6 +106,14 @@ def compiles(setting: str, device: torch.device) -> bool:
     return setting == "true" or (setting == "auto" and device.type == "cuda")
 
 
+def uncompiled():
+    """Compiled modules run eagerly under this: shapes a run meets once or in many sizes (a partial last
+    validation batch, task scoring, generation) compile no graph of their own. The training and
+    validation graphs stay static (configure_blocks: dynamic=False), so a run that resumes after them
+    compiles what an uninterrupted one did, whatever came first."""
+    return torch.compiler.set_stance("force_eager")
+
+
 def use_deterministic_kernels(on: bool) -> None:
     """train.deterministic, set before the first cuBLAS call: every kernel deterministic (flash attention's
     backward included; cuDNN attention excluded) or an error naming the op; cuBLAS then needs a fixed

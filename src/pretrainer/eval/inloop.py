@@ -20,6 +20,7 @@ import torch
 
 from pretrainer.artifacts.metrics import MetricsLog
 from pretrainer.config.schema import Config
+from pretrainer.core.device import uncompiled
 from pretrainer.core.errors import UserError
 from pretrainer.data.loader import validation_batches
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
@@ -93,7 +94,12 @@ class LoopEvals:
     def in_context(
         self, model: torch.nn.Module, plain_model: torch.nn.Module, step: int, tokens: int
     ) -> None:
-        """The task subset (`model`: DDP/FSDP2-wrapped, scores) and the probes (`plain_model` generates)."""
+        """The task subset (`model`: DDP/FSDP2-wrapped, scores) and the probes (`plain_model` generates),
+        eagerly: their many shapes compile nothing (core/device.uncompiled)."""
+        with uncompiled():
+            self._in_context(model, plain_model, step, tokens)
+
+    def _in_context(self, model, plain_model, step: int, tokens: int) -> None:
         started = time.perf_counter()
         if self.tasks:
             scorer = continuation_scorer(

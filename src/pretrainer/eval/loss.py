@@ -5,12 +5,13 @@ evaluate(model, batches, device, amp_dtype, token_bytes)       # {"val_loss", "v
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.distributed as dist
 
-from pretrainer.core.device import autocast
+from pretrainer.core.device import autocast, uncompiled
 from pretrainer.model.loss import IGNORE_INDEX
 
 
@@ -36,11 +37,13 @@ def evaluate(
     lengths = token_bytes.to(device) if token_bytes is not None else None
     # each rank scores every world-th batch; every rank runs as many forwards (under FSDP2 each forward's
     # all-gathers are collectives), a rank short of one re-scoring a batch with weight 0
+    full = len(batches[0][0]) if batches else 0
     for round_ in range(-(-len(batches) // world)):
         index = rank + round_ * world
         x, y = batches[index if index < len(batches) else 0]
         x, y, weight = x.to(device), y.to(device), float(index < len(batches))
-        with autocast(device, amp_dtype):
+        # a partial last batch runs eagerly: its shape compiles no graph (see core/device.uncompiled)
+        with autocast(device, amp_dtype), uncompiled() if len(x) < full else contextlib.nullcontext():
             losses, loss = model(x, y, per_token=True, doc_separator=doc_separator)
         counted = (y != IGNORE_INDEX).sum().double() * weight
         totals[0] += loss.double() * counted

@@ -335,8 +335,10 @@ class Transformer(nn.Module):
         if compile:
             for block in self.layers:
                 # PRETRAINER_COMPILE_BACKEND=aot_eager: dynamo and autograd's tracing without inductor's code
-                # generation, torch's own first step in bisecting a compile problem
-                block.compile(backend=os.environ.get("PRETRAINER_COMPILE_BACKEND", "inductor"))
+                # generation, torch's own first step in bisecting a compile problem. dynamic=False: a second
+                # shape would otherwise turn the graph dynamic (other kernels), and a resumed run, which
+                # meets the shapes in another order, would not compute what an uninterrupted one did
+                block.compile(backend=os.environ.get("PRETRAINER_COMPILE_BACKEND", "inductor"), dynamic=False)
 
     def new_kv_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         attn = self.layers[0].attn
