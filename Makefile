@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0
 QS_DATA := data/stdlib-bpe4k
 QS_RUN  := runs/quickstart
 
-.PHONY: install setup lint test test-deps test-unit quickstart eval clean
+.PHONY: install setup lint test test-deps test-unit quickstart eval clean wheelhouse
 
 # The venv with the pinned torch, then the package with the extras each target needs.
 $(VENV)/.torch-stamp:
@@ -31,6 +31,16 @@ install: $(VENV)/.dev-stamp
 # checked against a pinned sha256 (see pretrainer/data/tokenizer.py).
 setup: install
 	$(BIN)/pretrainer fetch-gpt2
+
+# Wheels for an offline install on another machine (docs/installing.md#offline): what the target lacks, for
+# its Python and platform. TARGET_PYTHON=/path/python asks that interpreter; HAVE=freeze.txt (its `pip list
+# --format=freeze`) with TARGET_VERSION=3.12 describes one; neither: the lent GPU machines' image.
+WHEELHOUSE ?= .cache/first-call/wheels
+HAVE ?= benchmarks/site_packages_cuda.txt
+TARGET_VERSION ?= 3.12
+wheelhouse: $(VENV)/.dev-stamp
+	$(BIN)/python scripts/wheelhouse.py --out $(WHEELHOUSE) \
+	  $(if $(TARGET_PYTHON),--have-python $(TARGET_PYTHON),--have $(HAVE) --python-version $(TARGET_VERSION))
 
 # The layers (lint-imports: no upward import, model | data | optim independent), lint and formatting (ruff).
 lint: $(VENV)/.dev-stamp

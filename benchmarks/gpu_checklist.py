@@ -1,46 +1,52 @@
 """The GPU checks, in stages that each fit one lent machine's call (< 10 minutes), for whoever gets a
 GPU. Every stage's result goes into one JSON (merged by stage, so stages can run in separate calls);
---write appends its table to docs/benchmarks.md with the GPU, the torch version and the date.
+--write appends its table to docs/benchmarks.md with the GPU, the torch version and the date. The first
+call on a bare node runs them through benchmarks/gpu_first_call.sh (offline install, data, a deadline).
 
     python benchmarks/gpu_checklist.py --data DATA_DIR [--stages a,b] [--out FILE.json] [--write FILE.md]
+        [--deadline S] [--nanogpt PATH]
     python benchmarks/gpu_checklist.py --data DATA_DIR --dry-run     # on CPU: every stage's commands, checked
 
 DATA_DIR: a data dir prepared with the GPT-2 tokenizer (`pretrainer prepare --corpus stdlib --tokenizer
-gpt2 --out data/stdlib-gpt2`, which needs the GPT-2 ranks `make setup` caches). A stage prints PASS or
-FAIL with its evidence and its figures; the exit code is the number of failures. --dry-run needs no GPU:
-it walks every stage, checks each `pretrainer` command's config and overrides as the trainer would read
-them (a misspelt key costs no GPU time), and prints what the stage runs and measures.
+gpt2 --val-fraction 0.03 --out data/stdlib-gpt2`, which needs the GPT-2 ranks `make setup` caches). A
+stage prints PASS or FAIL with its evidence and its figures; the exit code is the number of failures.
+--deadline: a stage whose estimate no longer fits is skipped, a running one is cut off there.
+--dry-run needs no GPU: it walks every stage, checks each `pretrainer` command's config and overrides
+as the trainer would read them (a misspelt key costs no GPU time), and prints what the stage runs.
 
-Stages for one GPU (STAGES below; `--stages` picks some, default all that fit the GPUs here):
-  nccl            a torchrun process group over every GPU here and an all-reduce
-  cuda_tests      the suite's tests marked cuda (CUDA's sync debug mode, serve-cost on CUDA)
-  compiled_bf16   GPT-2 124M, train.compile = auto, bf16: the SDPA kernel used, host syncs after the first
-                  interval, MFU against the hardware table, peak memory (allocated, reserved) against plan
-  micro_batch     micro_batch = auto (global batch 64): the size found, its first steps, the run's peak
-  resume          20 steps straight against 10 + 10 resumed with train.deterministic: bit for bit
-  resume_default  the same without it: the largest loss difference
-  budget          a capped run whose cap the steady rate affords (compile makes step 1 slow): exit 0
-  checkpoint      seconds per checkpoint of GPT-2 124M and what share of the run they take
-  packing         document packing against concat: the attention kernel and tokens/s
-  lowbit          AdamW 8-bit against AdamW: tokens/s, host syncs per step, optimizer memory
-  serve_cost      serve-cost of the compiled_bf16 run (bf16, int8, int4): decode tokens/s, $/M tokens
-  throughput_124m GPT-2 124M at micro-batches 16, 32 against the bare loop (and nanoGPT with --nanogpt)
-  vs_nanogpt      time to quality with the default recipe against nanoGPT (needs --nanogpt), GPT-2 shapes
-                  384x6 and 768x12 (124M) at 300 and 600 steps: the fraction of nanoGPT's tokens (<= 0.75)
-  llama_1b        the 1.2B Llama shape at seq 2048, activation checkpointing, against plan
+Stages, most valuable first (STAGES below; `--stages` picks some, default all that fit the GPUs here):
+  compiled_bf16      GPT-2 124M, train.compile = auto, bf16: the SDPA kernel used (flash or cuDNN), host
+                     syncs after the first interval, MFU against the hardware table, peak memory against plan
+  speed_vs_nanogpt   124M tokens/s: the bare loop, pretrainer and nanoGPT (--nanogpt) in one process
+  resume             20 steps straight against 10 + 10 resumed with train.deterministic: bit for bit
+  quality_vs_nanogpt one time-to-quality point at 124M against nanoGPT (needs --nanogpt)
+  muon_step          Muon's optimizer step against fused AdamW's at 124M: milliseconds, operators
+  cuda_tests         the suite's tests marked cuda (CUDA's sync debug mode, serve-cost on CUDA)
+  checkpoint         what each checkpoint of 124M cost the training thread (its logged checkpoint_s)
+  budget             a capped run whose cap the steady rate affords (compile makes step 1 slow): exit 0
+  nccl               a torchrun process group over every GPU here and an all-reduce
+  resume_default     the resume without train.deterministic: the largest loss difference
+  packing            document packing against concat: the attention kernel and tokens/s
+  micro_batch        micro_batch = auto (global batch 64): the size found, its first steps, the run's peak
+  lowbit             AdamW 8-bit against AdamW: tokens/s, host syncs per step, memory (needs torchao)
+  serve_cost         serve-cost of a 124M run (bf16, int8, int4): decode tokens/s, $/M tokens (torchao)
+  vs_nanogpt         time to quality against nanoGPT at 384x6 and 768x12, 300 and 600 steps (<= 0.75)
+  llama_1b           the 1.2B Llama shape at seq 2048, activation checkpointing, against plan
 Stages for several GPUs:
-  ddp_fsdp        --nproc N with DDP and with FSDP against one process: the largest loss difference
-  hang_drill      the last rank stops answering: the others exit 3 within parallel.timeout_s
+  ddp_fsdp           --nproc N with DDP and with FSDP against one process: the largest loss difference
+  hang_drill         the last rank stops answering: the others exit 3 within parallel.timeout_s
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +63,8 @@ NCCL_SMOKE = (
     "d.all_reduce(t); torch.cuda.synchronize(); print('nccl all_reduce ok', t.item()); "
     "d.destroy_process_group()"
 )
+# SDPA's fused kernels for causal training: flash, or cuDNN's (preferred on sm90 from cuDNN 9.15 on)
+FAST_ATTENTION = ("flash", "cudnn")
 GPT2 = ["configs/gpt2-124m.toml", "--track.backends=none", "--eval.every=0", "--ckpt.every=0"]
 
 
@@ -88,6 +96,12 @@ class Stage:
     measures: str
     commands: Callable[[argparse.Namespace, str], list[Command]]
     judge: Callable[[list[Outcome]], tuple[bool, str, dict]]
+    # seconds on one H100 or H200 from process start to verdict, compiles included: the first process
+    # to compile the 124M blocks pays ~60-90 s, later ones of the same shapes find inductor's on-disk
+    # cache (every 124M stage trains micro-batches of 16 x 1024 for that reason). Estimated from the
+    # CPU runs and published H100 figures until a GPU measures them (then: the seconds in the JSON).
+    estimate_s: int = 120
+    needs: str = ""  # what must be given or installed ("nanogpt", "torchao"); else the stage is skipped
 
 
 def train(run_dir: str, *overrides: str) -> Command:
@@ -192,7 +206,7 @@ def compiled_judge(outcomes):
     }
     ok = (
         run.code == 0
-        and figures["attention"] == "flash"
+        and figures["attention"] in FAST_ATTENTION
         and bool(syncs)
         and max(syncs) == 0
         and figures["compiled"]
@@ -230,7 +244,7 @@ def resume_commands(deterministic: bool):
 
     def commands(args, tmp):
         flag = f"--train.deterministic={str(deterministic).lower()}"
-        common = [data(args), "--train.max_steps=20", "--train.micro_batch=8", "--log.every=1", flag]
+        common = [data(args), "--train.max_steps=20", "--train.micro_batch=16", "--log.every=1", flag]
         return [
             train(f"{tmp}/straight", *common),
             train(f"{tmp}/resumed", *common, "--ckpt.every=10", "--train.stop_at_step=10"),
@@ -282,17 +296,22 @@ def budget_judge(outcomes):
 
 def checkpoint_commands(args, tmp):
     common = [data(args), "--train.max_steps=40", "--train.micro_batch=16", "--log.every=10"]
-    return [train(f"{tmp}/no-ckpt", *common), train(f"{tmp}/ckpt", *common, "--ckpt.every=10")]
+    return [train(f"{tmp}/ckpt", *common, "--ckpt.every=10")]
 
 
 def checkpoint_judge(outcomes):
-    without, with_ = outcomes
-    seconds = [max(logged(o.records, "elapsed_s"), default=0.0) for o in outcomes]
-    # the last logged step (40) comes before its checkpoint: the runs differ by those at 10, 20 and 30
-    per_checkpoint = (seconds[1] - seconds[0]) / 3
-    figures = {"run_s_without": seconds[0], "run_s_with_4": seconds[1], "s_per_checkpoint": per_checkpoint}
-    ok = without.code == 0 and with_.code == 0
-    return ok, f"{per_checkpoint:.1f} s per checkpoint of GPT-2 124M (weights + AdamW)", figures
+    """What each checkpoint cost the training thread (the run logs it as checkpoint_s: periodic ones are
+    written in the background, the last one is waited for), against the steps' own time."""
+    (o,) = outcomes
+    paused = logged(o.records, "checkpoint_s")
+    steps_s = [r["elapsed_s"] for r in o.records if "loss" in r]
+    figures = {
+        "checkpoint_s": paused,
+        "median_checkpoint_s": median(paused),
+        "train_s": steps_s[-1] - steps_s[0] if len(steps_s) > 1 else None,
+    }
+    ok = o.code == 0 and len(paused) >= 3
+    return ok, f"checkpoint_s per checkpoint of GPT-2 124M (weights + optimizer): {paused}", figures
 
 
 def packing_commands(args, tmp):
@@ -348,13 +367,33 @@ def serve_cost_judge(outcomes):
     return all(x.code == 0 for x in outcomes), o.out.strip()[-600:], {}
 
 
-def throughput_commands(args, tmp):
+def speed_commands(args, tmp):
+    """throughput.py at the micro-batch every 124M stage trains (its compiled graphs are cached)."""
     nanogpt = ["--nanogpt", args.nanogpt] if args.nanogpt else []
     return [
         Command(
             [sys.executable, "benchmarks/throughput.py", "configs/gpt2-124m.toml", "--data", args.data]
-            + ["--variants", "compile", "--micro-batches", "16,32", "--steps", "50", "--warmup", "20"]
+            + ["--variants", "compile", "--micro-batches", "16", "--steps", "30", "--warmup", "20"]
             + ["--repeats", "1", *nanogpt]
+        )
+    ]
+
+
+def quality_commands(args, tmp):
+    return [
+        Command(
+            [sys.executable, "benchmarks/vs_nanogpt.py", "--data", args.data, "--nanogpt", args.nanogpt]
+            + ["--device", "cuda", "--sizes", "768x12", "--horizons", "200", "--evals", "4"]
+            + ["--eval-batches", "20", "--train.compile=false"]  # nanoGPT's side is not compiled either
+        )
+    ]
+
+
+def muon_step_commands(args, tmp):
+    return [
+        Command(
+            [sys.executable, "benchmarks/optimizer_ops.py", "--config", "configs/gpt2-124m.toml"]
+            + ["--device", "cuda", "--time"]
         )
     ]
 
@@ -444,24 +483,25 @@ def hang_judge(outcomes):
     return o.code == 3, f"exit {o.code} after {o.seconds:.0f} s (expected 3 within ~60 s + start-up)", {}
 
 
+# Most valuable first, so that any prefix of the list is worth its time: the 124M speed, memory and
+# kernel against plan and against nanoGPT, then bit-exact resume, time to quality, the optimizer step,
+# and the rest. estimate_s: see Stage.
 STAGES = [
-    Stage(
-        "nccl", 1, "a torchrun process group over every GPU here and an all-reduce", nccl_commands, nccl_judge
-    ),
-    Stage("cuda_tests", 1, "the suite's tests marked cuda", cuda_tests_commands, cuda_tests_judge),
     Stage(
         "compiled_bf16",
         1,
         "attention kernel, host syncs, MFU, peak memory vs plan",
         compiled_commands,
         compiled_judge,
+        estimate_s=130,
     ),
     Stage(
-        "micro_batch",
+        "speed_vs_nanogpt",
         1,
-        "micro_batch = auto: the size found and its first steps",
-        micro_batch_commands,
-        micro_batch_judge,
+        "GPT-2 124M compiled bf16 tokens/s: bare loop, pretrainer, nanoGPT (with --nanogpt), one process",
+        speed_commands,
+        table_judge,
+        estimate_s=120,
     ),
     Stage(
         "resume",
@@ -469,6 +509,44 @@ STAGES = [
         "a resumed run against a straight one, train.deterministic: bit for bit",
         resume_commands(True),
         resume_judge(True),
+        estimate_s=100,
+    ),
+    Stage(
+        "quality_vs_nanogpt",
+        1,
+        "one time-to-quality point at 124M (200 steps): the fraction of nanoGPT's tokens",
+        quality_commands,
+        vs_nanogpt_judge,
+        estimate_s=90,
+        needs="nanogpt",
+    ),
+    Stage(
+        "muon_step",
+        1,
+        "Muon's optimizer step against fused AdamW's at 124M: milliseconds and operators per step",
+        muon_step_commands,
+        table_judge,
+        estimate_s=40,
+    ),
+    Stage(
+        "cuda_tests", 1, "the suite's tests marked cuda", cuda_tests_commands, cuda_tests_judge, estimate_s=60
+    ),
+    Stage("checkpoint", 1, "seconds per checkpoint of GPT-2 124M", checkpoint_commands, checkpoint_judge, 60),
+    Stage(
+        "budget",
+        1,
+        "a cap the steady rate affords: exit 0 despite a slow compiled step 1",
+        budget_commands,
+        budget_judge,
+        estimate_s=60,
+    ),
+    Stage(
+        "nccl",
+        1,
+        "a torchrun process group over every GPU here and an all-reduce",
+        nccl_commands,
+        nccl_judge,
+        estimate_s=30,
     ),
     Stage(
         "resume_default",
@@ -476,67 +554,97 @@ STAGES = [
         "the same without train.deterministic: how far from bit-exact",
         resume_commands(False),
         resume_judge(False),
+        estimate_s=100,
     ),
-    Stage(
-        "budget",
-        1,
-        "a cap the steady rate affords: exit 0 despite a slow compiled step 1",
-        budget_commands,
-        budget_judge,
-    ),
-    Stage("checkpoint", 1, "seconds per checkpoint of GPT-2 124M", checkpoint_commands, checkpoint_judge),
     Stage(
         "packing",
         1,
         "document packing vs concat: attention kernel, tokens/s",
         packing_commands,
         packing_judge,
+        estimate_s=180,
     ),
-    Stage("lowbit", 1, "AdamW 8-bit vs AdamW: tokens/s, host syncs, memory", lowbit_commands, lowbit_judge),
+    Stage(
+        "micro_batch",
+        1,
+        "micro_batch = auto: the size found and its first steps",
+        micro_batch_commands,
+        micro_batch_judge,
+        estimate_s=300,  # every size it tries is a graph of its own: compiles are static
+    ),
+    Stage(
+        "lowbit",
+        1,
+        "AdamW 8-bit vs AdamW: tokens/s, host syncs, memory",
+        lowbit_commands,
+        lowbit_judge,
+        estimate_s=180,
+        needs="torchao",
+    ),
     Stage(
         "serve_cost",
         1,
         "decode tokens/s and $/M tokens for bf16, int8, int4",
         serve_cost_commands,
         serve_cost_judge,
-    ),
-    Stage(
-        "throughput_124m",
-        1,
-        "GPT-2 124M tokens/s, MFU vs the bare loop (and nanoGPT)",
-        throughput_commands,
-        table_judge,
+        estimate_s=150,
+        needs="torchao",
     ),
     Stage(
         "vs_nanogpt",
         1,
-        "the default recipe's time to quality against nanoGPT at 124M",
+        "the default recipe's time to quality against nanoGPT at 384x6 and 124M, 300 and 600 steps",
         vs_nanogpt_commands,
         vs_nanogpt_judge,
+        estimate_s=420,
+        needs="nanogpt",
     ),
-    Stage("llama_1b", 1, "the 1.2B shape's tokens/s, MFU, memory vs plan", llama_commands, llama_judge),
-    Stage("ddp_fsdp", 2, "DDP and FSDP on N GPUs against one process", ddp_fsdp_commands, ddp_fsdp_judge),
-    Stage("hang_drill", 2, "a silent rank: exit 3, not a hang", hang_commands, hang_judge),
+    Stage(
+        "llama_1b",
+        1,
+        "the 1.2B shape's tokens/s, MFU, memory vs plan",
+        llama_commands,
+        llama_judge,
+        estimate_s=300,
+    ),
+    Stage(
+        "ddp_fsdp",
+        2,
+        "DDP and FSDP on N GPUs against one process",
+        ddp_fsdp_commands,
+        ddp_fsdp_judge,
+        estimate_s=300,
+    ),
+    Stage("hang_drill", 2, "a silent rank: exit 3, not a hang", hang_commands, hang_judge, estimate_s=150),
 ]
 
 
 # --- running them ---
 
 
-def run_command(command: Command) -> Outcome:
+def run_command(command: Command, timeout_s: float | None = None) -> Outcome:
+    """The command in a process group of its own (killed whole at its timeout: throughput.py's nanoGPT,
+    torchrun's ranks), from the repository's root."""
     argv = [sys.executable, "-m", "pretrainer", *command.argv[1:]] if command.is_pretrainer else command.argv
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
+    # the caller's PYTHONPATH stays (packages brought as wheels with pip --target live there), after src
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    limit = min(command.timeout_s, timeout_s) if timeout_s is not None else command.timeout_s
     started = time.monotonic()
-    try:
-        result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=command.timeout_s, env=env, cwd=ROOT
+    with tempfile.TemporaryFile("w+") as log:
+        child = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
         )
-        code, out = result.returncode, result.stdout + result.stderr
-    except subprocess.TimeoutExpired as e:  # one stuck command must not lose the others' results
-        code, out = (
-            124,
-            f"timed out after {command.timeout_s} s: {shlex.join(argv)[:200]}\n{e.stdout!r}"[-3000:],
-        )
+        try:
+            code = child.wait(timeout=max(1.0, limit))
+        except subprocess.TimeoutExpired:  # one stuck command must not lose the others' results
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            code = 124
+        log.seek(0)
+        out = log.read()
+    if code == 124:
+        out += f"\ntimed out after {limit:.0f} s: {shlex.join(argv)[:300]}"
     records = []
     metrics = Path(command.run_dir) / "metrics.jsonl" if command.run_dir else None
     if metrics is not None and metrics.is_file():
@@ -571,6 +679,98 @@ def check_command(command: Command) -> str:
     return ""
 
 
+def missing(stage: Stage, args) -> str:
+    """Why this machine or this call cannot run the stage ('' when it can)."""
+    if stage.gpus > args.gpus:
+        return f"needs {stage.gpus} GPUs, {args.gpus} here"
+    if stage.needs == "nanogpt" and not args.nanogpt:
+        return "needs --nanogpt (a nanoGPT checkout's train.py, model.py, configurator.py)"
+    if stage.needs == "torchao" and importlib.util.find_spec("torchao") is None:
+        return "needs torchao (pip install 'pretrainer[lowbit]'), not installed here"
+    return ""
+
+
+def dry_run(stages: list[Stage], args, say=print) -> int:
+    """Every stage's commands checked as the trainer reads them, printed with what it measures and its
+    estimate. -> the number of stages with a command the trainer would refuse."""
+    failures = 0
+    for stage in stages:
+        commands = stage.commands(args, "RUNS")
+        problems = [p for p in (check_command(c) for c in commands) if p]
+        failures += bool(problems)
+        verdict = "FAIL" if problems else "ok  "
+        estimate = f"~{stage.estimate_s} s"
+        say(f"{verdict}  {stage.name} (>= {stage.gpus} GPU, {estimate}): would measure {stage.measures}")
+        for command in commands:
+            say(f"        {shlex.join(command.argv)}")
+        for problem in problems:
+            say(f"        error: {problem}")
+    return failures
+
+
+def run_stages(stages: list[Stage], args, results: dict, out: Path, deadline: float | None, say=print) -> int:
+    """Each stage in order, its verdict and figures merged into `results` and written to `out` (whole or
+    not at all: a killed call keeps the stages before it). With a deadline (time.monotonic()), a stage
+    whose estimate no longer fits is skipped and a running one is cut off there. -> failures."""
+    failures = 0
+    for stage in stages:
+        left = None if deadline is None else deadline - time.monotonic()
+        reason = missing(stage, args) or (
+            f"~{stage.estimate_s} s needed, {left:.0f} s left"
+            if left is not None and stage.estimate_s > left
+            else ""
+        )
+        if reason:
+            say(f"skip  {stage.name}: {reason}")
+            results["stages"][stage.name] = {
+                "ok": None,
+                "evidence": f"skipped: {reason}",
+                "figures": {},
+                "seconds": 0.0,
+                "commands": [],
+                "date": today(),
+            }
+            continue
+        outcomes = []
+        with tempfile.TemporaryDirectory() as tmp:
+            commands = stage.commands(args, tmp)
+            for command in commands:
+                left = None if deadline is None else deadline - time.monotonic()
+                outcomes.append(run_command(command, left))
+                if outcomes[-1].code == 124:
+                    break
+            try:
+                ok, evidence, figures = (
+                    stage.judge(outcomes)
+                    if len(outcomes) == len(commands)
+                    else (False, "cut off at the deadline", {})
+                )
+            except Exception as e:  # noqa: BLE001 (a judge reading a broken run's output: a FAIL, not a crash)
+                ok, evidence, figures = False, f"judge failed: {type(e).__name__}: {e}", {}
+        failures += not ok
+        say(f"{'PASS' if ok else 'FAIL'}  {stage.name}: {evidence}")
+        if not ok:
+            say("\n".join(o.out.strip()[-1500:] for o in outcomes if o.code != 0))
+        results["stages"][stage.name] = {
+            "ok": ok,
+            "evidence": evidence,
+            "figures": figures,
+            "seconds": round(sum(o.seconds for o in outcomes), 1),
+            "estimate_s": stage.estimate_s,
+            "commands": [shlex.join(c.argv) for c in commands],
+            "date": today(),
+            "output_tail": "\n".join(o.out.strip()[-1500:] for o in outcomes),
+        }
+        tmp_out = Path(f"{out}.tmp")
+        tmp_out.write_text(json.dumps(results, indent=2) + "\n")
+        tmp_out.replace(out)
+    return failures
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -580,6 +780,7 @@ def main() -> int:
     parser.add_argument("--nanogpt", default="", help="a nanoGPT checkout, to compare on the same GPU")
     parser.add_argument("--out", default="gpu_checklist.json", help="the results JSON (merged by stage)")
     parser.add_argument("--write", default="", help="append the results table to this markdown file")
+    parser.add_argument("--deadline", type=float, default=0, help="seconds for all stages (0: no limit)")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: walk the stages, check, print")
     args = parser.parse_args()
     import torch
@@ -595,71 +796,50 @@ def main() -> int:
         return 2
     args.gpus = torch.cuda.device_count() if not args.dry_run else 8
     stages = [s for s in STAGES if s.name in chosen]
-    failures = 0
     if args.dry_run:
-        for stage in stages:
-            commands = stage.commands(args, "RUNS")
-            problems = [p for p in (check_command(c) for c in commands) if p]
-            failures += bool(problems)
-            verdict = "FAIL" if problems else "ok  "
-            print(f"{verdict}  {stage.name} (>= {stage.gpus} GPU): would measure {stage.measures}")
-            for command in commands:
-                print(f"        {shlex.join(command.argv)}")
-            for problem in problems:
-                print(f"        error: {problem}")
+        failures = dry_run(stages, args)
         print(f"dry run: {len(stages)} stages, {failures} with a command the trainer would refuse")
         return failures
     results = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {"stages": {}}
     results.update(gpu=torch.cuda.get_device_name(0), gpus=args.gpus, torch=torch.__version__)
-    for stage in stages:
-        if stage.gpus > args.gpus:
-            print(f"skip  {stage.name}: needs {stage.gpus} GPUs, {args.gpus} here")
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            commands = stage.commands(args, tmp)
-            outcomes = [run_command(c) for c in commands]
-            ok, evidence, figures = stage.judge(outcomes)
-        failures += not ok
-        print(f"{'PASS' if ok else 'FAIL'}  {stage.name}: {evidence}", flush=True)
-        if not ok:
-            print("\n".join(o.out.strip()[-1500:] for o in outcomes if o.code != 0))
-        results["stages"][stage.name] = {
-            "ok": ok,
-            "evidence": evidence,
-            "figures": figures,
-            "seconds": round(sum(o.seconds for o in outcomes), 1),
-            "commands": [shlex.join(c.argv) for c in commands],
-            "date": datetime.date.today().isoformat(),
-        }
-        tmp_out = Path(f"{args.out}.tmp")
-        tmp_out.write_text(json.dumps(results, indent=2) + "\n")
-        tmp_out.replace(args.out)  # whole or not at all: a killed call keeps the stages before it
+    deadline = time.monotonic() + args.deadline if args.deadline else None
+    failures = run_stages(stages, args, results, Path(args.out), deadline)
     if args.write:
         write_markdown(results, args)
     return failures
 
 
-def write_markdown(results: dict, args) -> None:
+def results_markdown(results: dict, command: str) -> str:
+    """The results as one table (stage, result, evidence, seconds against the estimate), then the tables
+    and plans some stages print."""
+    verdict = {True: "PASS", False: "FAIL", None: "skipped"}
     lines = [
-        f"## GPU checklist: {results['gpu']} x {results['gpus']}, torch {results['torch']}",
+        f"## GPU checklist: {results.get('gpu', '?')} x {results.get('gpus', '?')}, "
+        f"torch {results.get('torch', '?')}",
         "",
-        f"Command: `python benchmarks/gpu_checklist.py --data {args.data} --stages STAGE` per stage "
-        f"(results in `{args.out}`)",
+        f"Command: `{command}`",
         "",
-        "| stage | date | result | evidence | seconds |",
+        "| stage | date | result | evidence | seconds (estimate) |",
         "| --- | --- | --- | --- | ---: |",
     ]
     for name, r in results["stages"].items():
         evidence = r["evidence"].replace("|", "/").replace("\n", " ")[:300]
-        lines.append(
-            f"| {name} | {r['date']} | {'PASS' if r['ok'] else 'FAIL'} | {evidence} | {r['seconds']} |"
-        )
+        estimate = f" ({r['estimate_s']})" if r.get("estimate_s") else ""
+        lines.append(f"| {name} | {r['date']} | {verdict[r['ok']]} | {evidence} | {r['seconds']}{estimate} |")
     for name, r in results["stages"].items():
         for key in ("table", "plan"):
             if key in r["figures"]:
                 lines += ["", f"{name} ({key}):", "", "```", r["figures"][key], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(results: dict, args) -> None:
+    command = (
+        f"python benchmarks/gpu_checklist.py --data {args.data} --stages STAGE` per stage "
+        f"(results in `{args.out}`"
+    )
     with open(args.write, "a") as f:
-        f.write("\n" + "\n".join(lines) + "\n")
+        f.write("\n" + results_markdown(results, command))
 
 
 if __name__ == "__main__":

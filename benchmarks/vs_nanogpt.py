@@ -32,6 +32,7 @@ import argparse
 import os
 import pickle
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def nanogpt_val_losses(
         env={**os.environ, "OMP_NUM_THREADS": "2"},
     )
     if result.returncode != 0:
-        raise RuntimeError(f"nanoGPT failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+        raise SideFailed("nanoGPT", result)
     found = re.findall(r"^step (\d+): train loss \S+, val loss ([\d.]+)", result.stdout, re.MULTILINE)
     return {int(step): float(loss) for step, loss in found}
 
@@ -132,8 +133,22 @@ def pretrainer_val_losses(
         f"--train.device={device}",
         *overrides,
     ]
-    subprocess.run([sys.executable, "-m", "pretrainer", "train", *args], check=True, capture_output=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pretrainer", "train", *args], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise SideFailed("pretrainer", result)
     return {r["step"]: r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if "val_loss" in r}
+
+
+class SideFailed(Exception):
+    """One side's training process failed: its exit code and the end of what it printed."""
+
+    def __init__(self, side: str, result: subprocess.CompletedProcess):
+        tail = (result.stdout[-2500:] + "\n" + result.stderr[-2500:]).strip()
+        super().__init__(
+            f"{side} failed (exit {result.returncode}): {shlex.join(map(str, result.args))[:300]}\n{tail}"
+        )
 
 
 def first_reach(curve: dict[int, float], target: float) -> float | None:
@@ -218,4 +233,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SideFailed as e:  # what the failing side printed, not only that it failed
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

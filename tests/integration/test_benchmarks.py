@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import run_forked
 
 from pretrainer.config.load import load_config
@@ -107,8 +108,13 @@ def test_gpu_checklist_dry_run_walks_every_stage_and_checks_its_commands(monkeyp
     spec.loader.exec_module(checklist)
     assert result.returncode == 0, result.stdout[-3000:]
     for stage in checklist.STAGES:
-        assert f"{stage.name} (>= {stage.gpus} GPU): would measure {stage.measures}" in result.stdout
-    assert "dry run: 16 stages, 0 with a command the trainer would refuse" in result.stdout
+        estimate = f"~{stage.estimate_s} s"
+        assert (
+            f"{stage.name} (>= {stage.gpus} GPU, {estimate}): would measure {stage.measures}" in result.stdout
+        )
+    assert (
+        f"dry run: {len(checklist.STAGES)} stages, 0 with a command the trainer would refuse" in result.stdout
+    )
     assert (
         "--train.deterministic=true" in result.stdout
         and "--nproc 8 --parallel.strategy=fsdp" in result.stdout
@@ -116,3 +122,58 @@ def test_gpu_checklist_dry_run_walks_every_stage_and_checks_its_commands(monkeyp
     typo = checklist.train("RUNS/x", "--data.dir=d", "--train.max_step=5", "--nproc", "2")
     assert "unknown config key 'train.max_step'" in checklist.check_command(typo)
     assert checklist.check_command(checklist.train("RUNS/x", "--train.max_steps=5", "--nproc", "2")) == ""
+
+
+# nanoGPT's train.py stand-ins for vs_nanogpt.py: one fails, one logs evaluations as nanoGPT does
+FAILING_NANOGPT = (
+    "import sys; print('RuntimeError: CUDA error: an illegal memory access', file=sys.stderr); sys.exit(3)"
+)
+EVALUATING_NANOGPT = """
+import sys
+settings = dict(arg[2:].split("=", 1) for arg in sys.argv[1:])
+for step in range(0, int(settings["max_iters"]) + 1, int(settings["eval_interval"])):
+    print(f"step {step}: train loss 5.0, val loss {6 - step / 100:.4f}")
+"""
+
+
+@pytest.mark.parametrize("side", ["nanoGPT", "pretrainer"])
+def test_vs_nanogpt_shows_what_the_failing_side_printed(side, stdlib_data, tmp_path):
+    """Whichever side fails, the benchmark ends with its exit code and the end of its output, not a
+    bare CalledProcessError (pretrainer's side fails here on a config it refuses)."""
+    (tmp_path / "train.py").write_text(FAILING_NANOGPT if side == "nanoGPT" else EVALUATING_NANOGPT)
+    (tmp_path / "model.py").write_text("")
+    (tmp_path / "configurator.py").write_text("")
+    result = run_script(
+        "vs_nanogpt.py",
+        "--data",
+        stdlib_data,
+        "--nanogpt",
+        tmp_path,
+        "--sizes",
+        "64x1",
+        "--horizons",
+        "8",
+        "--evals",
+        "2",
+        "--optim.lr=-1",
+    )
+    out = result.stdout + result.stderr  # (a forked run's streams are one)
+    expected = "CUDA error: an illegal memory access" if side == "nanoGPT" else "optim.lr"
+    assert result.returncode == 1 and f"error: {side} failed (exit" in out and expected in out, out[-3000:]
+
+
+def test_checklist_commands_keep_the_callers_pythonpath(monkeypatch, tmp_path):
+    """Packages brought as wheels with `pip install --target DIR` live on PYTHONPATH: a stage's commands
+    see them (after the tree's own src), as the checklist's caller does."""
+    spec = importlib.util.spec_from_file_location("gpu_checklist", BENCHMARKS / "gpu_checklist.py")
+    checklist = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_checklist", checklist)
+    spec.loader.exec_module(checklist)
+    (tmp_path / "carried_wheel.py").write_text("NAME = 'carried'\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    outcome = checklist.run_command(
+        checklist.Command(
+            [sys.executable, "-c", "import carried_wheel, pretrainer; print(carried_wheel.NAME)"]
+        )
+    )
+    assert outcome.code == 0 and outcome.out.strip() == "carried", outcome.out

@@ -1,0 +1,153 @@
+"""A GPU node's first call, on CPU: a site image (torch and what such a node preinstalls, nothing of
+pretrainer's own extras) where pretrainer imports and runs; the documented offline install from a
+wheelhouse made by the documented command; and the first call's dry run in that image."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.site_image import ABSENT, importable, make_site_image
+
+ROOT = Path(__file__).resolve().parents[2]
+IMPORT_EVERY_MODULE = """
+import importlib, pkgutil, pretrainer
+from pretrainer.core.errors import UserError
+for module in pkgutil.walk_packages(pretrainer.__path__, "pretrainer."):
+    if module.name.endswith("__main__"):
+        continue
+    try:
+        importlib.import_module(module.name)
+    except UserError as e:  # a module that exists to wrap an extra says so in one line
+        assert "pip install" in str(e), (module.name, e)
+print("imported every module")
+"""
+
+
+@pytest.fixture(scope="module")
+def site_image(tmp_path_factory) -> Path:
+    python = make_site_image(tmp_path_factory.mktemp("site") / "venv")
+    assert importable(python, ABSENT) == []  # as on the node
+    return python
+
+
+def run(python: Path, *args, env=None) -> subprocess.CompletedProcess:
+    """`python ARGS` from the repository's root, with `env` on top of this process's environment."""
+    return subprocess.run(
+        [str(python), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+def test_every_module_imports_and_the_cli_answers_without_the_extras(site_image):
+    """mlflow, wandb, torchao, gguf, zstandard, rustbpe and tomli-w absent: every module imports (those
+    that wrap an extra say which in one line), and a verb that needs one says so in one line."""
+    src = {"PYTHONPATH": str(ROOT / "src")}
+    result = run(site_image, "-c", IMPORT_EVERY_MODULE, env=src)
+    assert result.returncode == 0 and "imported every module" in result.stdout, result.stderr[-3000:]
+    result = run(site_image, "-m", "pretrainer", "--help", env=src)
+    assert result.returncode == 0 and "prepare" in result.stdout, result.stderr
+    result = run(
+        site_image,
+        "-m",
+        "pretrainer",
+        "prepare",
+        "--corpus",
+        "stdlib",
+        "--tokenizer",
+        "bpe:300",
+        "--out",
+        ROOT / "unused-never-written",
+        "--max-docs",
+        "5",
+        env=src,
+    )
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and last.startswith(
+        "error: prepare: this needs the Python package rustbpe, which is not installed here"
+    ), result.stderr[-2000:]
+    assert not (ROOT / "unused-never-written").exists()
+
+
+def test_the_offline_install_then_prepare_plan_train_and_the_first_call_dry_run(site_image, tmp_path):
+    """The wheelhouse for this image (its size printed, under 16 MiB), installed with pip --no-index;
+    then prepare with GPT-2's BPE, plan, 20 steps of train (which writes its config.toml without
+    tomli-w), and benchmarks/gpu_first_call.sh --dry-run, all in the image."""
+    wheels = tmp_path / "wheels"
+    made = subprocess.run(
+        [sys.executable, ROOT / "scripts" / "wheelhouse.py", "--out", wheels, "--have-python", site_image],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    total = made.stdout.strip().splitlines()[-1]
+    assert "MiB  in" in total and float(total.split()[0]) < 16, made.stdout
+    names = sorted(w.name.split("-")[0] for w in wheels.glob("*.whl"))
+    assert names == ["gguf", "rustbpe", "setuptools", "zstandard"], names  # nothing the image has
+
+    installed = run(site_image, "-m", "pip", "install", "--no-index", "--find-links", wheels, "-e", ".")
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+    assert importable(site_image, ABSENT) == ["gguf", "zstandard", "rustbpe"]
+    pretrainer = site_image.parent / "pretrainer"
+
+    data, run_dir = tmp_path / "data", tmp_path / "run"
+    steps = [
+        ["prepare", "--corpus", "stdlib", "--tokenizer", "gpt2", "--out", data, "--max-docs", "300"],
+        ["plan", "configs/tiny-cpu.toml", f"--data.dir={data}"],
+        [
+            "train",
+            "configs/tiny-cpu.toml",
+            f"--data.dir={data}",
+            f"--run.dir={run_dir}",
+            "--train.max_steps=20",
+            "--model.d_model=64",
+            "--model.n_layer=2",
+            "--model.n_head=2",
+            "--model.seq_len=64",
+            "--train.micro_batch=4",
+            "--eval.every=10",
+            "--eval.batches=2",
+            "--track.backends=none",
+        ],
+    ]
+    for args in steps:
+        result = subprocess.run(
+            [pretrainer, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=300
+        )
+        assert result.returncode == 0, (args[0], result.stdout[-2000:], result.stderr[-2000:])
+    assert (run_dir / "config.toml").is_file() and (run_dir / "checkpoints").is_dir()
+
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    (cache / "nanogpt").mkdir(parents=True)
+    for name in ("train.py", "model.py", "configurator.py"):  # carried files are looked for, not run
+        (cache / "nanogpt" / name).write_text("")
+    call = subprocess.run(
+        ["sh", "benchmarks/gpu_first_call.sh", out, "--dry-run", "--work", tmp_path / "work"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, "PYTHON": str(site_image), "FIRST_CALL_CACHE": str(cache)},
+    )
+    assert call.returncode == 0, call.stdout[-4000:] + call.stderr[-2000:]
+    table = (out / "first-call.md").read_text()
+    for phase in ("env", "data"):
+        assert f"| {phase} | PASS |" in table, table
+    for stage in ("compiled_bf16", "speed_vs_nanogpt", "resume", "quality_vs_nanogpt", "muon_step"):
+        assert f"| {stage} | planned |" in table, table
+    plan = next(line for line in call.stdout.splitlines() if line.startswith("plan: "))
+    assert int(plan.split("~")[1].split()[0]) <= 530, plan
+    assert {p.name for p in out.iterdir()} == {
+        "first-call.md",
+        "first-call.json",
+        "log.txt",
+        "pip-freeze.txt",
+    }
