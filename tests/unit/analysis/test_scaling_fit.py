@@ -163,6 +163,7 @@ def test_sweep_refuses_a_plan_over_the_cap_and_a_changed_plan(stdlib_data, tmp_p
         *sweep_args(stdlib_data, sweep, "15k,100k", "10240"), "--gpu", "h100-sxm", "--dry-run"
     )
     assert code == 0 and "l2-d64" in out and "0.00h" in out.splitlines()[2] and not sweep.exists()
+    assert "1 at a time, 1 CPU thread each" in out.splitlines()[0]  # sweep.cpu_threads' default
     (sweep / "configs").mkdir(parents=True)
     (sweep / "configs" / "l1-d32.toml").write_text("[optim]\nlr = 1.0\n")
     code, _, err = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k", "10240"))
