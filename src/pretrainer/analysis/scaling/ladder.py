@@ -98,8 +98,8 @@ class SweepConfig:
     cpu_threads: int = opt(
         1,
         "threads per CPU run (torch's), the same in this process, in --parallel-runs' processes and after "
-        "a resume, so the numbers do not depend on how runs are spread; overrides OMP_NUM_THREADS; GPU "
-        "runs are unaffected",
+        "a resume, so the numbers do not depend on how runs are spread; overrides OMP_NUM_THREADS; a "
+        "rerun with another count than its runs trained with is refused; GPU runs are unaffected",
     )
 
 

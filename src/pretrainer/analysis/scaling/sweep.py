@@ -17,9 +17,9 @@ kept, the interrupted one resumes from its checkpoint, the rest start.
 
 A CPU run's sums split by torch's thread count, so every CPU run trains with sweep.cpu_threads
 threads wherever it runs: set around train() in this process (the caller's count restored after),
-OMP_NUM_THREADS and MKL_NUM_THREADS in a child's environment (torch starts with them). The numbers
-then do not depend on --parallel-runs, on a process's own thread count (a forked child's, a test's)
-or on a resume.
+OMP_NUM_THREADS and MKL_NUM_THREADS in a child's environment (torch starts with them); a rerun with
+another count than the runs' checkpoints recorded is refused. The numbers then do not depend on
+--parallel-runs, on a process's own thread count (a forked child's, a test's) or on a resume.
 """
 
 from __future__ import annotations
@@ -158,6 +158,34 @@ def check_plan_files(sweep_dir: Path, runs: list[RunSpec]) -> None:
             )
 
 
+def trained_threads(run: RunSpec) -> int | None:
+    """The CPU thread count the run's newest checkpoint recorded (state.json hardware); None before its
+    first checkpoint, or when it trained on a GPU."""
+    states = sorted((Path(run.cfg.run.dir) / "checkpoints").glob("step-*/state.json"))
+    try:
+        hardware = json.loads(states[-1].read_text())["hardware"] if states else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged checkpoint: the resume itself says what it makes of it
+    return hardware.get("cpu_threads") if hardware.get("device_type") == "cpu" else None
+
+
+def check_trained_threads(sweep: SweepConfig, base: Config, runs: list[RunSpec]) -> None:
+    """A CPU sweep goes on with the thread count its runs trained with: another would continue the
+    interrupted one, and train the rest, with sums split differently (a CSV of mixed numbers).
+    Refused, naming the count that continues it (a sweep from before sweep.cpu_threads included)."""
+    if not on_cpu(base):
+        return
+    for run in runs:
+        threads = trained_threads(run)
+        if threads is not None and threads != sweep.cpu_threads:
+            raise UserError(
+                f"{run.cfg.run.dir}: run {run.name} trained with {threads} CPU thread(s) (its checkpoint's "
+                f"state.json), not sweep.cpu_threads = {sweep.cpu_threads}; rerun with "
+                f"--sweep.cpu_threads={threads} to continue the sweep with the same numbers, or use a new "
+                f"sweep.dir"
+            )
+
+
 def write_plan_files(sweep: SweepConfig, sweep_dir: Path, runs: list[RunSpec]) -> None:
     (sweep_dir / "configs").mkdir(parents=True, exist_ok=True)
     for run in runs:
@@ -256,6 +284,7 @@ def run_sweep(sweep: SweepConfig, base: Config, say=print) -> int:
             f"raise the cap, or set --budget.allow_over_cap"
         )
     check_plan_files(sweep_dir, runs)
+    check_trained_threads(sweep, base, runs)
     write_plan_files(sweep, sweep_dir, runs)
     price = base.budget.usd_per_gpu_hour
     done = [run for run in runs if finished(run)]
