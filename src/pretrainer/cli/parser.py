@@ -254,7 +254,14 @@ def verb_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-param", help="= --sweep.tokens_per_param (mode tokens_per_param)")
     p.add_argument("--budgets", help="= --sweep.budgets: compute budgets in FLOPs (mode isoflop)")
     p.add_argument("--out", help="= --sweep.dir: the sweep directory")
-    p.add_argument("--parallel-runs", help="= --sweep.parallel_runs: runs at once, one per GPU")
+    p.add_argument(
+        "--parallel-runs", help="= --sweep.parallel_runs: runs at once, one per GPU (or on the CPU)"
+    )
+    p.add_argument(
+        "--cpu-threads",
+        help="= --sweep.cpu_threads: torch threads per CPU run, wherever it runs (default 1; overrides "
+        "OMP_NUM_THREADS)",
+    )
     p.add_argument(
         "--gpu", help="= --sweep.gpu: GPU model for the plan's time and $ (budget.* gives price and MFU)"
     )

@@ -108,6 +108,7 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> int:
         "budgets": args.budgets,
         "dir": args.out,
         "parallel_runs": args.parallel_runs,
+        "cpu_threads": args.cpu_threads,
         "gpu": args.gpu,
     }
     shorthands = [f"--sweep.{key}={value}" for key, value in flags.items() if value is not None]

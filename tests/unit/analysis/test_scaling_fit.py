@@ -3,6 +3,7 @@ sweep runs end to end, resumes after SIGTERM and feeds `plan --fit`."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -154,7 +155,9 @@ def test_isoflop_profiles_find_the_compute_optimal_size():
     assert len(samples) + skipped == 200 and len(samples) > 0
 
 
-def test_sweep_refuses_a_plan_over_the_cap_and_a_changed_plan(stdlib_data, tmp_path, run_cli):
+def test_sweep_refuses_a_plan_over_the_cap_a_changed_plan_and_a_changed_thread_count(
+    stdlib_data, tmp_path, run_cli
+):
     sweep = tmp_path / "sweep"
     priced = ["--gpu", "h100-sxm", "--budget.usd_per_gpu_hour=1e9", "--budget.cap_usd=1"]
     code, _, err = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k", "10240"), *priced)
@@ -163,9 +166,17 @@ def test_sweep_refuses_a_plan_over_the_cap_and_a_changed_plan(stdlib_data, tmp_p
         *sweep_args(stdlib_data, sweep, "15k,100k", "10240"), "--gpu", "h100-sxm", "--dry-run"
     )
     assert code == 0 and "l2-d64" in out and "0.00h" in out.splitlines()[2] and not sweep.exists()
+    assert "1 at a time, 1 CPU thread each" in out.splitlines()[0]  # sweep.cpu_threads' default
     (sweep / "configs").mkdir(parents=True)
     (sweep / "configs" / "l1-d32.toml").write_text("[optim]\nlr = 1.0\n")
     code, _, err = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k", "10240"))
     assert code == 2 and "planned run l1-d32 differently" in err
     code, _, err = run_cli(*sweep_args(stdlib_data, tmp_path / "s2", "100k,110k", "10240"))
     assert code == 2 and "same shape" in err
+    # a sweep whose runs trained with another thread count continues with it, or not at all
+    checkpoint = tmp_path / "s3" / "runs" / "l2-d64" / "checkpoints" / "step-0000010"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text(json.dumps({"hardware": {"device_type": "cpu", "cpu_threads": 2}}))
+    code, _, err = run_cli(*sweep_args(stdlib_data, tmp_path / "s3", "15k,100k", "10240"))
+    assert code == 2 and "run l2-d64 trained with 2 CPU thread(s)" in err and "--sweep.cpu_threads=2" in err
+    assert not (tmp_path / "s3" / "sweep.json").exists()  # refused before anything is written

@@ -25,6 +25,9 @@ The rules, stated once:
   ladder), in whole micro-batches (grad_accum grows, micro_batch stays).
 - warmup, eval.every and ckpt.every keep their fraction of the base config's max_steps (warmup = auto
   is a fraction already).
+- threads: a CPU run trains with `cpu_threads` torch threads (default 1) wherever it runs: in this
+  process, in a --parallel-runs process, resumed. CPU sums split by the thread count, so this is what
+  makes those runs' numbers the same (sweep.py applies it).
 """
 
 from __future__ import annotations
@@ -83,7 +86,21 @@ class SweepConfig:
     gpu: str = opt(
         "", "GPU model for the plan's time and $ (as `plan --gpu`); budget.* of the base gives price and MFU"
     )
-    parallel_runs: int = opt(1, "runs at once, one per GPU (each pinned to its own device; logs in DIR/logs)")
+    parallel_runs: int = opt(
+        1, "runs at once, one per GPU (each pinned to its own device) or on the CPU; logs in DIR/logs"
+    )
+    # 1 by default, whatever the machine: CPU ladders are tiny models, whose matmuls gain little from a
+    # second thread, while OpenMP's spinning threads, given fewer free cores than threads (parallel runs,
+    # or anything else on a shared 2-core machine), wait on each other and run many times slower; with 1
+    # thread `parallel_runs` up to the core count never oversubscribes, a CSV does not depend on the core
+    # count of the machine that made it, and a sweep run from a forked process works (GNU OpenMP hangs
+    # in a fork of a process that used its threads). Bigger CPU models alone on a machine: raise it.
+    cpu_threads: int = opt(
+        1,
+        "threads per CPU run (torch's), the same in this process, in --parallel-runs' processes and after "
+        "a resume, so the numbers do not depend on how runs are spread; overrides OMP_NUM_THREADS; a "
+        "rerun with another count than its runs trained with is refused; GPU runs are unaffected",
+    )
 
 
 @dataclass
@@ -198,6 +215,7 @@ def check_sweep(sweep: SweepConfig) -> None:
             f"sweep.batch_rule must be power or constant, got '{sweep.batch_rule}'",
         ),
         (sweep.parallel_runs >= 1, "sweep.parallel_runs must be at least 1"),
+        (sweep.cpu_threads >= 1, "sweep.cpu_threads must be at least 1"),
         (
             sweep.aspect_ratio >= 0 and sweep.head_dim >= 0,
             "sweep.aspect_ratio and sweep.head_dim must be >= 0",

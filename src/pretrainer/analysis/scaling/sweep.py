@@ -14,10 +14,17 @@ Runs go one after another in this process, or `parallel_runs` at once as `pretra
 processes, each pinned to its own GPU (CUDA_VISIBLE_DEVICES). A stopped sweep (SIGTERM, budget,
 crash) is continued by the same command: finished runs (exit.json: finished at max_steps) are
 kept, the interrupted one resumes from its checkpoint, the rest start.
+
+A CPU run's sums split by torch's thread count, so every CPU run trains with sweep.cpu_threads
+threads wherever it runs: set around train() in this process (the caller's count restored after),
+OMP_NUM_THREADS and MKL_NUM_THREADS in a child's environment (torch starts with them); a rerun with
+another count than the runs' checkpoints recorded is refused. The numbers then do not depend on
+--parallel-runs, on a process's own thread count (a forked child's, a test's) or on a resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -99,6 +106,7 @@ def format_plan(
         f"sweep: {len(runs)} runs, mode {sweep.mode}, lr rule {sweep.lr_rule}, batch rule "
         f"{sweep.batch_rule}; "
         f"{sweep.parallel_runs} at a time"
+        + (f", {sweep.cpu_threads} CPU thread{'s' * (sweep.cpu_threads > 1)} each" if on_cpu(base) else "")
     )
     lines = [
         head,
@@ -147,6 +155,34 @@ def check_plan_files(sweep_dir: Path, runs: list[RunSpec]) -> None:
             raise UserError(
                 f"{path}: this sweep dir planned run {run.name} differently ({', '.join(changed)}); "
                 f"rerun with the same settings to continue it, or use a new sweep.dir"
+            )
+
+
+def trained_threads(run: RunSpec) -> int | None:
+    """The CPU thread count the run's newest checkpoint recorded (state.json hardware); None before its
+    first checkpoint, or when it trained on a GPU."""
+    states = sorted((Path(run.cfg.run.dir) / "checkpoints").glob("step-*/state.json"))
+    try:
+        hardware = json.loads(states[-1].read_text())["hardware"] if states else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged checkpoint: the resume itself says what it makes of it
+    return hardware.get("cpu_threads") if hardware.get("device_type") == "cpu" else None
+
+
+def check_trained_threads(sweep: SweepConfig, base: Config, runs: list[RunSpec]) -> None:
+    """A CPU sweep goes on with the thread count its runs trained with: another would continue the
+    interrupted one, and train the rest, with sums split differently (a CSV of mixed numbers).
+    Refused, naming the count that continues it (a sweep from before sweep.cpu_threads included)."""
+    if not on_cpu(base):
+        return
+    for run in runs:
+        threads = trained_threads(run)
+        if threads is not None and threads != sweep.cpu_threads:
+            raise UserError(
+                f"{run.cfg.run.dir}: run {run.name} trained with {threads} CPU thread(s) (its checkpoint's "
+                f"state.json), not sweep.cpu_threads = {sweep.cpu_threads}; rerun with "
+                f"--sweep.cpu_threads={threads} to continue the sweep with the same numbers, or use a new "
+                f"sweep.dir"
             )
 
 
@@ -248,6 +284,7 @@ def run_sweep(sweep: SweepConfig, base: Config, say=print) -> int:
             f"raise the cap, or set --budget.allow_over_cap"
         )
     check_plan_files(sweep_dir, runs)
+    check_trained_threads(sweep, base, runs)
     write_plan_files(sweep, sweep_dir, runs)
     price = base.budget.usd_per_gpu_hour
     done = [run for run in runs if finished(run)]
@@ -262,10 +299,12 @@ def run_sweep(sweep: SweepConfig, base: Config, say=print) -> int:
     def spent() -> float:  # the finished runs' $, for the remaining cap each run is given
         return sum(row["usd"] or 0.0 for row in write_csv(sweep_dir, runs, price))
 
+    if pending and on_cpu(base):
+        say_threads(sweep, say)
     if sweep.parallel_runs > 1:
         code = run_parallel(sweep, base, sweep_dir, runs, pending, spent, say)
     else:
-        code = run_one_by_one(base, sweep_dir, runs, pending, spent, say)
+        code = run_one_by_one(sweep, base, sweep_dir, runs, pending, spent, say)
     rows = write_csv(sweep_dir, runs, price)
     if code == 0:
         next_command = f"pretrainer fit {shlex.quote(str(sweep_dir))}"
@@ -285,14 +324,15 @@ def with_remaining_cap(run: RunSpec, base: Config, spent: float, share: int = 1)
 
 
 def run_one_by_one(
-    base: Config, sweep_dir: Path, runs: list[RunSpec], pending: list[RunSpec], spent, say
+    sweep: SweepConfig, base: Config, sweep_dir: Path, runs: list[RunSpec], pending: list[RunSpec], spent, say
 ) -> int:
     from pretrainer.train.loop import train
 
     for run in pending:
         say(f"sweep: run {run.name} ({runs.index(run) + 1} of {len(runs)}): {run.cfg.run.dir}")
         try:
-            train(with_remaining_cap(run, base, spent()))
+            with torch_threads(sweep.cpu_threads if on_cpu(run.cfg) else None):
+                train(with_remaining_cap(run, base, spent()))
         except RunStopped as stop:
             say(f"sweep: stopped in run {run.name} ({stop}); the same command continues the sweep")
             return stop.exit_code
@@ -311,13 +351,56 @@ def release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def cpu_share(runs: int) -> dict[str, str]:
-    """CPU runs side by side split the cores: each run's torch threads would otherwise take all of them,
-    and OpenMP's busy-waiting threads, oversubscribed, ran two tiny runs 40x slower (860 tokens/s
-    instead of ~35,000 here). A user's OMP_NUM_THREADS wins."""
-    if os.environ.get("OMP_NUM_THREADS"):
-        return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // runs))}
+def on_cpu(cfg: Config) -> bool:
+    """Whether a run trains on the CPU (train.device cpu, or auto without a GPU torch can use), where
+    its thread count decides how its sums split."""
+    import torch
+
+    return cfg.train.device == "cpu" or (cfg.train.device == "auto" and not torch.cuda.is_available())
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """In this process: torch computes with `threads` threads inside (None: unchanged), and the
+    caller's count is back after, however the block ends."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """A child `pretrainer train`'s environment for `threads` torch threads: torch starts with
+    MKL_NUM_THREADS, else OMP_NUM_THREADS, so both are set (a user's own are overridden)."""
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def say_threads(sweep: SweepConfig, say) -> None:
+    """One line when the environment asks for another thread count than the sweep's, and a warning when
+    the runs at once would have more threads than the machine has CPUs (OpenMP's busy-waiting threads,
+    oversubscribed, ran two tiny runs 40x slower)."""
+    asked = {name: os.environ[name] for name in thread_env(sweep.cpu_threads) if os.environ.get(name)}
+    if any(value != str(sweep.cpu_threads) for value in asked.values()):
+        given = " and ".join(f"{name}={value}" for name, value in asked.items())
+        say(
+            f"sweep: CPU runs train with sweep.cpu_threads = {sweep.cpu_threads} thread(s) each, not {given} "
+            f"(the same count in every run and process keeps the numbers the same; "
+            f"--sweep.cpu_threads sets it)"
+        )
+    cpus = os.cpu_count() or 1
+    if sweep.parallel_runs * sweep.cpu_threads > cpus:
+        say(
+            f"warning: {sweep.parallel_runs} runs at once x {sweep.cpu_threads} threads is more than this "
+            f"machine's {cpus} CPUs: oversubscribed OpenMP threads wait on each other and run many times "
+            f"slower; lower sweep.parallel_runs or sweep.cpu_threads"
+        )
 
 
 def run_parallel(
@@ -359,7 +442,7 @@ def run_parallel(
                     **(
                         {"CUDA_VISIBLE_DEVICES": str(slot)}
                         if base.train.device != "cpu"
-                        else cpu_share(len(slots))
+                        else thread_env(sweep.cpu_threads)
                     ),
                 }
                 command = [
