@@ -7,8 +7,10 @@ compiled = compiles("auto", device)              # torch.compile per block on CU
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -110,7 +112,10 @@ def uncompiled():
     """Compiled modules run eagerly under this: shapes a run meets once or in many sizes (a partial last
     validation batch, task scoring, generation) compile no graph of their own. The training and
     validation graphs stay static (configure_blocks: dynamic=False), so a run that resumes after them
-    compiles what an uninterrupted one did, whatever came first."""
+    compiles what an uninterrupted one did, whatever came first. Where nothing was compiled (dynamo
+    never imported) it is a no-op, and costs no import of dynamo either."""
+    if "torch._dynamo" not in sys.modules:
+        return contextlib.nullcontext()
     return torch.compiler.set_stance("force_eager")
 
 

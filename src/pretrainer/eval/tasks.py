@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pretrainer.core.device import autocast
+from pretrainer.core.device import autocast, uncompiled
 from pretrainer.core.errors import UserError
 from pretrainer.eval.task_files import Task
 
@@ -270,13 +270,8 @@ def evaluation_mode(model: torch.nn.Module):
     arguments would recompile them per layer and shape); FSDP2 frees the root's gathered weights."""
     was_training = model.training
     model.eval()
-    stance = (
-        torch.compiler.set_stance("force_eager")
-        if hasattr(torch.compiler, "set_stance")
-        else contextlib.nullcontext()
-    )
     try:
-        with stance:
+        with uncompiled():
             yield
     finally:
         # FSDP2 keeps the root's parameters gathered after a forward without backward

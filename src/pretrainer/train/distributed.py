@@ -24,12 +24,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
 
 from pretrainer.core.device import resolve_device
 from pretrainer.core.errors import UserError
@@ -223,6 +217,14 @@ def full_tensor(value: torch.Tensor) -> torch.Tensor:
 def full_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """Unsharded weights and name-keyed optimizer state on CPU, on rank 0 (empty dicts elsewhere).
     A collective: every rank must call it."""
+    # imported here: torch.distributed.checkpoint costs seconds of start-up that plan, eval, sample and
+    # every other verb that never saves a trainer's state would pay
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(wrapped, options=options), get_optimizer_state_dict(
         wrapped, optimizer, options=options
@@ -240,6 +242,12 @@ def load_full_state(
     """Full (unsharded, name-keyed) weights and optimizer state, held by rank 0 only, into a model
     that may be wrapped or sharded: rank 0 broadcasts tensor by tensor and each rank keeps its part,
     so no other rank ever holds the full state in host memory. Written by any strategy and world size."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
     if env.world_size == 1:
         model.load_state_dict(weights, strict=False)  # strict=False: tied aliases are stored once
         if optimizer is not None:
@@ -250,8 +258,6 @@ def load_full_state(
                 options=StateDictOptions(full_state_dict=True),
             )
         return
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(wrapped, weights if env.is_main else {}, options=options)
     if optimizer is not None:
