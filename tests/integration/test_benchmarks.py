@@ -90,6 +90,22 @@ def test_prepare_speed_smoke():
     assert "pretrainer / raw tiktoken" in result.stdout
 
 
+def test_optimizer_ops_smoke():
+    """The operator-count table on a tiny shape of the 124M config: every optimizer's rows."""
+    shape = ["--model.d_model=64", "--model.n_head=4", "--model.n_layer=2", "--model.vocab_size=256"]
+    config = BENCHMARKS.parent / "configs" / "gpt2-124m.toml"
+    result = run_script("optimizer_ops.py", "--config", config, "--warmup", 1, *shape)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split(" | ")[:2] for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert rows[1:] == [
+        ["| muon", "None"],
+        ["| muon", "0-d tensor"],
+        ["| adamw", "None"],
+        ["| adamw", "0-d tensor"],
+        ["| adamw-foreach", "None"],
+    ], result.stdout
+
+
 def test_gpu_checklist_says_it_needs_a_gpu_on_cpu():
     result = run_script("gpu_checklist.py", "--data", "unused")
     assert result.returncode == 2 and "no CUDA device" in result.stdout
