@@ -393,7 +393,7 @@ def muon_step_commands(args, tmp):
     return [
         Command(
             [sys.executable, "benchmarks/optimizer_ops.py", "--config", "configs/gpt2-124m.toml"]
-            + ["--device", "cuda", "--time"]
+            + ["--names", "muon,adamw", "--device", "cuda", "--time", "20"]
         )
     ]
 

@@ -94,7 +94,7 @@ def test_optimizer_ops_smoke():
     """The operator-count table on a tiny shape of the 124M config: every optimizer's rows."""
     shape = ["--model.d_model=64", "--model.n_head=4", "--model.n_layer=2", "--model.vocab_size=256"]
     config = BENCHMARKS.parent / "configs" / "gpt2-124m.toml"
-    result = run_script("optimizer_ops.py", "--config", config, "--warmup", 1, *shape)
+    result = run_script("optimizer_ops.py", "--config", config, "--warmup", 1, "--time", 2, *shape)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line.split(" | ")[:2] for line in result.stdout.splitlines() if line.startswith("| ")]
     assert rows[1:] == [
