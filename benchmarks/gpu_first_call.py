@@ -146,6 +146,15 @@ def plan_phases(call: Call, stages: list) -> list[tuple[str, int, str]]:
     return plan
 
 
+def peak_against_measured(results: dict, env: dict) -> None:
+    """MFU against the GPU's own peak beside the table's: the compiled run's MFU rescaled by the table's
+    peak over the bf16 matmul env measured."""
+    figures = results["stages"].get("compiled_bf16", {}).get("figures", {})
+    mfu, table, measured = figures.get("mfu"), env.get("table_peak_tflops"), env.get("matmul_tflops")
+    if mfu and table and measured:
+        figures["mfu_of_measured_matmul"] = round(mfu * table / measured, 4)
+
+
 def summary(call: Call) -> str:
     verdict = {True: "PASS", False: "FAIL", None: "skipped"}
     rows = ["| phase | result | figures | seconds (estimate) |", "| --- | --- | --- | ---: |"]
@@ -229,6 +238,7 @@ def first_call(args) -> int:
                 call.deadline - time.time() + time.monotonic(),
                 call.say,
             )
+            peak_against_measured(call.results, report)
     finally:
         call.save()
         table = summary(call)

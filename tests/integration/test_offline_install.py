@@ -71,8 +71,8 @@ def test_every_module_imports_and_the_cli_answers_without_the_extras(site_image,
 
 def test_the_offline_install_then_prepare_plan_train_and_the_first_call_dry_run(site_image, tmp_path):
     """The wheelhouse for this image (its size printed, under 16 MiB), installed with pip --no-index;
-    then prepare with GPT-2's BPE, plan, 20 steps of train (which writes its config.toml without
-    tomli-w), and benchmarks/gpu_first_call.sh --dry-run, all in the image."""
+    then benchmarks/gpu_first_call.sh --dry-run (its data phase: prepare with GPT-2's BPE), plan and
+    20 steps of train (which writes its config.toml without tomli-w), all in the image."""
     wheels = tmp_path / "wheels"
     made = subprocess.run(
         [sys.executable, ROOT / "scripts" / "wheelhouse.py", "--out", wheels, "--have-python", site_image],
@@ -90,33 +90,6 @@ def test_the_offline_install_then_prepare_plan_train_and_the_first_call_dry_run(
     assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
     assert importable(site_image, ABSENT) == ["gguf", "zstandard", "rustbpe"]
     pretrainer = site_image.parent / "pretrainer"
-
-    data, run_dir = tmp_path / "data", tmp_path / "run"
-    steps = [
-        ["prepare", "--corpus", "stdlib", "--tokenizer", "gpt2", "--out", data, "--max-docs", "300"],
-        ["plan", "configs/tiny-cpu.toml", f"--data.dir={data}"],
-        [
-            "train",
-            "configs/tiny-cpu.toml",
-            f"--data.dir={data}",
-            f"--run.dir={run_dir}",
-            "--train.max_steps=20",
-            "--model.d_model=64",
-            "--model.n_layer=2",
-            "--model.n_head=2",
-            "--model.seq_len=64",
-            "--train.micro_batch=4",
-            "--eval.every=10",
-            "--eval.batches=2",
-            "--track.backends=none",
-        ],
-    ]
-    for args in steps:
-        result = subprocess.run(
-            [pretrainer, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=300
-        )
-        assert result.returncode == 0, (args[0], result.stdout[-2000:], result.stderr[-2000:])
-    assert (run_dir / "config.toml").is_file() and (run_dir / "checkpoints").is_dir()
 
     cache, out = tmp_path / "cache", tmp_path / "out"
     (cache / "nanogpt").mkdir(parents=True)
@@ -144,3 +117,25 @@ def test_the_offline_install_then_prepare_plan_train_and_the_first_call_dry_run(
         "log.txt",
         "pip-freeze.txt",
     }
+
+    # the dry run's data phase prepared the stdlib with GPT-2's BPE there, in the image: plan and train on it
+    data, run_dir = tmp_path / "work" / "data", tmp_path / "run"
+    tiny = ["--model.d_model=64", "--model.n_layer=2", "--model.n_head=2", "--model.seq_len=64"]
+    tiny += ["--train.micro_batch=4", "--eval.every=20", "--eval.batches=2", "--eval.tasks_every=0"]
+    steps = [
+        ["plan", "configs/tiny-cpu.toml", f"--data.dir={data}"],
+        [
+            "train",
+            "configs/tiny-cpu.toml",
+            f"--data.dir={data}",
+            f"--run.dir={run_dir}",
+            "--train.max_steps=20",
+        ]
+        + [*tiny, "--track.backends=none"],
+    ]
+    for args in steps:
+        result = subprocess.run(
+            [pretrainer, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=300
+        )
+        assert result.returncode == 0, (args[0], result.stdout[-2000:], result.stderr[-2000:])
+    assert (run_dir / "config.toml").is_file() and (run_dir / "checkpoints" / "step-0000020").is_dir()

@@ -17,7 +17,8 @@ def test_cpu_sweep_then_fit_writes_csv_plots_and_a_prediction_with_an_interval(
 ):
     sweep = tmp_path / "sweep"
     # validation at the start and the end, one checkpoint per run
-    quick = ("--eval.every=0", "--ckpt.every=0")
+    # 2 threads, not the default 1: this sweep runs in the test's own process (sweep.cpu_threads)
+    quick = ("--eval.every=0", "--ckpt.every=0", "--sweep.cpu_threads=2")
     code, out, err = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k,300k", "5120,10240,20480"), *quick)
     assert code == 0, err
     assert "l1-d32-t5.12e03" in out and "15,456" in out  # the plan names the shapes and their exact counts

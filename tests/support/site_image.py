@@ -47,8 +47,12 @@ def closure(names: list[str]) -> list[importlib.metadata.Distribution]:
 
 
 def make_site_image(root: Path) -> Path:
-    """root/bin/python: the suite's Python in a venv holding only the image's packages. -> that python."""
-    subprocess.run([sys._base_executable, "-m", "venv", str(root)], check=True, capture_output=True)
+    """root/bin/python: the suite's Python in a venv holding only the image's packages (pip and
+    setuptools among them: the node has both). -> that python."""
+    # --without-pip: pip comes from the list (ensurepip would install its own copy, seconds of a run)
+    subprocess.run(
+        [sys._base_executable, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True
+    )
     python = root / "bin" / "python"
     site = Path(
         subprocess.run(

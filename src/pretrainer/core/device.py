@@ -125,7 +125,8 @@ def use_deterministic_kernels(on: bool) -> None:
     workspace. Off: torch's defaults (a run in this process after a deterministic one is not)."""
     if on:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(on)
+    if on or torch.are_deterministic_algorithms_enabled():  # (the call imports inductor: ~1 s a launch)
+        torch.use_deterministic_algorithms(on)
     torch.backends.cudnn.deterministic = on
     torch.backends.cudnn.benchmark = False
 

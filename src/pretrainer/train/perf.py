@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections import Counter
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -175,6 +174,10 @@ def flex_attention_problem(cfg, device: torch.device, amp_dtype: torch.dtype | N
     return _flex_problems[key]
 
 
+# torch's SDPBackend values (torch.nn.attention.SDPBackend), as _fused_sdp_choice returns them
+SDPA_KERNELS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+
+
 def _probe_attention(
     model: torch.nn.Module,
     seq_len: int,
@@ -182,16 +185,33 @@ def _probe_attention(
     amp_dtype: torch.dtype | None,
     documents: bool = False,
 ) -> str:
+    """The kernel SDPA runs for the first block's attention, asked of torch with the very inputs the
+    block gives it (torch._fused_sdp_choice: the choice scaled_dot_product_attention makes itself, from
+    the tensors, the mask and the backends enabled). Not through a dispatch mode, whose first use costs
+    every launch a second of imports (torch._dynamo)."""
+    import torch.nn.functional as F
+
     from pretrainer.core.device import autocast
 
-    seen: Counter = Counter()
+    chosen: list[int] = []
+    real = F.scaled_dot_product_attention
 
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.__name__ if hasattr(func, "__name__") else str(func)
-            if "scaled_dot_product" in name or name.startswith(("bmm", "baddbmm")):
-                seen[name.split(".")[0]] += 1
-            return func(*args, **(kwargs or {}))
+    def asking(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        chosen.append(
+            torch._fused_sdp_choice(
+                q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+            )
+        )
+        return real(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
 
     block = model.layers[0]
     # kernels differ with grad on
@@ -204,17 +224,13 @@ def _probe_attention(
         ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
         ids[0, seq_len // 3], ids[0, 2 * seq_len // 3] = 1, 1
         mask = document_layout(ids, 1, flex=model.flex_documents)[1]
-    with autocast(device, amp_dtype), Record():
-        block.attn(block.attn_norm(x), rope, None, mask)
-    for kernel, name in (
-        ("flash", "flash"),
-        ("efficient", "efficient"),
-        ("cudnn", "cudnn"),
-        ("math", "math"),
-    ):
-        if any(name in op for op in seen):
-            return kernel
-    return "math" if seen else "unknown"
+    F.scaled_dot_product_attention = asking  # for this one forward, on this thread, before training starts
+    try:
+        with autocast(device, amp_dtype):
+            block.attn(block.attn_norm(x), rope, None, mask)
+    finally:
+        F.scaled_dot_product_attention = real
+    return SDPA_KERNELS.get(chosen[0], "unknown") if chosen else "unknown"
 
 
 class ThroughputWatchdog:
