@@ -94,19 +94,27 @@ def satisfied(requirement: Requirement, version: str | None) -> bool:
     return requirement.specifier.contains(Version(version).public, prereleases=True)
 
 
-def download(requirement: Requirement, python: str, machine: str, out: Path) -> Path:
-    """One binary wheel for the target into `out`, no dependencies (they are resolved here, against the
-    target)."""
+def download(requirements: list[Requirement], python: str, machine: str, out: Path) -> list[Path]:
+    """One binary wheel for the target of each requirement (distinct names) into `out`, in one pip
+    call, no dependencies (they are resolved here, against the target)."""
     platforms = [arg for tag in MANYLINUX for arg in ("--platform", f"{tag}_{machine}")]
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
         command += ["--python-version", python, "--implementation", "cp", *platforms, "-d", tmp]
-        result = subprocess.run([*command, str(requirement)], capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if result.returncode != 0 or len(wheels) != 1:
+        result = subprocess.run([*command, *map(str, requirements)], capture_output=True, text=True)
+        wheels = {canonicalize_name(parse_wheel_filename(w.name)[0]): w for w in Path(tmp).glob("*.whl")}
+        missing = [r for r in requirements if canonicalize_name(r.name) not in wheels]
+        if result.returncode != 0 or missing:
             last = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
-            raise Refused(f"no wheel of {requirement} for Python {python} on {machine}: {last}")
-        return Path(shutil.move(wheels[0], out / wheels[0].name))
+            names = ", ".join(map(str, missing or requirements))
+            raise Refused(f"no wheel of {names} for Python {python} on {machine}: {last}")
+        return [Path(shutil.move(w, out / w.name)) for w in wheels.values()]
+
+
+def merged(a: Requirement, b: Requirement) -> Requirement:
+    """Both requirements on one package as one (pip takes a name once per call)."""
+    extras = f"[{','.join(sorted(a.extras | b.extras))}]" if a.extras | b.extras else ""
+    return Requirement(f"{a.name}{extras}{a.specifier & b.specifier}")
 
 
 def wheel_requirements(wheel: Path) -> list[Requirement]:
@@ -140,31 +148,35 @@ def build_wheelhouse(args) -> list[Path]:
         canonicalize_name(Requirement(r).name)
         for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     }
-    queue, got = wanted(args.extras), {}
+    pending, got = wanted(args.extras), {}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    while queue:
-        requirement = queue.pop(0)
-        if requirement.marker is not None and not requirement.marker.evaluate({**env, "extra": ""}):
-            continue
-        name = canonicalize_name(requirement.name)
-        if name in got:
-            if not satisfied(requirement, got[name][1]):
-                raise Refused(
-                    f"{requirement} conflicts with the {got[name][1]} already chosen for another package"
-                )
-            continue
-        if name in have and name not in build_backend:
-            if satisfied(requirement, have[name]):
+    while pending:  # one round per level of the dependency tree, one pip call per round
+        needed: dict[str, Requirement] = {}
+        for requirement in pending:
+            if requirement.marker is not None and not requirement.marker.evaluate({**env, "extra": ""}):
                 continue
-            if name in NEVER_REPLACED:
-                raise Refused(
-                    f"the target's {name} {have[name]} does not satisfy {requirement}; "
-                    f"pretrainer needs a newer site build"
-                )
-        wheel = download(requirement, python, machine, out)
-        got[name] = (wheel, str(parse_wheel_filename(wheel.name)[1]))
-        queue += wheel_requirements(wheel)
+            name = canonicalize_name(requirement.name)
+            if name in got:
+                if not satisfied(requirement, got[name][1]):
+                    raise Refused(
+                        f"{requirement} conflicts with the {got[name][1]} already chosen for another package"
+                    )
+                continue
+            if name in have and name not in build_backend:
+                if satisfied(requirement, have[name]):
+                    continue
+                if name in NEVER_REPLACED:
+                    raise Refused(
+                        f"the target's {name} {have[name]} does not satisfy {requirement}; "
+                        f"pretrainer needs a newer site build"
+                    )
+            needed[name] = merged(needed[name], requirement) if name in needed else requirement
+        pending = []
+        for wheel in download(list(needed.values()), python, machine, out) if needed else []:
+            name, version = parse_wheel_filename(wheel.name)[:2]
+            got[canonicalize_name(name)] = (wheel, str(version))
+            pending += wheel_requirements(wheel)
     chosen = {path for path, _ in got.values()}
     for stale in set(out.glob("*.whl")) - chosen:  # an earlier run's: two versions of one stop pip
         stale.unlink()

@@ -102,7 +102,7 @@ def test_watchdog_passes_a_fast_enough_run(stdlib_data, tmp_path, run_cli):
 
 
 def test_compiled_training_matches_eager_compiles_static_graphs_and_resumes_bit_exactly(
-    stdlib_data, tmp_path, monkeypatch
+    text_data, tmp_path, monkeypatch
 ):
     """train.compile = true (each block compiled by inductor, activation checkpointing around it)
     against eager over 8 steps, on a validation split whose last batch is short.
@@ -121,7 +121,8 @@ def test_compiled_training_matches_eager_compiles_static_graphs_and_resumes_bit_
     from pretrainer.data.loader import open_data_dir
     from pretrainer.eval import inloop
 
-    windows = open_data_dir(stdlib_data).sources("val", 64, "concat")[0][0].n_sequences
+    # the small text corpus: its whole validation split is a few dozen windows, evaluated each time
+    windows = open_data_dir(text_data).sources("val", 64, "concat")[0][0].n_sequences
     micro_batch = next(m for m in (8, 7, 6, 5) if windows % m)
     settings = {
         "train.max_steps": 8,
@@ -131,7 +132,7 @@ def test_compiled_training_matches_eager_compiles_static_graphs_and_resumes_bit_
         "train.micro_batch": micro_batch,
         "eval.batches": -(-windows // micro_batch),  # every window: the last batch is short
     }
-    train(tiny_config(stdlib_data, tmp_path / "eager", **settings))
+    train(tiny_config(text_data, tmp_path / "eager", **settings))
     tasks = tmp_path / "toy.jsonl"
     tasks.write_text(
         "".join(
@@ -167,11 +168,11 @@ def test_compiled_training_matches_eager_compiles_static_graphs_and_resumes_bit_
     torch._logging.set_logs(dynamic=logging.INFO)
     try:
         torch._dynamo.reset()
-        train(tiny_config(stdlib_data, tmp_path / "compiled", **compiled))
+        train(tiny_config(text_data, tmp_path / "compiled", **compiled))
         counted = list(graphs)
         torch._dynamo.reset()  # the resumed run compiles afresh, as a new process would
         step_4 = tmp_path / "compiled" / "checkpoints" / "step-0000004"
-        train(tiny_config(stdlib_data, tmp_path / "resumed", **compiled, **{"train.resume": step_4}))
+        train(tiny_config(text_data, tmp_path / "resumed", **compiled, **{"train.resume": step_4}))
     finally:
         torch._logging.set_logs()
         shapes_log.removeHandler(handler)
