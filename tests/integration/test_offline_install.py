@@ -71,8 +71,9 @@ def test_every_module_imports_and_the_cli_answers_without_the_extras(site_image,
 
 def test_the_offline_install_then_prepare_plan_train_and_the_first_call_dry_run(site_image, tmp_path):
     """The wheelhouse for this image (its size printed, under 16 MiB), installed with pip --no-index;
-    then benchmarks/gpu_first_call.sh --dry-run (its data phase: prepare with GPT-2's BPE), plan and
-    20 steps of train (which writes its config.toml without tomli-w), all in the image."""
+    --help from the entry point it wrote; benchmarks/gpu_first_call.sh --dry-run (its data phase:
+    prepare with GPT-2's BPE); plan and 20 steps of train (which writes its config.toml without
+    tomli-w), all in the image."""
     wheels = tmp_path / "wheels"
     made = subprocess.run(
         [sys.executable, ROOT / "scripts" / "wheelhouse.py", "--out", wheels, "--have-python", site_image],
@@ -89,7 +90,9 @@ def test_the_offline_install_then_prepare_plan_train_and_the_first_call_dry_run(
     installed = run(site_image, "-m", "pip", "install", "--no-index", "--find-links", wheels, "-e", ".")
     assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
     assert importable(site_image, ABSENT) == ["gguf", "zstandard", "rustbpe"]
-    pretrainer = site_image.parent / "pretrainer"
+    pretrainer = site_image.parent / "pretrainer"  # the entry point the install wrote
+    helped = subprocess.run([pretrainer, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert helped.returncode == 0 and "prepare" in helped.stdout, helped.stderr
 
     cache, out = tmp_path / "cache", tmp_path / "out"
     (cache / "nanogpt").mkdir(parents=True)
