@@ -55,7 +55,9 @@ def verify_checksums(directory: Path, where: str) -> int:
     directory = Path(directory)
     listing = directory / CHECKSUMS
     if not listing.is_file():
-        raise UserError(f"{where}: no {CHECKSUMS}; not a repo `pretrainer push` wrote, so it cannot be verified")
+        raise UserError(
+            f"{where}: no {CHECKSUMS}; not a repo `pretrainer push` wrote, so it cannot be verified"
+        )
     lines = [line for line in listing.read_text().splitlines() if line.strip()]
     listed = {line.partition("  ")[2] for line in lines}
     present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}

@@ -24,12 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pretrainer.data.hub import is_hub_spec, pull
-from pretrainer.data.tokenizers.base import Tokenizer
-from pretrainer.data.tokenizers.load import load_tokenizer
-from pretrainer.data.tokenizers.base import metadata_path
-from pretrainer.core.errors import UserError
 from pretrainer import IGNORE_INDEX
+from pretrainer.core.errors import UserError
+from pretrainer.data.hub import is_hub_spec, pull
+from pretrainer.data.tokenizers.base import Tokenizer, metadata_path
+from pretrainer.data.tokenizers.load import load_tokenizer
 
 
 @dataclass
@@ -49,11 +48,16 @@ class DataDir:
         from pretrainer.core.files import sha256_file
 
         tokenizer = self.manifest["tokenizer"]
-        return {"dir": str(self.path.resolve()), "manifest_sha256": sha256_file(self.path / "manifest.json"),
-                **({"verified": self.verified} if self.verified else {}),
-                "tokenizer": {k: tokenizer.get(k) for k in ("name", "vocab_size", "sha256")},
-                "splits": {name: {k: info.get(k) for k in ("sha256", "tokens", "documents")}
-                           for name, info in self.manifest["splits"].items()}}
+        return {
+            "dir": str(self.path.resolve()),
+            "manifest_sha256": sha256_file(self.path / "manifest.json"),
+            **({"verified": self.verified} if self.verified else {}),
+            "tokenizer": {k: tokenizer.get(k) for k in ("name", "vocab_size", "sha256")},
+            "splits": {
+                name: {k: info.get(k) for k in ("sha256", "tokens", "documents")}
+                for name, info in self.manifest["splits"].items()
+            },
+        }
 
     def tokens(self, split: str) -> np.ndarray:
         info = self.manifest["splits"][split]
@@ -70,8 +74,14 @@ class DataDir:
     def source(self, split: str, seq_len: int, packing: str) -> TokenSource:
         """A split as a TokenSource: its tokens, its loss mask (chat data) and the packing."""
         info = self.manifest["splits"][split]
-        mask = np.memmap(self.path / info["mask_file"], dtype=np.uint8, mode="r") if "mask_file" in info else None
-        return TokenSource(self.tokens(split), seq_len, packing, mask, self.eot_id, name=f"{self.path.name}/{split}")
+        mask = (
+            np.memmap(self.path / info["mask_file"], dtype=np.uint8, mode="r")
+            if "mask_file" in info
+            else None
+        )
+        return TokenSource(
+            self.tokens(split), seq_len, packing, mask, self.eot_id, name=f"{self.path.name}/{split}"
+        )
 
     def sources(self, split: str, seq_len: int, packing: str) -> tuple[list[TokenSource], list[float]]:
         return [self.source(split, seq_len, packing)], [1.0]
@@ -95,15 +105,30 @@ class DataMixture:
         self.tokenizer = max((part.tokenizer for part in parts), key=lambda t: len(t.special_tokens))
         for part in parts:
             if not self.tokenizer.extends(part.tokenizer):
-                raise UserError(f"{part.path}: tokenized by {part.tokenizer.name} ({part.tokenizer.sha256[:12]}), which is not "
-                                f"the tokenizer of the other data.mixture sources; prepare it with --tokenizer-from one of them")
+                raise UserError(
+                    f"{part.path}: tokenized by {part.tokenizer.name} ({part.tokenizer.sha256[:12]}), which is not "
+                    f"the tokenizer of the other data.mixture sources; prepare it with --tokenizer-from one of them"
+                )
         names = [part.path.name for part in parts]  # each source's label in logs (mix_share/LABEL): unique
-        self.labels = [name if names.count(name) == 1 else f"{part.path.parent.name}/{name}" for part, name in zip(parts, names)]
-        self.labels = [label if self.labels.count(label) == 1 else f"{label}#{i}" for i, label in enumerate(self.labels)]
-        self.path = Path("mixture(" + ",".join(f"{label}:{w:g}" for label, w in zip(self.labels, weights)) + ")")
-        splits = {split: {"tokens": sum(part.manifest["splits"][split]["tokens"] for part in parts)} for split in ("train", "val")}
-        self.manifest = {"tokenizer": {"name": self.tokenizer.name, "vocab_size": self.tokenizer.vocab_size},
-                         "max_token_id": max(part.manifest["max_token_id"] for part in parts), "splits": splits}
+        self.labels = [
+            name if names.count(name) == 1 else f"{part.path.parent.name}/{name}"
+            for part, name in zip(parts, names)
+        ]
+        self.labels = [
+            label if self.labels.count(label) == 1 else f"{label}#{i}" for i, label in enumerate(self.labels)
+        ]
+        self.path = Path(
+            "mixture(" + ",".join(f"{label}:{w:g}" for label, w in zip(self.labels, weights)) + ")"
+        )
+        splits = {
+            split: {"tokens": sum(part.manifest["splits"][split]["tokens"] for part in parts)}
+            for split in ("train", "val")
+        }
+        self.manifest = {
+            "tokenizer": {"name": self.tokenizer.name, "vocab_size": self.tokenizer.vocab_size},
+            "max_token_id": max(part.manifest["max_token_id"] for part in parts),
+            "splits": splits,
+        }
 
     @property
     def vocab_size(self) -> int:
@@ -118,8 +143,10 @@ class DataMixture:
         return self.tokenizer.eot_id
 
     def provenance(self) -> dict:
-        return {"mixture": [{"weight": w, **part.provenance()} for part, w in zip(self.parts, self.weights)],
-                **({"verified": self.verified} if self.verified else {})}
+        return {
+            "mixture": [{"weight": w, **part.provenance()} for part, w in zip(self.parts, self.weights)],
+            **({"verified": self.verified} if self.verified else {}),
+        }
 
     def sources(self, split: str, seq_len: int, packing: str) -> tuple[list[TokenSource], list[float]]:
         sources = [part.source(split, seq_len, packing) for part in self.parts]
@@ -131,46 +158,64 @@ class DataMixture:
 def open_training_data(data_dir: str, mixture: list[dict]) -> DataDir | DataMixture:
     """data.dir, or data.mixture's dirs, opened and checked."""
     if mixture:
-        return DataMixture([open_data_dir(source["dir"]) for source in mixture], [source["weight"] for source in mixture])
+        return DataMixture(
+            [open_data_dir(source["dir"]) for source in mixture], [source["weight"] for source in mixture]
+        )
     return open_data_dir(data_dir)
 
 
 def open_data_dir(path: str | Path) -> DataDir:
     """Open and check a directory written by `pretrainer prepare`."""
     if not str(path):
-        raise UserError("data.dir is not set; pass --data.dir=DIR, a directory written by `pretrainer prepare`")
+        raise UserError(
+            "data.dir is not set; pass --data.dir=DIR, a directory written by `pretrainer prepare`"
+        )
     if is_hub_spec(str(path)):  # pushed by `pretrainer push`: pulled (or found in the hub cache), verified
         path = pull(str(path), "dataset")
     path = Path(path)
     if not path.is_dir():
-        raise UserError(f"{path}: data dir not found; run `pretrainer prepare --corpus ... --out {shlex.quote(str(path))}` first"
+        raise UserError(
+            f"{path}: data dir not found; run `pretrainer prepare --corpus ... --out {shlex.quote(str(path))}` first"
         )
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
-        raise UserError(f"{manifest_path}: missing; {path} is not a complete prepared data dir (re-run `pretrainer prepare`)")
+        raise UserError(
+            f"{manifest_path}: missing; {path} is not a complete prepared data dir (re-run `pretrainer prepare`)"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
         expected = manifest["tokenizer"]
         splits = manifest["splits"]
         dtype = np.dtype(manifest["dtype"])
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise UserError(f"{manifest_path}: malformed manifest ({type(e).__name__}: {e}); re-run `pretrainer prepare`") from None
+        raise UserError(
+            f"{manifest_path}: malformed manifest ({type(e).__name__}: {e}); re-run `pretrainer prepare`"
+        ) from None
     tokenizer = load_tokenizer(path)
     if tokenizer.vocab_size != expected["vocab_size"] or tokenizer.sha256 != expected["sha256"]:
-        raise UserError(f"{metadata_path(path)}: tokenizer/shard vocab mismatch (tokenizer {tokenizer.name}, vocab "
-                        f"{tokenizer.vocab_size}; manifest says {expected['name']}, vocab {expected['vocab_size']}); "
-                        f"the tokens were made by another tokenizer, re-run `pretrainer prepare`")
+        raise UserError(
+            f"{metadata_path(path)}: tokenizer/shard vocab mismatch (tokenizer {tokenizer.name}, vocab "
+            f"{tokenizer.vocab_size}; manifest says {expected['name']}, vocab {expected['vocab_size']}); "
+            f"the tokens were made by another tokenizer, re-run `pretrainer prepare`"
+        )
     for split in ("train", "val"):
         info = splits[split]
-        for name, itemsize in ((info["file"], dtype.itemsize), *([(info["mask_file"], 1)] if "mask_file" in info else [])):
+        for name, itemsize in (
+            (info["file"], dtype.itemsize),
+            *([(info["mask_file"], 1)] if "mask_file" in info else []),
+        ):
             if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise UserError(f"{manifest_path}: split file {name!r} is not a file name inside {path}; a manifest "
-                                f"names its files, never a path elsewhere; re-run `pretrainer prepare`")
+                raise UserError(
+                    f"{manifest_path}: split file {name!r} is not a file name inside {path}; a manifest "
+                    f"names its files, never a path elsewhere; re-run `pretrainer prepare`"
+                )
             file = path / name
             size = file.stat().st_size if file.is_file() else -1
             if size != info["tokens"] * itemsize:
-                raise UserError(f"{file}: holds {max(size, 0) // itemsize} tokens but manifest.json says {info['tokens']}; "
-                                f"the data dir is incomplete or was changed, re-run `pretrainer prepare`")
+                raise UserError(
+                    f"{file}: holds {max(size, 0) // itemsize} tokens but manifest.json says {info['tokens']}; "
+                    f"the data dir is incomplete or was changed, re-run `pretrainer prepare`"
+                )
     return DataDir(path, manifest, tokenizer)
 
 
@@ -192,18 +237,39 @@ class TokenSource:
     predicts is 1.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, packing: str = "concat", mask: np.ndarray | None = None,
-                 eot_id: int = -1, name: str = "train"):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        packing: str = "concat",
+        mask: np.ndarray | None = None,
+        eot_id: int = -1,
+        name: str = "train",
+    ):
         if packing not in PACKINGS:
             raise UserError(f"data.packing must be one of {', '.join(PACKINGS)}, got '{packing}'")
-        self.tokens, self.seq_len, self.packing, self.mask, self.eot_id, self.name = tokens, seq_len, packing, mask, eot_id, name
-        self.counts_every_target = mask is None and packing == "concat"  # every target counts: no reading needed to count
+        self.tokens, self.seq_len, self.packing, self.mask, self.eot_id, self.name = (
+            tokens,
+            seq_len,
+            packing,
+            mask,
+            eot_id,
+            name,
+        )
+        self.counts_every_target = (
+            mask is None and packing == "concat"
+        )  # every target counts: no reading needed to count
         self._fds: dict[str, int] = {}  # warm()'s file descriptors
         self._fds_lock = threading.Lock()
         if packing == "pad":
             chunk = 1 << 24  # scanned in pieces: a full-split boolean array would be a byte per token
-            ends = np.concatenate([start + np.flatnonzero(np.asarray(tokens[start:start + chunk]) == eot_id)
-                                   for start in range(0, len(tokens), chunk)] or [np.zeros(0, dtype=np.int64)])
+            ends = np.concatenate(
+                [
+                    start + np.flatnonzero(np.asarray(tokens[start : start + chunk]) == eot_id)
+                    for start in range(0, len(tokens), chunk)
+                ]
+                or [np.zeros(0, dtype=np.int64)]
+            )
             self.doc_starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
             self.doc_ends = ends.astype(np.int64) + 1
             self.n_sequences = len(ends)
@@ -219,8 +285,11 @@ class TokenSource:
         the GIL (copying from a memmap page-faults while holding it, stalling the training thread for
         every cold read of a network filesystem): windows() then copies from the page cache."""
         L = self.seq_len
-        ranges = ([(int(self.doc_starts[i]), int(min(self.doc_ends[i], self.doc_starts[i] + L + 1))) for i in ids]
-                  if self.packing == "pad" else [(i * L, i * L + L + 1) for i in ids])
+        ranges = (
+            [(int(self.doc_starts[i]), int(min(self.doc_ends[i], self.doc_starts[i] + L + 1))) for i in ids]
+            if self.packing == "pad"
+            else [(i * L, i * L + L + 1) for i in ids]
+        )
         for array in (self.tokens, self.mask):
             if not isinstance(array, np.memmap) or not array.filename:
                 continue
@@ -244,17 +313,19 @@ class TokenSource:
             keep = np.zeros((len(ids), L), dtype=bool)
             for row, i in enumerate(ids):
                 start, end = self.doc_starts[i], min(self.doc_ends[i], self.doc_starts[i] + L + 1)
-                windows[row, :end - start] = self.tokens[start:end]
-                keep[row, :end - start - 1] = True if self.mask is None else self.mask[start + 1:end] == 1
+                windows[row, : end - start] = self.tokens[start:end]
+                keep[row, : end - start - 1] = True if self.mask is None else self.mask[start + 1 : end] == 1
             return windows, keep
-        windows = np.stack([np.asarray(self.tokens[i * L: i * L + L + 1], dtype=np.int64) for i in ids])
+        windows = np.stack([np.asarray(self.tokens[i * L : i * L + L + 1], dtype=np.int64) for i in ids])
         if self.counts_every_target:
             return windows, None
         keep = np.ones((len(ids), L), dtype=bool)
         if self.mask is not None:
-            keep &= np.stack([np.asarray(self.mask[i * L + 1: i * L + L + 1]) == 1 for i in ids])
+            keep &= np.stack([np.asarray(self.mask[i * L + 1 : i * L + L + 1]) == 1 for i in ids])
         if self.packing == "document":
-            keep &= windows[:, :-1] != self.eot_id  # the first token of the next document: not predicted across the boundary
+            keep &= (
+                windows[:, :-1] != self.eot_id
+            )  # the first token of the next document: not predicted across the boundary
         return windows, keep
 
 
@@ -274,7 +345,7 @@ class MixtureSchedule:
     within O(log n / n) of its weight (1,000 sequences: well within 1%), deterministic, with no state
     but the position, so a resumed run reads the identical stream."""
 
-    PHI = (5 ** 0.5 - 1) / 2
+    PHI = (5**0.5 - 1) / 2
 
     def __init__(self, weights: list[float], seed: int):
         total = float(sum(weights))
@@ -298,9 +369,20 @@ class MixtureSchedule:
 
 
 class SequenceLoader:
-    def __init__(self, sources, seq_len: int, micro_batch: int, grad_accum: int,
-                 world_size: int = 1, rank: int = 0, seed: int = 0, where: str = "train split", pin_memory: bool = False,
-                 weights: list[float] | None = None, prefetch: bool = False):
+    def __init__(
+        self,
+        sources,
+        seq_len: int,
+        micro_batch: int,
+        grad_accum: int,
+        world_size: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        where: str = "train split",
+        pin_memory: bool = False,
+        weights: list[float] | None = None,
+        prefetch: bool = False,
+    ):
         """`sources`: a token array (one source, concat packing), a TokenSource, or a list of TokenSources
         mixed by `weights` (data.mixture). prefetch: read the next step in a background thread while this
         one trains (the step read is a function of the cursor alone, so the batches are the same)."""
@@ -308,24 +390,40 @@ class SequenceLoader:
             sources = TokenSource(sources, seq_len)
         self.sources = sources if isinstance(sources, list) else [sources]
         self.seq_len, self.seed = seq_len, seed
-        self.pin_memory = pin_memory  # page-locked batches: the copy to the GPU runs asynchronously (non_blocking)
-        self.micro_batch, self.grad_accum, self.world_size, self.rank = micro_batch, grad_accum, world_size, rank
+        self.pin_memory = (
+            pin_memory  # page-locked batches: the copy to the GPU runs asynchronously (non_blocking)
+        )
+        self.micro_batch, self.grad_accum, self.world_size, self.rank = (
+            micro_batch,
+            grad_accum,
+            world_size,
+            rank,
+        )
         self.sequences_per_step = micro_batch * grad_accum * world_size
-        self.mixture = MixtureSchedule(weights or [1.0] * len(self.sources), seed) if len(self.sources) > 1 else None
+        self.mixture = (
+            MixtureSchedule(weights or [1.0] * len(self.sources), seed) if len(self.sources) > 1 else None
+        )
         self.n_sequences = sum(source.n_sequences for source in self.sources)
         for source in self.sources:
             if source.n_sequences < (self.sequences_per_step if self.mixture is None else 1):
                 tokens = len(source.tokens)
-                raise UserError(f"{where if self.mixture is None else source.name}: {tokens:,} tokens make {source.n_sequences} "
-                                f"sequences of {seq_len}, fewer than one step needs ({micro_batch} x {grad_accum} x "
-                                f"{world_size} ranks); use more data or a smaller batch")
+                raise UserError(
+                    f"{where if self.mixture is None else source.name}: {tokens:,} tokens make {source.n_sequences} "
+                    f"sequences of {seq_len}, fewer than one step needs ({micro_batch} x {grad_accum} x "
+                    f"{world_size} ranks); use more data or a smaller batch"
+                )
         self.counts_every_target = all(source.counts_every_target for source in self.sources)
         self.cursor = 0
         self.last_step_ids: list[list[int]] = []  # what next_step() read last, for audits (log.sequences)
-        self.last_step_counts: tuple[list[int], int] = ([], 0)  # counted targets: this rank's per micro-step, the step's
+        self.last_step_counts: tuple[list[int], int] = (
+            [],
+            0,
+        )  # counted targets: this rank's per micro-step, the step's
         self._orders: dict[int, tuple[int, np.ndarray]] = {}  # source -> (epoch, its permutation)
         self.prefetch = prefetch
-        self._lock = threading.Lock()  # the stream's caches (orders, the mixture's counts): one thread at a time
+        self._lock = (
+            threading.Lock()
+        )  # the stream's caches (orders, the mixture's counts): one thread at a time
         self._ahead: tuple[int, Future] | None = None  # (cursor, its step being read)
         self._pool: ThreadPoolExecutor | None = None
 
@@ -354,7 +452,10 @@ class SequenceLoader:
     def _rank_slices(self, stream: list, rank: int) -> list[list[tuple[int, int]]]:
         """Micro-step k on rank r reads the step's slice starting at (k * world_size + r) * micro_batch."""
         b = self.micro_batch
-        return [stream[(k * self.world_size + rank) * b:(k * self.world_size + rank + 1) * b] for k in range(self.grad_accum)]
+        return [
+            stream[(k * self.world_size + rank) * b : (k * self.world_size + rank + 1) * b]
+            for k in range(self.grad_accum)
+        ]
 
     def step_sequence_ids(self) -> list[list[int]]:
         """Window ids this rank reads in the next step, one list per micro-step (does not advance)."""
@@ -398,8 +499,11 @@ class SequenceLoader:
                 x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
             batches.append((x, y))
             counts.append(y.numel() if self.counts_every_target else int((y != IGNORE_INDEX).sum()))
-        return {"batches": batches, "ids": [[i for _, i in micro] for micro in mine],
-                "counts": (counts, self._step_count(stream, counts))}
+        return {
+            "batches": batches,
+            "ids": [[i for _, i in micro] for micro in mine],
+            "counts": (counts, self._step_count(stream, counts)),
+        }
 
     @staticmethod
     def _by_source(stream: list[tuple[int, int]]) -> dict[int, list[int]]:
@@ -443,7 +547,12 @@ class SequenceLoader:
         return {source.name: int(c) / self.cursor for source, c in zip(self.sources, counts)}
 
     def state_dict(self) -> dict:
-        state = {"cursor": self.cursor, "seed": self.seed, "seq_len": self.seq_len, "n_sequences": self.n_sequences}
+        state = {
+            "cursor": self.cursor,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "n_sequences": self.n_sequences,
+        }
         return {**state, **self._layout()}
 
     def _layout(self) -> dict:
@@ -452,7 +561,9 @@ class SequenceLoader:
         if any(source.packing != "concat" for source in self.sources):
             layout["packing"] = [source.packing for source in self.sources]
         if self.mixture is not None:
-            layout["sources"] = [{"name": source.name, "n_sequences": source.n_sequences} for source in self.sources]
+            layout["sources"] = [
+                {"name": source.name, "n_sequences": source.n_sequences} for source in self.sources
+            ]
             layout["bounds"] = self.mixture.bounds.tolist()
         return layout
 
@@ -470,20 +581,28 @@ class SequenceLoader:
                 state = {**state, "cursor": cursor, "seq_len": self.seq_len, "n_sequences": self.n_sequences}
         ours = {"seed": self.seed, "seq_len": self.seq_len, "n_sequences": self.n_sequences, **self._layout()}
         theirs = {k: state.get(k) for k in ours}
-        if ours != theirs or set(self._layout()) != {k for k in ("packing", "sources", "bounds") if k in state}:
-            raise UserError(f"checkpoint data position was saved for {theirs}, but this run has {ours}; "
-                            f"resume with the same data dir (or mixture), data.packing, model.seq_len and train.seed")
+        if ours != theirs or set(self._layout()) != {
+            k for k in ("packing", "sources", "bounds") if k in state
+        }:
+            raise UserError(
+                f"checkpoint data position was saved for {theirs}, but this run has {ours}; "
+                f"resume with the same data dir (or mixture), data.packing, model.seq_len and train.seed"
+            )
         self.cursor = int(state["cursor"])
 
 
-def validation_batches(source, seq_len: int, micro_batch: int, n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def validation_batches(
+    source, seq_len: int, micro_batch: int, n_batches: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first n_batches x micro_batch sequences of the val split (a token array, or a TokenSource),
     in order: the same every time."""
     if isinstance(source, np.ndarray):
         source = TokenSource(source, seq_len, name="val split")
     if source.n_sequences < 1:
-        raise UserError(f"{source.name}: {len(source.tokens)} tokens is shorter than one sequence of {seq_len}; "
-                        f"prepare with a larger --val-fraction or use a smaller model.seq_len")
+        raise UserError(
+            f"{source.name}: {len(source.tokens)} tokens is shorter than one sequence of {seq_len}; "
+            f"prepare with a larger --val-fraction or use a smaller model.seq_len"
+        )
     count = min(source.n_sequences, n_batches * micro_batch)
     x, y = inputs_and_targets(*source.windows(range(count)))
-    return [(x[i:i + micro_batch], y[i:i + micro_batch]) for i in range(0, count, micro_batch)]
+    return [(x[i : i + micro_batch], y[i : i + micro_batch]) for i in range(0, count, micro_batch)]

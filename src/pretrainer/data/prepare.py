@@ -45,14 +45,18 @@ import numpy as np
 from tqdm import tqdm
 
 from pretrainer import __version__
-from pretrainer.data.sources import Corpus, Piece
-from pretrainer.data.tokenizers.base import METADATA_FILE, RANKS_FILE
-from pretrainer.data.tokenizers.base import Tokenizer
-from pretrainer.data.tokenizers.load import load_tokenizer
-from pretrainer.data.tokenizers.load import tokenizer_from_spec
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import (ChunkedSha256, atomic_directory, atomic_write_json, json_keys, naming,
-                                   refuse_to_replace)
+from pretrainer.core.files import (
+    ChunkedSha256,
+    atomic_directory,
+    atomic_write_json,
+    json_keys,
+    naming,
+    refuse_to_replace,
+)
+from pretrainer.data.sources import Corpus, Piece
+from pretrainer.data.tokenizers.base import METADATA_FILE, RANKS_FILE, Tokenizer
+from pretrainer.data.tokenizers.load import load_tokenizer, tokenizer_from_spec
 
 BATCH_CHARS = 1 << 20  # documents are sent to workers in batches of about 1M characters
 BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
@@ -64,7 +68,9 @@ def tokenizer_of(path: str) -> Tokenizer:
     for candidate in (path / "tokenizer", path.parent.parent / "tokenizer", path):
         if (candidate / METADATA_FILE).is_file() or (candidate / RANKS_FILE).is_file():
             return load_tokenizer(candidate)
-    raise UserError(f"--tokenizer-from {path}: no tokenizer there; give a run dir, a checkpoint or a prepared data dir")
+    raise UserError(
+        f"--tokenizer-from {path}: no tokenizer there; give a run dir, a checkpoint or a prepared data dir"
+    )
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -102,7 +108,11 @@ class KeySet:
         self.slots[i] = key
         self.used += 1
         if 2 * self.used > len(self.slots):
-            old, self.slots, self.used = self.slots[self.slots != 0], np.zeros(2 * len(self.slots), dtype=np.uint64), 0
+            old, self.slots, self.used = (
+                self.slots[self.slots != 0],
+                np.zeros(2 * len(self.slots), dtype=np.uint64),
+                0,
+            )
             for k in old.tolist():
                 self.add(k)
         return True
@@ -161,24 +171,32 @@ _worker_tokenizer: Tokenizer | None = None
 
 def _init_worker(tokenizer_dir: str) -> None:
     global _worker_tokenizer
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # an hf: tokenizer's own threads: one process per core already
+    os.environ["TOKENIZERS_PARALLELISM"] = (
+        "false"  # an hf: tokenizer's own threads: one process per core already
+    )
     _worker_tokenizer = load_tokenizer(Path(tokenizer_dir))
 
 
-def _encode_batch(texts: list[str], starts: list[bool], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, None, np.ndarray]:
+def _encode_batch(
+    texts: list[str], starts: list[bool], tokenizer: Tokenizer | None = None
+) -> tuple[np.ndarray, None, np.ndarray]:
     """-> (all tokens with an end-of-text after each document, no loss mask, per-item lengths).
     A Piece (a document the next item continues) gets no end-of-text; an item that starts a document
     (starts[i]) gets the tokenizer's BOS first, when it has one (hf: tokenizers such as Llama-3's)."""
     tok = tokenizer or _worker_tokenizer
     bos = [] if tok.bos_id is None else [tok.bos_id]
-    ids = [(bos if start else []) + (x if isinstance(t, Piece) else x + [tok.eot_id])
-           for t, start, x in zip(texts, starts, tok.encode_batch(texts))]
+    ids = [
+        (bos if start else []) + (x if isinstance(t, Piece) else x + [tok.eot_id])
+        for t, start, x in zip(texts, starts, tok.encode_batch(texts))
+    ]
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
     return flat, None, lengths
 
 
-def _render_chat_batch(conversations: list[str], starts: list[bool], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _render_chat_batch(
+    conversations: list[str], starts: list[bool], tokenizer: Tokenizer | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """--format chat: canonical conversations -> (tokens in the chat template, loss mask, per-item lengths).
     Each starts with the template's <|bos|> (a conversation is never in pieces)."""
     from pretrainer.data.tokenizers.chat_format import render_batch
@@ -186,8 +204,13 @@ def _render_chat_batch(conversations: list[str], starts: list[bool], tokenizer: 
     return render_batch(conversations, tokenizer or _worker_tokenizer)
 
 
-def _encode_stream(batches: Iterator[tuple[list[str], list[int]]], tokenizer: Tokenizer, tokenizer_dir: Path, workers: int,
-                   encode=_encode_batch):
+def _encode_stream(
+    batches: Iterator[tuple[list[str], list[int]]],
+    tokenizer: Tokenizer,
+    tokenizer_dir: Path,
+    workers: int,
+    encode=_encode_batch,
+):
     """-> ((tokens, mask or None, lengths), keys, document ends) per batch, in order."""
     previous_ended = True  # whether the item before the next one ended its document (the next one starts one)
 
@@ -203,10 +226,14 @@ def _encode_stream(batches: Iterator[tuple[list[str], list[int]]], tokenizer: To
         return
     # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy mid-state
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_dir),)
+    ) as pool:
         pending = deque()
         for texts, keys in batches:
-            pending.append((pool.submit(encode, texts, starts(texts)), keys, [not isinstance(t, Piece) for t in texts]))
+            pending.append(
+                (pool.submit(encode, texts, starts(texts)), keys, [not isinstance(t, Piece) for t in texts])
+            )
             if len(pending) >= 2 * workers:
                 future, keys, ends = pending.popleft()
                 yield future.result(), keys, ends
@@ -244,16 +271,25 @@ class _SplitWriter:
             self.trained_tokens += int(mask.sum())
 
     def close(self) -> dict:
-        info = {"file": self.path.name, "documents": self.documents, "tokens": self.tokens, "sha256": self.sha.hexdigest(),
-                "chunk_sha256": self.sha.chunk_digests()}  # per CHUNK_BYTES: data.verify = sampled
+        info = {
+            "file": self.path.name,
+            "documents": self.documents,
+            "tokens": self.tokens,
+            "sha256": self.sha.hexdigest(),
+            "chunk_sha256": self.sha.chunk_digests(),
+        }  # per CHUNK_BYTES: data.verify = sampled
         for f in (self.file, self.mask_file):
             if f is not None:
                 f.flush()
                 os.fsync(f.fileno())
                 f.close()
         if self.mask_file is not None:
-            info.update(mask_file=self.mask_path.name, mask_sha256=self.mask_sha.hexdigest(),
-                        mask_chunk_sha256=self.mask_sha.chunk_digests(), trained_tokens=self.trained_tokens)
+            info.update(
+                mask_file=self.mask_path.name,
+                mask_sha256=self.mask_sha.hexdigest(),
+                mask_chunk_sha256=self.mask_sha.chunk_digests(),
+                trained_tokens=self.trained_tokens,
+            )
         return info
 
 
@@ -262,9 +298,21 @@ def is_prepared_dir(path: Path) -> bool:
     return {"splits", "tokenizer"} <= json_keys(Path(path) / "manifest.json")
 
 
-def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: float = 0.005, seed: int = 0,
-            workers: int = 0, max_docs: int = 0, force: bool = False, command: str = "", fmt: str = "text",
-            tokenizer_from: str = "", eot_token: str = "") -> dict:
+def prepare(
+    corpus: Corpus,
+    tokenizer_spec: str,
+    out: Path,
+    *,
+    val_fraction: float = 0.005,
+    seed: int = 0,
+    workers: int = 0,
+    max_docs: int = 0,
+    force: bool = False,
+    command: str = "",
+    fmt: str = "text",
+    tokenizer_from: str = "",
+    eot_token: str = "",
+) -> dict:
     """Tokenize `corpus` into OUT (see the module docstring). fmt "chat": the corpus holds conversations
     (Corpus(column="messages")), written in the chat template with a loss mask (data/tokenizers/chat_format.py);
     tokenizer_from: reuse the tokenizer of a run, checkpoint or data dir exactly (chat: plus the chat tokens);
@@ -274,22 +322,36 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
     if fmt not in ("text", "chat"):
         raise UserError(f"--format {fmt}: use text or chat")
     if chat and corpus.column != "messages":
-        raise UserError("--format chat reads conversations: the corpus must be read with Corpus(column='messages')")
+        raise UserError(
+            "--format chat reads conversations: the corpus must be read with Corpus(column='messages')"
+        )
     if chat and any(f.kind not in ("jsonl", "parquet") for f in corpus.files):
         bad = next(f for f in corpus.files if f.kind not in ("jsonl", "parquet"))
-        raise UserError(f"{bad.path}: --format chat reads .jsonl (a \"messages\" list per line) or .parquet (a messages column)")
+        raise UserError(
+            f'{bad.path}: --format chat reads .jsonl (a "messages" list per line) or .parquet (a messages column)'
+        )
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction {val_fraction}: must be between 0 and 1 (exclusive)")
     if out.exists() and not force:
-        raise UserError(f"{out}: output directory already exists; choose another --out or pass --force to replace it")
-    refuse_to_replace(out, is_prepared_dir, "a prepared data dir",
-                      keep=[f.path for f in corpus.files] + ([tokenizer_from] if tokenizer_from else []))
+        raise UserError(
+            f"{out}: output directory already exists; choose another --out or pass --force to replace it"
+        )
+    refuse_to_replace(
+        out,
+        is_prepared_dir,
+        "a prepared data dir",
+        keep=[f.path for f in corpus.files] + ([tokenizer_from] if tokenizer_from else []),
+    )
     workers = workers or min(os.cpu_count() or 1, 8)
     if eot_token and (tokenizer_from or not tokenizer_spec.startswith("hf:")):
-        raise UserError(f"--eot-token {eot_token}: only with --tokenizer hf:DIR_OR_REPO (gpt2, bpe:N and --tokenizer-from "
-                        f"keep their own end-of-text)")
+        raise UserError(
+            f"--eot-token {eot_token}: only with --tokenizer hf:DIR_OR_REPO (gpt2, bpe:N and --tokenizer-from "
+            f"keep their own end-of-text)"
+        )
     hf_tokenizer = None
-    if tokenizer_spec.startswith("hf:") and not tokenizer_from:  # a bad tokenizer.json fails before the corpus is read
+    if (
+        tokenizer_spec.startswith("hf:") and not tokenizer_from
+    ):  # a bad tokenizer.json fails before the corpus is read
         hf_tokenizer = tokenizer_from_spec(tokenizer_spec, eot_token=eot_token)
 
     def documents() -> KeyedDocuments:
@@ -299,7 +361,9 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
     if first is None:
         raise UserError(f"{', '.join(corpus.specs)}: empty corpus (no non-blank documents)")
 
-    with atomic_directory(out) as tmp:  # renamed to `out` only when complete (--force: the old one goes only then)
+    with atomic_directory(
+        out
+    ) as tmp:  # renamed to `out` only when complete (--force: the old one goes only then)
         started = time.time()
         if tokenizer_from:
             tokenizer = tokenizer_of(tokenizer_from)
@@ -320,51 +384,81 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
         tokenizer.save(tmp)
         dtype = token_dtype(tokenizer.vocab_size)
 
-        corpus.replaced_documents = corpus.null_documents = corpus.bad_documents = 0  # count once, on the encoding pass
-        writers = {"train": _SplitWriter(tmp / "train.bin", dtype, chat), "val": _SplitWriter(tmp / "val.bin", dtype, chat)}
+        corpus.replaced_documents = corpus.null_documents = corpus.bad_documents = (
+            0  # count once, on the encoding pass
+        )
+        writers = {
+            "train": _SplitWriter(tmp / "train.bin", dtype, chat),
+            "val": _SplitWriter(tmp / "val.bin", dtype, chat),
+        }
         # Progress in file bytes read (corpus.bytes_read), the unit of total_bytes; a --max-docs run has no known end.
-        progress = tqdm(total=None if max_docs else corpus.total_bytes, unit="B", unit_scale=True,
-                        desc="tokenizing", mininterval=1.0, dynamic_ncols=True)
+        progress = tqdm(
+            total=None if max_docs else corpus.total_bytes,
+            unit="B",
+            unit_scale=True,
+            desc="tokenizing",
+            mininterval=1.0,
+            dynamic_ncols=True,
+        )
         doc_index, max_token = 0, 0
         keyed = documents()
         encode = _render_chat_batch if chat else _encode_batch
-        for (flat, mask, lengths), keys, ends in _encode_stream(_batches(iter(keyed)), tokenizer, tmp, workers, encode):
+        for (flat, mask, lengths), keys, ends in _encode_stream(
+            _batches(iter(keyed)), tokenizer, tmp, workers, encode
+        ):
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             splits = ["val" if is_val_document(seed, key, val_fraction) else "train" for key in keys]
             first = 0
             for last in range(len(keys)):  # one write per run of consecutive items bound for the same split
                 if last + 1 == len(keys) or splits[last + 1] != splits[first]:
                     span = slice(offsets[first], offsets[last + 1])
-                    writers[splits[first]].write(flat[span], sum(ends[first:last + 1]), None if mask is None else mask[span])
+                    writers[splits[first]].write(
+                        flat[span], sum(ends[first : last + 1]), None if mask is None else mask[span]
+                    )
                     first = last + 1
             doc_index += sum(ends)
             max_token = max(max_token, int(flat.max()))
             progress.update(corpus.bytes_read - progress.n)
             n_tokens = writers["train"].tokens + writers["val"].tokens
-            progress.set_postfix_str(f"{n_tokens / max(time.time() - started, 1e-9):,.0f} tok/s, {doc_index:,} docs", refresh=False)
+            progress.set_postfix_str(
+                f"{n_tokens / max(time.time() - started, 1e-9):,.0f} tok/s, {doc_index:,} docs", refresh=False
+            )
         progress.update(corpus.bytes_read - progress.n)  # what the reader consumed after the last batch left
         progress.close()
         splits = {name: writer.close() for name, writer in writers.items()}
         for name, split in splits.items():
             if split["documents"] == 0:
-                raise UserError(f"{out}: the {name} split is empty ({doc_index} documents, --val-fraction {val_fraction}); "
-                                f"use a larger corpus or a {'larger' if name == 'val' else 'smaller'} --val-fraction")
+                raise UserError(
+                    f"{out}: the {name} split is empty ({doc_index} documents, --val-fraction {val_fraction}); "
+                    f"use a larger corpus or a {'larger' if name == 'val' else 'smaller'} --val-fraction"
+                )
         if corpus.replaced_documents:
-            print(f"warning: {corpus.replaced_documents} documents had invalid UTF-8 or lone surrogates, replaced with "
-                  f"U+FFFD (pass --utf8-errors=strict to reject them)", flush=True)
+            print(
+                f"warning: {corpus.replaced_documents} documents had invalid UTF-8 or lone surrogates, replaced with "
+                f"U+FFFD (pass --utf8-errors=strict to reject them)",
+                flush=True,
+            )
         if corpus.null_documents:
             print(f"note: {corpus.null_documents} documents had no text (null) and were skipped", flush=True)
         if corpus.bad_documents:
-            print(f"note: {corpus.bad_documents} malformed conversations were skipped (--on-bad skip)", flush=True)
+            print(
+                f"note: {corpus.bad_documents} malformed conversations were skipped (--on-bad skip)",
+                flush=True,
+            )
         if keyed.duplicates:
             print(f"note: {keyed.duplicates} exact duplicate documents were dropped", flush=True)
         for spec, hub in corpus.hub.items():
             if hub["offline"]:
-                print(f"warning: {spec}: offline (HF_HUB_OFFLINE): used the {len(hub['files'])} cached files of "
-                      f"{hub['repo']}@{hub['revision'][:12]}; files the hub has beyond this cache were not seen", flush=True)
+                print(
+                    f"warning: {spec}: offline (HF_HUB_OFFLINE): used the {len(hub['files'])} cached files of "
+                    f"{hub['repo']}@{hub['revision'][:12]}; files the hub has beyond this cache were not seen",
+                    flush=True,
+                )
         for path in corpus.auto_split_files:
-            print(f"note: {path} is over 64 MiB: split into documents at blank lines (--txt-docs=file keeps it whole)",
-                  flush=True)
+            print(
+                f"note: {path} is over 64 MiB: split into documents at blank lines (--txt-docs=file keeps it whole)",
+                flush=True,
+            )
 
         manifest = {
             "format": "pretrainer-tokens-v1",
@@ -373,11 +467,25 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
             "command": command,
             "sources": corpus.describe(),
             "content": "chat" if chat else "text",
-            "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size,
-                          "eot_id": tokenizer.eot_id, "special_tokens": tokenizer.special_tokens,
-                          **({"eot_token": tokenizer.eot_name, "bos_token": tokenizer.bos_name, "bos_id": tokenizer.bos_id,
-                              "file_sha256": tokenizer.file_sha256} if tokenizer.kind == "hf" else {}),
-                          "files": list(tokenizer.files), **({"from": tokenizer_from} if tokenizer_from else {})},
+            "tokenizer": {
+                "name": tokenizer.name,
+                "sha256": tokenizer.sha256,
+                "vocab_size": tokenizer.vocab_size,
+                "eot_id": tokenizer.eot_id,
+                "special_tokens": tokenizer.special_tokens,
+                **(
+                    {
+                        "eot_token": tokenizer.eot_name,
+                        "bos_token": tokenizer.bos_name,
+                        "bos_id": tokenizer.bos_id,
+                        "file_sha256": tokenizer.file_sha256,
+                    }
+                    if tokenizer.kind == "hf"
+                    else {}
+                ),
+                "files": list(tokenizer.files),
+                **({"from": tokenizer_from} if tokenizer_from else {}),
+            },
             "dtype": dtype.name,
             "max_token_id": max_token,
             "seed": seed,
@@ -392,10 +500,16 @@ def prepare(corpus: Corpus, tokenizer_spec: str, out: Path, *, val_fraction: flo
         if chat:
             from pretrainer.data.tokenizers.chat_format import TEMPLATE
 
-            manifest["chat"] = {"template": TEMPLATE, "loss_mask": "1 on assistant content and <|assistant_end|>",
-                                "bad_conversations": corpus.bad_documents, "on_bad": corpus.on_bad}
+            manifest["chat"] = {
+                "template": TEMPLATE,
+                "loss_mask": "1 on assistant content and <|assistant_end|>",
+                "bad_conversations": corpus.bad_documents,
+                "on_bad": corpus.on_bad,
+            }
         atomic_write_json(tmp / "manifest.json", manifest)
     total = splits["train"]["tokens"] + splits["val"]["tokens"]
-    print(f"wrote {out}: {doc_index:,} documents, {total:,} tokens ({splits['train']['tokens']:,} train, "
-          f"{splits['val']['tokens']:,} val) in {time.time() - started:.1f}s")
+    print(
+        f"wrote {out}: {doc_index:,} documents, {total:,} tokens ({splits['train']['tokens']:,} train, "
+        f"{splits['val']['tokens']:,} val) in {time.time() - started:.1f}s"
+    )
     return manifest

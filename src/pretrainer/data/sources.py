@@ -38,7 +38,9 @@ from pretrainer.core.errors import UserError
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 TXT_DOC_MODES = ("auto", "file", "blank-lines")
-AUTO_SPLIT_BYTES = 64 * 2**20  # auto: a .txt larger than this is split at blank lines (no one document is that long)
+AUTO_SPLIT_BYTES = (
+    64 * 2**20
+)  # auto: a .txt larger than this is split at blank lines (no one document is that long)
 PIECE_BYTES = 4 * 2**20  # a longer document is read and encoded in pieces of about this size (flat memory)
 
 
@@ -52,6 +54,8 @@ class Piece(str):
 
 def safe_cut(previous_line: str, line: str) -> bool:
     return bool(previous_line.strip()) and line[:1] != "" and not line[:1].isspace()
+
+
 SURROGATE = re.compile("[\ud800-\udfff]")
 BOM = "\ufeff"
 
@@ -65,7 +69,11 @@ class CorpusFile:
 
 def stdlib_files() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)]
+    files = [
+        p
+        for p in root.rglob("*.py")
+        if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)
+    ]
     return sorted(files)
 
 
@@ -166,23 +174,34 @@ class BinaryLines:
 def _hf_files(spec: str) -> tuple[list[Path], dict]:
     """The parquet files of a hub dataset matching the glob, and what was read: repo, revision (the
     snapshot's commit), pattern, whether the hub was offline (then only the local cache is seen)."""
-    repo_id, _, pattern = spec[len("hf:"):].partition(":")
+    repo_id, _, pattern = spec[len("hf:") :].partition(":")
     pattern = pattern or "*.parquet"
     if repo_id.count("/") != 1:
-        raise UserError(f"--corpus {spec}: expected hf:ORG/NAME[:GLOB], e.g. hf:HuggingFaceFW/fineweb-edu:sample/10BT/*.parquet")
+        raise UserError(
+            f"--corpus {spec}: expected hf:ORG/NAME[:GLOB], e.g. hf:HuggingFaceFW/fineweb-edu:sample/10BT/*.parquet"
+        )
     try:
         from huggingface_hub import snapshot_download
 
         local = Path(snapshot_download(repo_id=repo_id, repo_type="dataset", allow_patterns=[pattern]))
     except Exception as e:  # network, auth, or not in the offline cache: all are the user's to fix
-        raise UserError(f"--corpus {spec}: could not fetch from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-    files = sorted(p for p in local.rglob("*.parquet") if fnmatch.fnmatch(p.relative_to(local).as_posix(), pattern))
+        raise UserError(
+            f"--corpus {spec}: could not fetch from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        ) from None
+    files = sorted(
+        p for p in local.rglob("*.parquet") if fnmatch.fnmatch(p.relative_to(local).as_posix(), pattern)
+    )
     if not files:
         raise UserError(f"--corpus {spec}: no parquet files match '{pattern}' in {repo_id}")
     from huggingface_hub import constants
 
-    return files, {"repo": repo_id, "revision": local.name, "pattern": pattern, "offline": bool(constants.HF_HUB_OFFLINE),
-                   "files": [p.relative_to(local).as_posix() for p in files]}
+    return files, {
+        "repo": repo_id,
+        "revision": local.name,
+        "pattern": pattern,
+        "offline": bool(constants.HF_HUB_OFFLINE),
+        "files": [p.relative_to(local).as_posix() for p in files],
+    }
 
 
 def resolve_files(spec: str) -> list[CorpusFile]:
@@ -198,7 +217,9 @@ def resolve_files(spec: str) -> list[CorpusFile]:
         candidates = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p))
     elif path.is_file():
         if not _kind(path):
-            raise UserError(f"{path}: unsupported file type; use .txt, .jsonl (either may end in .gz, .zst, .bz2 or .xz) or .parquet")
+            raise UserError(
+                f"{path}: unsupported file type; use .txt, .jsonl (either may end in .gz, .zst, .bz2 or .xz) or .parquet"
+            )
         candidates = [path]
     else:
         raise UserError(f"{path}: corpus not found; give a file, directory, glob, 'stdlib' or hf:ORG/NAME")
@@ -222,9 +243,15 @@ class Corpus:
     bad_documents: int = field(init=False, default=0)  # malformed conversations skipped (on_bad = "skip")
     replaced_documents: int = field(init=False, default=0)  # documents with invalid UTF-8 or lone surrogates
     null_documents: int = field(init=False, default=0)  # JSONL "text": null and parquet nulls, skipped
-    auto_split_files: list[str] = field(init=False, default_factory=list)  # auto: large .txt split at blank lines
-    hub: dict[str, dict] = field(init=False, default_factory=dict)  # hf: spec -> repo, revision, files, offline
-    read_documents: dict[str, int] = field(init=False, default_factory=dict)  # documents per file actually read
+    auto_split_files: list[str] = field(
+        init=False, default_factory=list
+    )  # auto: large .txt split at blank lines
+    hub: dict[str, dict] = field(
+        init=False, default_factory=dict
+    )  # hf: spec -> repo, revision, files, offline
+    read_documents: dict[str, int] = field(
+        init=False, default_factory=dict
+    )  # documents per file actually read
     bytes_read: int = field(init=False, default=0)  # file bytes the current pass has consumed (for progress)
 
     def __post_init__(self):
@@ -244,7 +271,9 @@ class Corpus:
             else:
                 found = resolve_files(spec)
             listed = {f.path.resolve() for f in self.files}
-            self.files += [f for f in found if f.path.resolve() not in listed]  # a file named twice is read once
+            self.files += [
+                f for f in found if f.path.resolve() not in listed
+            ]  # a file named twice is read once
         for f in self.files:
             if f.kind == "parquet":
                 self._check_parquet(f.path)
@@ -259,7 +288,9 @@ class Corpus:
             return data.decode("utf-8"), False
         except UnicodeDecodeError as e:
             if self.utf8_errors == "strict":
-                raise UserError(f"{where}: invalid UTF-8 at byte {e.start}; fix the file or pass --utf8-errors=replace") from None
+                raise UserError(
+                    f"{where}: invalid UTF-8 at byte {e.start}; fix the file or pass --utf8-errors=replace"
+                ) from None
             return data.decode("utf-8", errors="replace"), True
 
     def _no_surrogates(self, text: str, where: str) -> tuple[str, bool]:
@@ -268,8 +299,10 @@ class Corpus:
         if found is None:
             return text, False
         if self.utf8_errors == "strict":
-            raise UserError(f"{where}: lone UTF-16 surrogate {found.group()!r} at character {found.start()} (half an emoji?); "
-                            f"fix the data or pass --utf8-errors=replace")
+            raise UserError(
+                f"{where}: lone UTF-16 surrogate {found.group()!r} at character {found.start()} (half an emoji?); "
+                f"fix the data or pass --utf8-errors=replace"
+            )
         return SURROGATE.sub("\ufffd", text), True
 
     def _check_parquet(self, path: Path) -> None:
@@ -280,7 +313,9 @@ class Corpus:
         except Exception as e:  # pyarrow raises ArrowInvalid / OSError for non-parquet bytes
             raise UserError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:160]})") from None
         if self.column not in names:
-            raise UserError(f"{path}: parquet file has no '{self.column}' column (columns: {', '.join(names[:10])})")
+            raise UserError(
+                f"{path}: parquet file has no '{self.column}' column (columns: {', '.join(names[:10])})"
+            )
         import pyarrow as pa
 
         column = pq.ParquetFile(path).schema_arrow.field(self.column).type
@@ -288,9 +323,14 @@ class Corpus:
             if not (pa.types.is_list(column) or pa.types.is_large_list(column)):
                 raise UserError(f"{path}: the 'messages' column is {column}, not a list of {{role, content}}")
             return
-        if not (pa.types.is_string(column) or pa.types.is_large_string(column)
-                or (pa.types.is_dictionary(column) and pa.types.is_string(column.value_type))):
-            raise UserError(f"{path}: the 'text' column is {column}, not a string; write the documents as strings")
+        if not (
+            pa.types.is_string(column)
+            or pa.types.is_large_string(column)
+            or (pa.types.is_dictionary(column) and pa.types.is_string(column.value_type))
+        ):
+            raise UserError(
+                f"{path}: the 'text' column is {column}, not a string; write the documents as strings"
+            )
 
     def documents(self) -> Iterator[str]:
         """Every document, file by file; counts what it read in read_documents and bytes_read (reset
@@ -300,8 +340,13 @@ class Corpus:
         files_done_bytes = 0
         for f in self.files:
             self.read_documents[str(f.path)] = 0
-            reader = (self._read_text(f) if f.kind in ("py", "txt") else self._read_jsonl(f.path) if f.kind == "jsonl"
-                      else self._read_parquet(f.path))
+            reader = (
+                self._read_text(f)
+                if f.kind in ("py", "txt")
+                else self._read_jsonl(f.path)
+                if f.kind == "jsonl"
+                else self._read_parquet(f.path)
+            )
             for doc in reader:
                 self.read_documents[str(f.path)] += not isinstance(doc, Piece)
                 yield doc
@@ -369,16 +414,22 @@ class Corpus:
                     if self.column == "messages" and self.on_bad == "skip":
                         self.bad_documents += 1
                         continue
-                    raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
+                    raise UserError(
+                        f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+                    ) from None
                 if self.column == "messages":
-                    conversation = self._conversation(record.get("messages") if isinstance(record, dict) else None, where)
+                    conversation = self._conversation(
+                        record.get("messages") if isinstance(record, dict) else None, where
+                    )
                     if conversation is not None:
                         text, smuggled = self._no_surrogates(conversation, where)
                         self.replaced_documents += (replaced and "\ufffd" in text) or smuggled
                         yield text
                     continue
                 if not isinstance(record, dict) or "text" not in record:
-                    raise UserError(f"{where}: no 'text' field; each line must be an object like {{\"text\": \"...\"}}")
+                    raise UserError(
+                        f'{where}: no \'text\' field; each line must be an object like {{"text": "..."}}'
+                    )
                 if record["text"] is None:
                     self.null_documents += 1
                     continue
@@ -386,7 +437,9 @@ class Corpus:
                     raise UserError(f"{where}: 'text' must be a string, got {type(record['text']).__name__}")
                 text, smuggled = self._no_surrogates(record["text"], where)
                 if text.strip():
-                    self.replaced_documents += (replaced and "\ufffd" in text) or smuggled  # bad bytes elsewhere don't count
+                    self.replaced_documents += (
+                        replaced and "\ufffd" in text
+                    ) or smuggled  # bad bytes elsewhere don't count
                     yield text
 
     def _read_parquet(self, path: Path) -> Iterator[str]:
@@ -430,7 +483,9 @@ class Corpus:
         if self.on_bad == "skip":
             self.bad_documents += 1
             return None
-        raise UserError(f"{where}: malformed conversation: {problem}; fix it or pass --on-bad skip to drop such lines")
+        raise UserError(
+            f"{where}: malformed conversation: {problem}; fix it or pass --on-bad skip to drop such lines"
+        )
 
     def describe(self) -> list[dict]:
         """Provenance per source, for the manifest: the files actually read (a --max-docs run stops
@@ -443,10 +498,20 @@ class Corpus:
         out = []
         for spec in self.specs:
             read = [f for f in self.files if f.source == spec and str(f.path) in self.read_documents]
-            entry = {"spec": spec, "documents": sum(self.read_documents[str(f.path)] for f in read),
-                     "bytes": sum(f.path.stat().st_size for f in read),
-                     "files": [{"path": str(f.path), "bytes": f.path.stat().st_size, "sha256": sha256_file(f.path),
-                                "documents": self.read_documents[str(f.path)]} for f in read]}
+            entry = {
+                "spec": spec,
+                "documents": sum(self.read_documents[str(f.path)] for f in read),
+                "bytes": sum(f.path.stat().st_size for f in read),
+                "files": [
+                    {
+                        "path": str(f.path),
+                        "bytes": f.path.stat().st_size,
+                        "sha256": sha256_file(f.path),
+                        "documents": self.read_documents[str(f.path)],
+                    }
+                    for f in read
+                ],
+            }
             if spec == "stdlib":
                 entry["python_version"] = platform.python_version()
             if spec in self.hub:

@@ -52,10 +52,17 @@ def verify_data(data, mode: str) -> dict:
                         end = min(start + CHUNK_BYTES, file.stat().st_size)
                         raise _changed(file, f"bytes {start:,}-{end:,}")
                 checked, total = checked + len(picks), total + len(chunks)
-    return {"mode": mode, "chunks_checked": checked, "chunks": total, "unchecked_files": unchecked,
-            "seconds": round(time.perf_counter() - started, 3)}
+    return {
+        "mode": mode,
+        "chunks_checked": checked,
+        "chunks": total,
+        "unchecked_files": unchecked,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
 
 
 def _changed(file: Path, where: str) -> UserError:
-    return UserError(f"{file}: {where} differ from the checksum manifest.json records: the data was changed after "
-                     f"`pretrainer prepare`; restore it or re-run prepare (data.verify = off skips this check)")
+    return UserError(
+        f"{file}: {where} differ from the checksum manifest.json records: the data was changed after "
+        f"`pretrainer prepare`; restore it or re-run prepare (data.verify = off skips this check)"
+    )

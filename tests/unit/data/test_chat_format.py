@@ -1,22 +1,19 @@
 """the chat format, masked loss, document packing, mixtures, stage chaining and chat."""
 
 from __future__ import annotations
+
 import json
-import subprocess
-import sys
-from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
-from chat_tasks import conversation, split_reversal, sum_items, write_jsonl
-from helpers import DOCS, tiny_config
-from pretrainer.artifacts.metrics import read_metrics
+from chat_tasks import conversation, write_jsonl
+from support.chat_helpers import prepare_chat
+
 from pretrainer.config.load import load_config
 from pretrainer.config.schema import ModelConfig
 from pretrainer.core.errors import UserError
 from pretrainer.data.loader import SequenceLoader, TokenSource, open_data_dir, validation_batches
-from pretrainer.data.prepare import prepare
-from pretrainer.data.sources import Corpus
 from pretrainer.data.tokenizers.chat_format import (
     ASSISTANT_END,
     ASSISTANT_START,
@@ -27,10 +24,6 @@ from pretrainer.data.tokenizers.chat_format import (
 )
 from pretrainer.model import Transformer
 from pretrainer.model.loss import IGNORE_INDEX
-from pretrainer.train.loop import train
-from support.chat_helpers import prepare_chat
-
-
 
 # --- the format ---
 
@@ -53,9 +46,7 @@ def test_template_mask_and_special_tokens(chat_data, text_data):
     assert ids[0] == tok.special_tokens[BOS] and ids[-1] == tok.eot_id
     assert ids[start : start + len(hello) + 1] == hello + [tok.special_tokens[ASSISTANT_END]]
     # the answer and its end only
-    assert [i for i, m in enumerate(mask) if m] == list(
-        range(start, start + len(hello) + 1)
-    )
+    assert [i for i, m in enumerate(mask) if m] == list(range(start, start + len(hello) + 1))
     assert ids.count(tok.special_tokens[USER_START]) == 1  # typed special-token text stays text
     info = data.manifest["splits"]["train"]
     masks = np.fromfile(chat_data / info["mask_file"], dtype=np.uint8)
@@ -86,7 +77,10 @@ def test_malformed_conversations_name_file_and_line_or_are_skipped(tmp_path, mes
         tmp_path / "c.jsonl", [conversation(f"hi {i}", "hello") for i in range(20)] + [{"messages": messages}]
     )
     manifest = json.loads(
-        (prepare_chat(path, tmp_path / "out", on_bad="skip", val_fraction=0.3, tokenizer_from=text_data) / "manifest.json").read_text()
+        (
+            prepare_chat(path, tmp_path / "out", on_bad="skip", val_fraction=0.3, tokenizer_from=text_data)
+            / "manifest.json"
+        ).read_text()
     )
     assert (
         manifest["chat"]["bad_conversations"] == 1
@@ -163,14 +157,10 @@ def test_document_packing_equals_each_document_alone(arch):
         doc_losses, _ = model(doc[None, :-1], doc[None, 1:], per_token=True)
         alone.append(doc_losses[0])
     # each separator's target: ignored
-    expected = torch.cat([torch.cat([a, torch.zeros(1)]) for a in alone])[
-        : x.size(1)
-    ]
+    expected = torch.cat([torch.cat([a, torch.zeros(1)]) for a in alone])[: x.size(1)]
     assert (losses[0] - expected).abs().max().item() < 1e-5
     # without document masking the later documents see the earlier ones
-    plain, _ = model(
-        x, y, per_token=True
-    )
+    plain, _ = model(x, y, per_token=True)
     assert (plain[0] - expected).abs().max().item() > 1e-3
 
 

@@ -6,11 +6,13 @@ import hashlib
 import json
 import re
 from pathlib import Path
-import numpy as np
+
 import pytest
-from helpers import DOCS, tiny_config
+from helpers import DOCS
+from support.hf_tokenizer_helpers import TEXTS, byte_level_bpe, documents_of
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
 from pretrainer.core.errors import UserError
 from pretrainer.data.loader import open_data_dir
 from pretrainer.data.prepare import prepare
@@ -24,9 +26,6 @@ from pretrainer.data.tokenizers.chat_format import (
 )
 from pretrainer.data.tokenizers.hf import HFTokenizer, load_hf_tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer
-from pretrainer.train.loop import train
-from support.hf_tokenizer_helpers import TEXTS, byte_level_bpe, documents_of
-
 
 
 def sentencepiece_like(directory: Path) -> Path:
@@ -263,10 +262,7 @@ def test_the_files_truncation_and_padding_are_off_and_an_ordinary_token_cannot_e
     expected = plain.encode(DOCS[7], add_special_tokens=False).ids
     assert len(expected) > 3 and tok.encode(DOCS[7]) == expected and tok.encode_batch([DOCS[7]]) == [expected]
     # the template, not the padding
-    assert (tok.eot_name, tok.bos_name) == (
-        "<|end_of_text|>",
-        "<|begin_of_text|>",
-    )
+    assert (tok.eot_name, tok.bos_name) == ("<|end_of_text|>", "<|begin_of_text|>")
     assert tok.data == (directory / "tokenizer.json").read_bytes()
     ordinary = plain.id_to_token(300)
     with pytest.raises(UserError, match=f"--eot-token {re.escape(ordinary)}: not a special token of"):

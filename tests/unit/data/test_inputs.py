@@ -2,23 +2,24 @@
 in one line; reports keep divergence visible and never draw a rolled-back run backwards."""
 
 from __future__ import annotations
+
 import csv
 import json
 import math
 from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import DOCS, tiny_config
+from helpers import DOCS
+from support.inputs_helpers import manifest
+
 from pretrainer.artifacts.metrics import MetricsLog, read_metrics
 from pretrainer.core.errors import UserError
 from pretrainer.core.hardware import gpu_from_device_name
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
 from pretrainer.data.tokenizers.load import load_tokenizer
-from support.inputs_helpers import manifest
-
-
 
 # --- 1: a lone surrogate (half an emoji, JSON-escaped) ---
 
@@ -265,9 +266,7 @@ PROSE = "".join(
     f"alpha beta gamma {i}\n\nbeta\n \t\u3000mixed\r\nx\n\n\ny {i}\n\tindented\nlast\n" for i in range(300)
 )
 # no blank line
-LOG = "".join(
-    f"2026-11-21 12:00:{i % 60:02d} INFO step {i}\n  detail {i}\nwarn\n" for i in range(600)
-)
+LOG = "".join(f"2026-11-21 12:00:{i % 60:02d} INFO step {i}\n  detail {i}\nwarn\n" for i in range(600))
 
 
 @pytest.mark.parametrize("which", ["gpt2", "bpe"])
@@ -431,7 +430,9 @@ def test_compressed_corpora_prepare_to_the_same_token_files_and_a_cut_one_is_one
     compressed = {
         "docs.jsonl.gz": gzip.compress(data),
         # two frames, cut mid-line, as concatenated .zst files are
-        "docs.jsonl.zst": b"".join(zstandard.ZstdCompressor().compress(part) for part in (data[:999], data[999:])),
+        "docs.jsonl.zst": b"".join(
+            zstandard.ZstdCompressor().compress(part) for part in (data[:999], data[999:])
+        ),
         "docs.jsonl.bz2": bz2.compress(data),
         "docs.jsonl.xz": lzma.compress(data),
     }
@@ -454,7 +455,9 @@ def test_compressed_corpora_prepare_to_the_same_token_files_and_a_cut_one_is_one
     cut = tmp_path / "cut" / "docs.jsonl.zst"
     cut.parent.mkdir()
     cut.write_bytes(compressed["docs.jsonl.zst"][:-40])
-    code, _, err = run_cli("prepare", "--corpus", cut, "--tokenizer", "bpe:300", "--out", tmp_path / "cut-out")
+    code, _, err = run_cli(
+        "prepare", "--corpus", cut, "--tokenizer", "bpe:300", "--out", tmp_path / "cut-out"
+    )
     errors = [line for line in err.splitlines() if "error:" in line]
     assert code == 2 and len(errors) == 1 and str(cut) in errors[0] and "truncated" in errors[0]
     assert not (tmp_path / "cut-out").exists()

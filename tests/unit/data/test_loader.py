@@ -1,11 +1,11 @@
-
 from collections import Counter
+
 import numpy as np
 import pytest
 import torch
+
 from pretrainer.core.errors import UserError
 from pretrainer.data.loader import SequenceLoader, TokenSource, validation_batches
-
 
 TOKENS = np.arange(10_001, dtype=np.uint16) % 5000  # 10,001 tokens -> 1000 windows of 10 (+1)
 
@@ -33,9 +33,7 @@ def test_every_window_once_per_epoch_and_order_depends_on_seed():
     second = SequenceLoader(TOKENS, seq_len=10, micro_batch=10, grad_accum=2, seed=2)
     assert [i for step in ids_of(second, 50) for m in step for i in m] != seen
     # epoch 2
-    assert Counter(i for step in ids_of(loader, 50) for m in step for i in m) == Counter(
-        range(1000)
-    )
+    assert Counter(i for step in ids_of(loader, 50) for m in step for i in m) == Counter(range(1000))
 
 
 def test_resume_from_state_continues_the_stream_exactly():
@@ -78,9 +76,7 @@ def test_mismatched_state_is_refused_and_small_data_is_an_error():
     with pytest.raises(UserError, match="fewer than one step needs"):
         SequenceLoader(TOKENS[:100], seq_len=10, micro_batch=8, grad_accum=2)
     # world size larger than the data
-    with pytest.raises(
-        UserError, match=r"fewer than one step needs \(2 x 1 x 8 ranks\)"
-    ):
+    with pytest.raises(UserError, match=r"fewer than one step needs \(2 x 1 x 8 ranks\)"):
         SequenceLoader(TOKENS[:100], seq_len=10, micro_batch=2, grad_accum=1, world_size=8, rank=3)
 
 
@@ -97,9 +93,9 @@ def test_sampled_verification_checks_eight_chunks_per_file_and_full_finds_any_ch
     import hashlib
 
     from pretrainer.data.loader import open_data_dir
-    from pretrainer.data.verify import verify_data
     from pretrainer.data.prepare import prepare
     from pretrainer.data.sources import Corpus
+    from pretrainer.data.verify import verify_data
 
     monkeypatch.setattr("pretrainer.core.files.CHUNK_BYTES", 512)  # many chunks in a small file
     out = tmp_path / "data"
@@ -107,7 +103,9 @@ def test_sampled_verification_checks_eight_chunks_per_file_and_full_finds_any_ch
     data = open_data_dir(out)
     info = data.manifest["splits"]["train"]
     raw = (out / "train.bin").read_bytes()
-    assert info["chunk_sha256"] == [hashlib.sha256(raw[i : i + 512]).hexdigest() for i in range(0, len(raw), 512)]
+    assert info["chunk_sha256"] == [
+        hashlib.sha256(raw[i : i + 512]).hexdigest() for i in range(0, len(raw), 512)
+    ]
     chunks = {name: len(split["chunk_sha256"]) for name, split in data.manifest["splits"].items()}
     assert chunks["train"] > 8
     sampled = verify_data(data, "sampled")
@@ -119,7 +117,9 @@ def test_sampled_verification_checks_eight_chunks_per_file_and_full_finds_any_ch
         f.seek(middle)
         f.write(bytes([raw[middle] ^ 1]))  # one bit of one token
     start = middle // 512 * 512
-    with pytest.raises(UserError, match=rf"train\.bin: bytes {start:,}-{start + 512:,} differ from the checksum"):
+    with pytest.raises(
+        UserError, match=rf"train\.bin: bytes {start:,}-{start + 512:,} differ from the checksum"
+    ):
         verify_data(data, "full")
 
 
@@ -135,7 +135,9 @@ def test_prefetching_reads_the_same_batches_and_follows_a_moved_cursor(tmp_path)
 
     def make(prefetch: bool) -> SequenceLoader:
         source = TokenSource(mapped, 10, packing="document", eot_id=996)
-        return SequenceLoader(source, 10, micro_batch=8, grad_accum=2, world_size=2, rank=1, seed=3, prefetch=prefetch)
+        return SequenceLoader(
+            source, 10, micro_batch=8, grad_accum=2, world_size=2, rank=1, seed=3, prefetch=prefetch
+        )
 
     plain, ahead = make(False), make(True)
     for step in range(70):  # 1,999 windows, 32 per step: an epoch ends at step 62

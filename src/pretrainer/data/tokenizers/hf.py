@@ -48,9 +48,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from pretrainer.data.tokenizers.base import METADATA_FILE, _bytes_to_unicode
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_bytes
+from pretrainer.data.tokenizers.base import METADATA_FILE, _bytes_to_unicode
 
 HF_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -65,8 +65,10 @@ def _parse(data: bytes, where: str):
         backend = Backend.from_str(data.decode("utf-8"))
     except Exception as e:  # tokenizers raises a bare Exception for invalid JSON or an unknown layout
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{where}: not a valid Hugging Face tokenizer.json ({reason}); give the tokenizer.json "
-                        f"`tokenizers` writes (tokenizer.save(PATH)) or a model directory holding one") from None
+        raise UserError(
+            f"{where}: not a valid Hugging Face tokenizer.json ({reason}); give the tokenizer.json "
+            f"`tokenizers` writes (tokenizer.save(PATH)) or a model directory holding one"
+        ) from None
     # a file saved with truncation or padding on (sentence-transformers exports often are) would cut or pad
     # every document: off here, and the file itself stays unchanged
     backend.no_truncation()
@@ -85,8 +87,15 @@ class HFTokenizer:
     kind = "hf"
     files = (METADATA_FILE, HF_FILE)
 
-    def __init__(self, name: str, data: bytes, eot_token: str, bos_token: str | None = None,
-                 extra_special: tuple[str, ...] = (), where: str = HF_FILE):
+    def __init__(
+        self,
+        name: str,
+        data: bytes,
+        eot_token: str,
+        bos_token: str | None = None,
+        extra_special: tuple[str, ...] = (),
+        where: str = HF_FILE,
+    ):
         from tokenizers import AddedToken
 
         self.name, self.data, self.where = name, data, where
@@ -98,8 +107,12 @@ class HFTokenizer:
         # chat tokens the file lacks: appended after its vocabulary, so every id of the file keeps its meaning
         self.appended = tuple(dict.fromkeys(n for n in extra_special if self.backend.token_to_id(n) is None))
         if self.appended:
-            self.backend.add_special_tokens([AddedToken(n, special=True, normalized=False) for n in self.appended])
-        self.backend.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, never a boundary
+            self.backend.add_special_tokens(
+                [AddedToken(n, special=True, normalized=False) for n in self.appended]
+            )
+        self.backend.encode_special_tokens = (
+            True  # "<|endoftext|>" inside a document is text, never a boundary
+        )
         self.eot_name, self.bos_name = eot_token, bos_token
         self.eot_id = self.backend.token_to_id(eot_token)
         self.bos_id = None if bos_token is None else self.backend.token_to_id(bos_token)
@@ -108,8 +121,12 @@ class HFTokenizer:
         # every id the file can produce fits: normally get_vocab_size(with_added_tokens=True)
         ids = self.backend.get_vocab(with_added_tokens=True).values()
         self.vocab_size = max(self.backend.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)
-        identity = {"file_sha256": self.file_sha256, "eot_token": eot_token, "bos_token": bos_token,
-                    "special_tokens": self.special_tokens}
+        identity = {
+            "file_sha256": self.file_sha256,
+            "eot_token": eot_token,
+            "bos_token": bos_token,
+            "special_tokens": self.special_tokens,
+        }
         self.sha256 = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -119,19 +136,30 @@ class HFTokenizer:
 
     def with_special(self, names: tuple[str, ...]) -> "HFTokenizer":
         """This tokenizer with `names` as special tokens: those the file has keep their ids, the others are appended."""
-        return HFTokenizer(self.name, self.data, self.eot_name, self.bos_name,
-                           self.extra_special + tuple(n for n in names if n not in self.special_tokens), self.where)
+        return HFTokenizer(
+            self.name,
+            self.data,
+            self.eot_name,
+            self.bos_name,
+            self.extra_special + tuple(n for n in names if n not in self.special_tokens),
+            self.where,
+        )
 
     def extends(self, base) -> bool:
         """Whether every id of `base` means the same here: the same file, EOT and BOS, and base's special
         tokens with the same ids (more may follow)."""
-        return (isinstance(base, HFTokenizer) and self.file_sha256 == base.file_sha256
-                and (self.eot_name, self.bos_name) == (base.eot_name, base.bos_name)
-                and all(self.special_tokens.get(name) == i for name, i in base.special_tokens.items()))
+        return (
+            isinstance(base, HFTokenizer)
+            and self.file_sha256 == base.file_sha256
+            and (self.eot_name, self.bos_name) == (base.eot_name, base.bos_name)
+            and all(self.special_tokens.get(name) == i for name, i in base.special_tokens.items())
+        )
 
     def special_id(self, name: str) -> int:
         if name not in self.special_tokens:
-            raise UserError(f"tokenizer {self.name} has no special token {name}; prepare the data with --format chat")
+            raise UserError(
+                f"tokenizer {self.name} has no special token {name}; prepare the data with --format chat"
+            )
         return self.special_tokens[name]
 
     def encode(self, text: str) -> list[int]:
@@ -156,16 +184,22 @@ class HFTokenizer:
         lengths = [0] * self.vocab_size
         for token, i in self.backend.get_vocab(with_added_tokens=False).items():
             if byte_level:  # one byte per character of the table (anything else: its UTF-8 bytes)
-                n = len(token) if to_byte.issuperset(token) else sum(1 if c in to_byte else len(c.encode()) for c in token)
+                n = (
+                    len(token)
+                    if to_byte.issuperset(token)
+                    else sum(1 if c in to_byte else len(c.encode()) for c in token)
+                )
             elif byte_fallback and byte_fallback.fullmatch(token):
                 n = 1
             else:
                 if subword_prefix and token.startswith(subword_prefix):
-                    token = token[len(subword_prefix):]
+                    token = token[len(subword_prefix) :]
                 n = len((token.replace("\u2581", " ") if metaspace else token).encode())
             lengths[i] = n
         for i, added in self.backend.get_added_tokens_decoder().items():
-            if not (byte_fallback and byte_fallback.fullmatch(added.content)):  # <0xNN> marked special is still a byte
+            if not (
+                byte_fallback and byte_fallback.fullmatch(added.content)
+            ):  # <0xNN> marked special is still a byte
                 lengths[i] = 0 if added.special else len(added.content.encode())
         for i in self.special_tokens.values():
             lengths[i] = 0
@@ -174,10 +208,20 @@ class HFTokenizer:
     # --- saved form ---
 
     def metadata(self) -> dict:
-        return {"kind": "hf", "name": self.name, "source": self.name.removeprefix("hf:"), "file_sha256": self.file_sha256,
-                "eot_token": self.eot_name, "eot_id": self.eot_id, "bos_token": self.bos_name, "bos_id": self.bos_id,
-                "extra_special": list(self.extra_special), "special_tokens": self.special_tokens,
-                "vocab_size": self.vocab_size, "sha256": self.sha256}
+        return {
+            "kind": "hf",
+            "name": self.name,
+            "source": self.name.removeprefix("hf:"),
+            "file_sha256": self.file_sha256,
+            "eot_token": self.eot_name,
+            "eot_id": self.eot_id,
+            "bos_token": self.bos_name,
+            "bos_id": self.bos_id,
+            "extra_special": list(self.extra_special),
+            "special_tokens": self.special_tokens,
+            "vocab_size": self.vocab_size,
+            "sha256": self.sha256,
+        }
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
@@ -201,10 +245,21 @@ class HFTokenizer:
         data = path.read_bytes()
         try:
             if hashlib.sha256(data).hexdigest() != meta["file_sha256"]:
-                raise UserError(f"{path}: does not match the sha256 in {meta_path.name}; the tokenizer files were changed")
-            tok = cls(meta["name"], data, meta["eot_token"], meta["bos_token"], tuple(meta["extra_special"]), str(path))
+                raise UserError(
+                    f"{path}: does not match the sha256 in {meta_path.name}; the tokenizer files were changed"
+                )
+            tok = cls(
+                meta["name"],
+                data,
+                meta["eot_token"],
+                meta["bos_token"],
+                tuple(meta["extra_special"]),
+                str(path),
+            )
         except (KeyError, TypeError) as e:
-            raise UserError(f"{meta_path}: malformed tokenizer metadata ({type(e).__name__}: {e}); re-run `pretrainer prepare`") from None
+            raise UserError(
+                f"{meta_path}: malformed tokenizer metadata ({type(e).__name__}: {e}); re-run `pretrainer prepare`"
+            ) from None
         if tok.sha256 != meta["sha256"]:
             raise UserError(f"{meta_path}: does not match {path.name}; the tokenizer files were changed")
         return tok
@@ -215,13 +270,24 @@ class HFTokenizer:
             with_appended = _parse(self.data, self.where)
             from tokenizers import AddedToken
 
-            with_appended.add_special_tokens([AddedToken(n, special=True, normalized=False) for n in self.appended])
+            with_appended.add_special_tokens(
+                [AddedToken(n, special=True, normalized=False) for n in self.appended]
+            )
             atomic_write_bytes(Path(out) / HF_FILE, with_appended.to_str(pretty=True).encode())
         else:
             atomic_write_bytes(Path(out) / HF_FILE, self.data)
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": self.bos_name or self.eot_name,
-                  "eos_token": self.eot_name, "clean_up_tokenization_spaces": False}
-        from pretrainer.data.tokenizers.chat_format import ASSISTANT_END, BOS, HF_CHAT_TEMPLATE, is_chat_tokenizer
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.bos_name or self.eot_name,
+            "eos_token": self.eot_name,
+            "clean_up_tokenization_spaces": False,
+        }
+        from pretrainer.data.tokenizers.chat_format import (
+            ASSISTANT_END,
+            BOS,
+            HF_CHAT_TEMPLATE,
+            is_chat_tokenizer,
+        )
 
         if is_chat_tokenizer(self):
             config.update(bos_token=BOS, eos_token=ASSISTANT_END, chat_template=HF_CHAT_TEMPLATE)
@@ -232,18 +298,27 @@ class HFTokenizer:
 
 # --- finding the file and choosing EOT / BOS ---
 
+
 def _hub_file(repo: str, filename: str, required: bool = True) -> Path | None:
     from huggingface_hub import constants, hf_hub_download
 
     try:
         return Path(hf_hub_download(repo, filename))
-    except Exception as e:  # not cached offline, no network, no such repo, gated, ...: one line, not a traceback
+    except (
+        Exception
+    ) as e:  # not cached offline, no network, no such repo, gated, ...: one line, not a traceback
         if not required:
             return None
-        where = "the local Hugging Face hub cache (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else "the Hugging Face hub"
-        raise UserError(f"--tokenizer hf:{repo}: no local directory {repo}, and {filename} could not be read from {where} "
-                        f"({type(e).__name__}); download it once online (`hf download {repo} {filename}`), or pass "
-                        f"a local directory holding tokenizer.json: --tokenizer hf:DIR") from None
+        where = (
+            "the local Hugging Face hub cache (HF_HUB_OFFLINE is set)"
+            if constants.HF_HUB_OFFLINE
+            else "the Hugging Face hub"
+        )
+        raise UserError(
+            f"--tokenizer hf:{repo}: no local directory {repo}, and {filename} could not be read from {where} "
+            f"({type(e).__name__}); download it once online (`hf download {repo} {filename}`), or pass "
+            f"a local directory holding tokenizer.json: --tokenizer hf:DIR"
+        ) from None
 
 
 def _config_eos(config_path: Path | None) -> str | None:
@@ -260,12 +335,14 @@ def _template(backend) -> tuple[list[int], list[int]]:
     plain = backend.encode("a", add_special_tokens=False).ids
     full = backend.encode("a", add_special_tokens=True).ids
     for i in range(len(full) - len(plain) + 1):
-        if plain and full[i:i + len(plain)] == plain:
-            return full[:i], full[i + len(plain):]
+        if plain and full[i : i + len(plain)] == plain:
+            return full[:i], full[i + len(plain) :]
     return [], []
 
 
-def choose_eot_and_bos(backend, where: str, eot_token: str = "", config_eos=lambda: None) -> tuple[str, str | None]:
+def choose_eot_and_bos(
+    backend, where: str, eot_token: str = "", config_eos=lambda: None
+) -> tuple[str, str | None]:
     """-> (end-of-text token, BOS token or None): the order is in the module docstring."""
     added = backend.get_added_tokens_decoder()
     specials = [t.content for _, t in sorted(added.items()) if t.special]
@@ -273,7 +350,9 @@ def choose_eot_and_bos(backend, where: str, eot_token: str = "", config_eos=lamb
     # only special tokens: an ordinary one would end a document wherever the text holds it, and count 0 bytes
     if eot_token:
         if eot_token not in specials:
-            raise UserError(f"--eot-token {eot_token}: not a special token of {where}; its special tokens: {_listing(specials)}")
+            raise UserError(
+                f"--eot-token {eot_token}: not a special token of {where}; its special tokens: {_listing(specials)}"
+            )
         eot = eot_token
     else:
         eot = next((name for name in EOT_NAMES if name in specials), None)
@@ -283,8 +362,10 @@ def choose_eot_and_bos(backend, where: str, eot_token: str = "", config_eos=lamb
             eos = config_eos()
             eot = eos if eos in specials else None
         if eot is None:
-            raise UserError(f"{where}: no end-of-text token found among its special tokens ({_listing(specials)}); "
-                            f"pass --eot-token NAME")
+            raise UserError(
+                f"{where}: no end-of-text token found among its special tokens ({_listing(specials)}); "
+                f"pass --eot-token NAME"
+            )
     bos = backend.id_to_token(prefix[0]) if len(prefix) == 1 else None
     return eot, (bos if bos in specials and bos != eot else None)
 
@@ -293,18 +374,27 @@ def load_hf_tokenizer(spec: str, eot_token: str = "") -> HFTokenizer:
     """--tokenizer hf:DIR_OR_REPO (a directory, a tokenizer.json, or a hub repo id) -> HFTokenizer."""
     source = spec.removeprefix("hf:")
     if not source:
-        raise UserError(f"--tokenizer {spec}: give a directory holding tokenizer.json or a hub repo id, e.g. hf:meta-llama/Llama-3.2-1B")
+        raise UserError(
+            f"--tokenizer {spec}: give a directory holding tokenizer.json or a hub repo id, e.g. hf:meta-llama/Llama-3.2-1B"
+        )
     path = Path(source).expanduser()
     if path.is_file():
         file, config = path, lambda: _config_eos(path.parent / CONFIG_FILE)
     elif path.is_dir():
         file, config = path / HF_FILE, lambda: _config_eos(path / CONFIG_FILE)
         if not file.is_file():
-            raise UserError(f"{file}: not found; --tokenizer hf:DIR needs a directory holding a Hugging Face tokenizer.json")
+            raise UserError(
+                f"{file}: not found; --tokenizer hf:DIR needs a directory holding a Hugging Face tokenizer.json"
+            )
     elif re.fullmatch(r"(?:[\w.-]+/)?[\w.-]+", source) and not source.startswith("."):
-        file, config = _hub_file(source, HF_FILE), lambda: _config_eos(_hub_file(source, CONFIG_FILE, required=False))
+        file, config = (
+            _hub_file(source, HF_FILE),
+            lambda: _config_eos(_hub_file(source, CONFIG_FILE, required=False)),
+        )
     else:
-        raise UserError(f"--tokenizer {spec}: {path} not found; give a directory holding tokenizer.json or a hub repo id (ORG/NAME)")
+        raise UserError(
+            f"--tokenizer {spec}: {path} not found; give a directory holding tokenizer.json or a hub repo id (ORG/NAME)"
+        )
     try:
         data = file.read_bytes()
     except OSError as e:
