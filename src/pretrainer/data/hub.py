@@ -90,8 +90,9 @@ def pull(spec: str, repo_type: str, local_dir: Path | None = None) -> Path:
     except Exception as e:  # network, auth, not in the offline cache: the user's to fix
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise UserError(
-            f"{spec}: could not pull this {repo_type} from the Hugging Face Hub ({type(e).__name__}: {first}); "
-            f"check the name, `hf auth login` for a private repo, or unset HF_HUB_OFFLINE"
+            f"{spec}: could not pull this {repo_type} from the Hugging Face Hub "
+            f"({type(e).__name__}: {first}); check the name, `hf auth login` for a private repo, "
+            f"or unset HF_HUB_OFFLINE"
         ) from None
     verify_checksums(local, spec)
     if local_dir is None:

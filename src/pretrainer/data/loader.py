@@ -106,8 +106,9 @@ class DataMixture:
         for part in parts:
             if not self.tokenizer.extends(part.tokenizer):
                 raise UserError(
-                    f"{part.path}: tokenized by {part.tokenizer.name} ({part.tokenizer.sha256[:12]}), which is not "
-                    f"the tokenizer of the other data.mixture sources; prepare it with --tokenizer-from one of them"
+                    f"{part.path}: tokenized by {part.tokenizer.name} ({part.tokenizer.sha256[:12]}), "
+                    f"which is not the tokenizer of the other data.mixture sources; "
+                    f"prepare it with --tokenizer-from one of them"
                 )
         names = [part.path.name for part in parts]  # each source's label in logs (mix_share/LABEL): unique
         self.labels = [
@@ -175,12 +176,14 @@ def open_data_dir(path: str | Path) -> DataDir:
     path = Path(path)
     if not path.is_dir():
         raise UserError(
-            f"{path}: data dir not found; run `pretrainer prepare --corpus ... --out {shlex.quote(str(path))}` first"
+            f"{path}: data dir not found; "
+            f"run `pretrainer prepare --corpus ... --out {shlex.quote(str(path))}` first"
         )
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
         raise UserError(
-            f"{manifest_path}: missing; {path} is not a complete prepared data dir (re-run `pretrainer prepare`)"
+            f"{manifest_path}: missing; {path} is not a complete prepared data dir "
+            f"(re-run `pretrainer prepare`)"
         )
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -213,8 +216,9 @@ def open_data_dir(path: str | Path) -> DataDir:
             size = file.stat().st_size if file.is_file() else -1
             if size != info["tokens"] * itemsize:
                 raise UserError(
-                    f"{file}: holds {max(size, 0) // itemsize} tokens but manifest.json says {info['tokens']}; "
-                    f"the data dir is incomplete or was changed, re-run `pretrainer prepare`"
+                    f"{file}: holds {max(size, 0) // itemsize} tokens but manifest.json says "
+                    f"{info['tokens']}; the data dir is incomplete or was changed, "
+                    f"re-run `pretrainer prepare`"
                 )
     return DataDir(path, manifest, tokenizer)
 
@@ -233,8 +237,8 @@ class TokenSource:
                         predicts across a document boundary.
     packing "pad":      sequence i is document i alone, cut to seq_len + 1 tokens and padded; padding
                         is never a target (`pad_fraction` says how much of the batch it is).
-    With a loss mask (chat data, data/tokenizers/chat_format.py) a target counts only where the mask of the token it
-    predicts is 1.
+    With a loss mask (chat data, data/tokenizers/chat_format.py) a target counts only where the mask of
+    the token it predicts is 1.
     """
 
     def __init__(
@@ -306,7 +310,8 @@ class TokenSource:
         self._fds.clear()
 
     def windows(self, ids) -> tuple[np.ndarray, np.ndarray | None]:
-        """-> (windows (len(ids), seq_len + 1) of int64 ids, targets kept (len(ids), seq_len) or None: all)."""
+        """-> (windows (len(ids), seq_len + 1) of int64 ids,
+        targets kept (len(ids), seq_len) or None: all)."""
         L = self.seq_len
         if self.packing == "pad":
             windows = np.full((len(ids), L + 1), self.eot_id, dtype=np.int64)
@@ -408,9 +413,9 @@ class SequenceLoader:
             if source.n_sequences < (self.sequences_per_step if self.mixture is None else 1):
                 tokens = len(source.tokens)
                 raise UserError(
-                    f"{where if self.mixture is None else source.name}: {tokens:,} tokens make {source.n_sequences} "
-                    f"sequences of {seq_len}, fewer than one step needs ({micro_batch} x {grad_accum} x "
-                    f"{world_size} ranks); use more data or a smaller batch"
+                    f"{where if self.mixture is None else source.name}: {tokens:,} tokens make "
+                    f"{source.n_sequences} sequences of {seq_len}, fewer than one step needs "
+                    f"({micro_batch} x {grad_accum} x {world_size} ranks); use more data or a smaller batch"
                 )
         self.counts_every_target = all(source.counts_every_target for source in self.sources)
         self.cursor = 0

@@ -13,15 +13,16 @@
       manifest.json         tokenizer id/hash, dtype, per-split document and token counts, sha256 of
                             each file, sources, the command and the pretrainer version
       train.mask.bin,       --format chat only: one byte per token, 1 where the token is trained on
-      val.mask.bin          (assistant content and its end token; data/tokenizers/chat_format.py); the manifest records
-                            the template, the special tokens and the trained-token counts
+      val.mask.bin          (assistant content and its end token; data/tokenizers/chat_format.py); the
+                            manifest records the template, the special tokens and the trained-token counts
 
 The validation split is by document content: a document goes to val when a hash of (seed, its
 content hash) falls below val_fraction, so the split is deterministic, independent of worker
 count, needs no shuffle buffer, and an exact duplicate could never land in the other split; exact
 duplicates are dropped anyway (counted in the manifest; the set of content hashes costs 8-16 bytes
 per document). A document streamed in pieces (see sources.Piece) is keyed by its first piece and
-not deduplicated. A trained BPE learns from the train split only. Everything is written to a temp directory beside OUT and renamed only when complete.
+not deduplicated. A trained BPE learns from the train split only. Everything is written to a temp
+directory beside OUT and renamed only when complete.
 Memory stays flat: documents stream from the sources, at most 2 x workers batches are in flight.
 Workers are spawned processes: a script that calls prepare() with workers > 1 needs the usual
 `if __name__ == "__main__":` guard (the CLI has it).
@@ -314,7 +315,8 @@ def prepare(
     eot_token: str = "",
 ) -> dict:
     """Tokenize `corpus` into OUT (see the module docstring). fmt "chat": the corpus holds conversations
-    (Corpus(column="messages")), written in the chat template with a loss mask (data/tokenizers/chat_format.py);
+    (Corpus(column="messages")), written in the chat template with a loss mask
+    (data/tokenizers/chat_format.py);
     tokenizer_from: reuse the tokenizer of a run, checkpoint or data dir exactly (chat: plus the chat tokens);
     eot_token: the document separator of an hf: tokenizer (default: found among its special tokens)."""
     out = Path(out)
@@ -328,7 +330,8 @@ def prepare(
     if chat and any(f.kind not in ("jsonl", "parquet") for f in corpus.files):
         bad = next(f for f in corpus.files if f.kind not in ("jsonl", "parquet"))
         raise UserError(
-            f'{bad.path}: --format chat reads .jsonl (a "messages" list per line) or .parquet (a messages column)'
+            f'{bad.path}: --format chat reads .jsonl (a "messages" list per line) '
+            f"or .parquet (a messages column)"
         )
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction {val_fraction}: must be between 0 and 1 (exclusive)")
@@ -345,8 +348,8 @@ def prepare(
     workers = workers or min(os.cpu_count() or 1, 8)
     if eot_token and (tokenizer_from or not tokenizer_spec.startswith("hf:")):
         raise UserError(
-            f"--eot-token {eot_token}: only with --tokenizer hf:DIR_OR_REPO (gpt2, bpe:N and --tokenizer-from "
-            f"keep their own end-of-text)"
+            f"--eot-token {eot_token}: only with --tokenizer hf:DIR_OR_REPO (gpt2, bpe:N and "
+            f"--tokenizer-from keep their own end-of-text)"
         )
     hf_tokenizer = None
     if (
@@ -391,7 +394,8 @@ def prepare(
             "train": _SplitWriter(tmp / "train.bin", dtype, chat),
             "val": _SplitWriter(tmp / "val.bin", dtype, chat),
         }
-        # Progress in file bytes read (corpus.bytes_read), the unit of total_bytes; a --max-docs run has no known end.
+        # Progress in file bytes read (corpus.bytes_read), the unit of total_bytes; a --max-docs run has no
+        # known end.
         progress = tqdm(
             total=None if max_docs else corpus.total_bytes,
             unit="B",
@@ -429,13 +433,14 @@ def prepare(
         for name, split in splits.items():
             if split["documents"] == 0:
                 raise UserError(
-                    f"{out}: the {name} split is empty ({doc_index} documents, --val-fraction {val_fraction}); "
+                    f"{out}: the {name} split is empty "
+                    f"({doc_index} documents, --val-fraction {val_fraction}); "
                     f"use a larger corpus or a {'larger' if name == 'val' else 'smaller'} --val-fraction"
                 )
         if corpus.replaced_documents:
             print(
-                f"warning: {corpus.replaced_documents} documents had invalid UTF-8 or lone surrogates, replaced with "
-                f"U+FFFD (pass --utf8-errors=strict to reject them)",
+                f"warning: {corpus.replaced_documents} documents had invalid UTF-8 or lone surrogates, "
+                f"replaced with U+FFFD (pass --utf8-errors=strict to reject them)",
                 flush=True,
             )
         if corpus.null_documents:
@@ -450,13 +455,15 @@ def prepare(
         for spec, hub in corpus.hub.items():
             if hub["offline"]:
                 print(
-                    f"warning: {spec}: offline (HF_HUB_OFFLINE): used the {len(hub['files'])} cached files of "
-                    f"{hub['repo']}@{hub['revision'][:12]}; files the hub has beyond this cache were not seen",
+                    f"warning: {spec}: offline (HF_HUB_OFFLINE): used the {len(hub['files'])} cached files "
+                    f"of {hub['repo']}@{hub['revision'][:12]}; "
+                    f"files the hub has beyond this cache were not seen",
                     flush=True,
                 )
         for path in corpus.auto_split_files:
             print(
-                f"note: {path} is over 64 MiB: split into documents at blank lines (--txt-docs=file keeps it whole)",
+                f"note: {path} is over 64 MiB: split into documents at blank lines "
+                f"(--txt-docs=file keeps it whole)",
                 flush=True,
             )
 

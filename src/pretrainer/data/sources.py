@@ -163,8 +163,8 @@ class BinaryLines:
             yield from self.stream
         except damaged as e:
             raise UserError(
-                f"{self.path}: a damaged or truncated {compression(self.path)} file ({str(e).splitlines()[0][:120]}); "
-                f"download or compress it again"
+                f"{self.path}: a damaged or truncated {compression(self.path)} file "
+                f"({str(e).splitlines()[0][:120]}); download or compress it again"
             ) from None
 
     def position(self) -> int:
@@ -178,7 +178,8 @@ def _hf_files(spec: str) -> tuple[list[Path], dict]:
     pattern = pattern or "*.parquet"
     if repo_id.count("/") != 1:
         raise UserError(
-            f"--corpus {spec}: expected hf:ORG/NAME[:GLOB], e.g. hf:HuggingFaceFW/fineweb-edu:sample/10BT/*.parquet"
+            f"--corpus {spec}: expected hf:ORG/NAME[:GLOB], "
+            f"e.g. hf:HuggingFaceFW/fineweb-edu:sample/10BT/*.parquet"
         )
     try:
         from huggingface_hub import snapshot_download
@@ -186,7 +187,8 @@ def _hf_files(spec: str) -> tuple[list[Path], dict]:
         local = Path(snapshot_download(repo_id=repo_id, repo_type="dataset", allow_patterns=[pattern]))
     except Exception as e:  # network, auth, or not in the offline cache: all are the user's to fix
         raise UserError(
-            f"--corpus {spec}: could not fetch from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+            f"--corpus {spec}: could not fetch from the Hugging Face hub "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})"
         ) from None
     files = sorted(
         p for p in local.rglob("*.parquet") if fnmatch.fnmatch(p.relative_to(local).as_posix(), pattern)
@@ -218,7 +220,8 @@ def resolve_files(spec: str) -> list[CorpusFile]:
     elif path.is_file():
         if not _kind(path):
             raise UserError(
-                f"{path}: unsupported file type; use .txt, .jsonl (either may end in .gz, .zst, .bz2 or .xz) or .parquet"
+                f"{path}: unsupported file type; "
+                f"use .txt, .jsonl (either may end in .gz, .zst, .bz2 or .xz) or .parquet"
             )
         candidates = [path]
     else:
@@ -237,7 +240,8 @@ class Corpus:
     txt_docs: str = "auto"  # "file": one document per .txt file; "blank-lines": split on blank lines;
     #                         "auto": file, except for files over AUTO_SPLIT_BYTES (split at blank lines)
     utf8_errors: str = "replace"  # or "strict"
-    column: str = "text"  # "text": documents; "messages": conversations (data/tokenizers/chat_format.py), yielded as canonical JSON
+    # "text": documents; "messages": conversations (data/tokenizers/chat_format.py), yielded as canonical JSON
+    column: str = "text"
     on_bad: str = "error"  # a malformed conversation: "error" (naming file and line) or "skip" (counted)
     files: list[CorpusFile] = field(init=False)
     bad_documents: int = field(init=False, default=0)  # malformed conversations skipped (on_bad = "skip")
@@ -300,8 +304,8 @@ class Corpus:
             return text, False
         if self.utf8_errors == "strict":
             raise UserError(
-                f"{where}: lone UTF-16 surrogate {found.group()!r} at character {found.start()} (half an emoji?); "
-                f"fix the data or pass --utf8-errors=replace"
+                f"{where}: lone UTF-16 surrogate {found.group()!r} at character {found.start()} "
+                f"(half an emoji?); fix the data or pass --utf8-errors=replace"
             )
         return SURROGATE.sub("\ufffd", text), True
 
@@ -415,7 +419,8 @@ class Corpus:
                         self.bad_documents += 1
                         continue
                     raise UserError(
-                        f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+                        f"{where}: not valid JSON ({e.msg} at column {e.colno}); "
+                        f"each line must be one JSON object"
                     ) from None
                 if self.column == "messages":
                     conversation = self._conversation(

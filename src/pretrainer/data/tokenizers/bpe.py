@@ -48,7 +48,10 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 
 # The GPT-4 style split pattern (digits in groups of up to 3, whitespace runs kept together),
 # better than GPT-2's for code, where indentation is most of the bytes.
-BPE_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+BPE_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
 
 # Offline GPT-2 ranks: `make setup` (`pretrainer fetch-gpt2`) takes them from the openai-whisper
 # sdist on PyPI, which ships tiktoken's gpt2 ranks file, and checks this hash.
@@ -94,8 +97,8 @@ class Tokenizer:
         self.pattern = pattern
         self.ranks = ranks
         self.eot_id = len(ranks)  # the end-of-text token follows the merges, as in GPT-2 (50256)
-        # more special tokens (the chat format's, data/tokenizers/chat_format.py) are appended after it, so every id a base
-        # model knows keeps its meaning and the model's vocabulary only grows
+        # more special tokens (the chat format's, data/tokenizers/chat_format.py) are appended after it, so
+        # every id a base model knows keeps its meaning and the model's vocabulary only grows
         self.special_tokens = {
             EOT: self.eot_id,
             **{name: self.eot_id + 1 + i for i, name in enumerate(extra_special)},
@@ -121,7 +124,8 @@ class Tokenizer:
         )
 
     def with_special(self, names: tuple[str, ...]) -> "Tokenizer":
-        """This tokenizer with `names` appended as special tokens (those it already has are kept, in place)."""
+        """This tokenizer with `names` appended as special tokens
+        (those it already has are kept, in place)."""
         return Tokenizer(
             self.name,
             self.pattern,
@@ -175,7 +179,8 @@ class Tokenizer:
             "vocab_size": self.vocab_size,
             "sha256": self.sha256,
         }
-        # ours before Hugging Face's tokenizer.json, which replaces an older version's metadata file of that name
+        # ours before Hugging Face's tokenizer.json, which replaces an older version's metadata file
+        # of that name
         atomic_write_bytes(directory / METADATA_FILE, (json.dumps(meta, indent=2) + "\n").encode())
         hf_tokenizer_files(self, directory)
 
@@ -212,7 +217,8 @@ class Tokenizer:
             ) from None
         if tok.sha256 != meta["sha256"] or tok.special_tokens != meta["special_tokens"]:
             raise UserError(
-                f"{ranks_path}: does not match the sha256 in {meta_path.name}; the tokenizer files were changed"
+                f"{ranks_path}: does not match the sha256 in {meta_path.name}; "
+                f"the tokenizer files were changed"
             )
         return tok
 
@@ -234,7 +240,8 @@ def _split_into_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, byt
 def hf_tokenizer_files(tokenizer: Tokenizer, out: Path, model_max_length: int | None = None) -> None:
     """Write tokenizer.json + tokenizer_config.json that encode exactly like our tiktoken encoding (an
     hf: tokenizer writes its own tokenizer.json unchanged, HFTokenizer.write_hf_files).
-    model_max_length: the model's context (None: unknown, as for a data dir; transformers then sets no limit)."""
+    model_max_length: the model's context (None: unknown, as for a data dir;
+    transformers then sets no limit)."""
     if tokenizer.kind == "hf":
         return tokenizer.write_hf_files(out, model_max_length)
     from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
@@ -302,7 +309,8 @@ def train_bpe(texts: Iterator[str], vocab_size: int) -> Tokenizer:
     ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
     if len(ranks) != vocab_size - 1:
         raise UserError(
-            f"--tokenizer bpe:{vocab_size}: the corpus only supports {len(ranks) + 1} tokens; use a smaller vocab"
+            f"--tokenizer bpe:{vocab_size}: the corpus only supports {len(ranks) + 1} tokens; "
+            f"use a smaller vocab"
         )
     return Tokenizer(f"bpe:{vocab_size}", BPE_PATTERN, ranks)
 
@@ -320,7 +328,8 @@ def load_gpt2() -> Tokenizer:
         online = tiktoken.get_encoding("gpt2")
     except Exception as e:  # offline: requests raises a connection error deep inside tiktoken
         raise UserError(
-            f"{path}: GPT-2 ranks not found and download failed ({type(e).__name__}); run `make setup` or `pretrainer fetch-gpt2`"
+            f"{path}: GPT-2 ranks not found and download failed ({type(e).__name__}); "
+            f"run `make setup` or `pretrainer fetch-gpt2`"
         ) from None
     return Tokenizer("gpt2", GPT2_PATTERN, online._mergeable_ranks)
 
@@ -349,7 +358,8 @@ def fetch_gpt2_ranks(dest: Path | None = None) -> Path:
         sdists = list(Path(tmp).glob("*.tar.gz"))
         if result.returncode != 0 or not sdists:
             raise UserError(
-                f"pip could not download {requirement} for the GPT-2 ranks: {result.stderr.strip().splitlines()[-1:]}"
+                f"pip could not download {requirement} for the GPT-2 ranks: "
+                f"{result.stderr.strip().splitlines()[-1:]}"
             )
         with tarfile.open(sdists[0]) as tar:
             members = [m for m in tar.getmembers() if m.name.endswith(member_suffix)]

@@ -37,12 +37,16 @@ CHAT_TOKENS = (BOS, *[token for pair in ROLE_TOKENS.values() for token in pair])
 ASSISTANT_START, ASSISTANT_END = ROLE_TOKENS["assistant"]
 USER_START, USER_END = ROLE_TOKENS["user"]
 
-TEMPLATE = "<|bos|>[<|system_start|>SYSTEM<|system_end|>](<|user_start|>USER<|user_end|><|assistant_start|>ASSISTANT<|assistant_end|>)+<|endoftext|>"
+TEMPLATE = (
+    "<|bos|>[<|system_start|>SYSTEM<|system_end|>]"
+    "(<|user_start|>USER<|user_end|><|assistant_start|>ASSISTANT<|assistant_end|>)+<|endoftext|>"
+)
 
 # The same template for transformers' `apply_chat_template` (written into an exported tokenizer_config.json).
 HF_CHAT_TEMPLATE = (
-    "{{ '<|bos|>' }}{% for message in messages %}{{ '<|' + message['role'] + '_start|>' + message['content'] + "
-    "'<|' + message['role'] + '_end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant_start|>' }}{% endif %}"
+    "{{ '<|bos|>' }}{% for message in messages %}"
+    "{{ '<|' + message['role'] + '_start|>' + message['content'] + '<|' + message['role'] + '_end|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant_start|>' }}{% endif %}"
 )
 
 
@@ -77,7 +81,10 @@ def conversation_problem(messages) -> str:
                 return f"message {i + 1}: a system message may only come first"
             continue
         if role != expected:
-            return f"message {i + 1} is '{role}' where '{expected}' was expected (turns alternate, starting with the user)"
+            return (
+                f"message {i + 1} is '{role}' where '{expected}' was expected "
+                f"(turns alternate, starting with the user)"
+            )
         expected = "assistant" if role == "user" else "user"
     if messages[-1]["role"] != "assistant":
         return "the conversation does not end with an assistant message"
@@ -108,13 +115,15 @@ def render(messages: list[dict], tokenizer: Tokenizer, close: bool = True) -> tu
 
 
 def prompt_ids(messages: list[dict], tokenizer: Tokenizer) -> list[int]:
-    """A conversation so far (ending with the user) followed by <|assistant_start|>: what the model continues."""
+    """A conversation so far (ending with the user) followed by <|assistant_start|>:
+    what the model continues."""
     ids, _ = render(messages, tokenizer, close=False)
     return ids + [tokenizer.special_tokens[ASSISTANT_START]]
 
 
 def render_batch(documents: list[str], tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """prepare's worker for --format chat: canonical conversations -> (all ids, all mask bytes, per-item lengths)."""
+    """prepare's worker for --format chat: canonical conversations
+    -> (all ids, all mask bytes, per-item lengths)."""
     rendered = [render(json.loads(document), tokenizer) for document in documents]
     lengths = np.array([len(ids) for ids, _ in rendered], dtype=np.int64)
     flat_ids = np.fromiter((i for ids, _ in rendered for i in ids), dtype=np.int64, count=int(lengths.sum()))

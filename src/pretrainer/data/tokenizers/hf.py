@@ -8,7 +8,8 @@ local hub cache when offline (HF_HUB_OFFLINE=1). `HFTokenizer` has the interface
 
     tokenizer.json             the source file, byte for byte
     pretrainer-tokenizer.json  {"kind": "hf", "name", "source", "file_sha256", "eot_token", "eot_id",
-                                "bos_token", "bos_id", "extra_special", "special_tokens", "vocab_size", "sha256"}
+                                "bos_token", "bos_id", "extra_special", "special_tokens", "vocab_size",
+                                "sha256"}
 
 `sha256` (the tokenizer's identity in manifests and run records) covers the file's sha256, the
 chosen end-of-text and BOS and the special tokens pretrainer uses, so data made with another
@@ -25,9 +26,9 @@ there is one and it is not EOT: every document then starts with it, as `tokenize
 `transformers`, so an exported model and its unchanged tokenizer agree. Tokenizers without one
 (GPT-2's, SmolLM's, ours) get EOT-separated documents as before.
 
-Chat tokens (data/tokenizers/chat_format.py) the file lacks are appended as special tokens after its vocabulary; they
-are listed in the metadata (the saved tokenizer.json stays the source file) and written into an
-exported tokenizer.json.
+Chat tokens (data/tokenizers/chat_format.py) the file lacks are appended as special tokens after its
+vocabulary; they are listed in the metadata (the saved tokenizer.json stays the source file) and
+written into an exported tokenizer.json.
 
 Bits per byte (`token_byte_lengths`): a byte-level BPE piece counts the bytes it maps to through
 GPT-2's byte<->unicode table, a byte-fallback piece <0xNN> one byte, a sentencepiece piece its text
@@ -54,7 +55,8 @@ from pretrainer.data.tokenizers.base import METADATA_FILE, _bytes_to_unicode
 
 HF_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
-# end-of-text candidates, in order, among the file's special tokens (<|im_end|> ends a chat turn, not a document)
+# end-of-text candidates, in order, among the file's special tokens
+# (<|im_end|> ends a chat turn, not a document)
 EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
 
 
@@ -135,7 +137,8 @@ class HFTokenizer:
         return tuple(n for n in self.special_tokens if n not in (self.eot_name, self.bos_name))
 
     def with_special(self, names: tuple[str, ...]) -> "HFTokenizer":
-        """This tokenizer with `names` as special tokens: those the file has keep their ids, the others are appended."""
+        """This tokenizer with `names` as special tokens: those the file has keep their ids,
+        the others are appended."""
         return HFTokenizer(
             self.name,
             self.data,
@@ -258,14 +261,16 @@ class HFTokenizer:
             )
         except (KeyError, TypeError) as e:
             raise UserError(
-                f"{meta_path}: malformed tokenizer metadata ({type(e).__name__}: {e}); re-run `pretrainer prepare`"
+                f"{meta_path}: malformed tokenizer metadata ({type(e).__name__}: {e}); "
+                f"re-run `pretrainer prepare`"
             ) from None
         if tok.sha256 != meta["sha256"]:
             raise UserError(f"{meta_path}: does not match {path.name}; the tokenizer files were changed")
         return tok
 
     def write_hf_files(self, out: Path, model_max_length: int | None = None) -> None:
-        """Export: the tokenizer.json unchanged (with the appended chat tokens, if any) and a tokenizer_config.json."""
+        """Export: the tokenizer.json unchanged (with the appended chat tokens, if any)
+        and a tokenizer_config.json."""
         if self.appended:
             with_appended = _parse(self.data, self.where)
             from tokenizers import AddedToken
@@ -315,9 +320,9 @@ def _hub_file(repo: str, filename: str, required: bool = True) -> Path | None:
             else "the Hugging Face hub"
         )
         raise UserError(
-            f"--tokenizer hf:{repo}: no local directory {repo}, and {filename} could not be read from {where} "
-            f"({type(e).__name__}); download it once online (`hf download {repo} {filename}`), or pass "
-            f"a local directory holding tokenizer.json: --tokenizer hf:DIR"
+            f"--tokenizer hf:{repo}: no local directory {repo}, and {filename} could not be read from "
+            f"{where} ({type(e).__name__}); download it once online (`hf download {repo} {filename}`), "
+            f"or pass a local directory holding tokenizer.json: --tokenizer hf:DIR"
         ) from None
 
 
@@ -331,7 +336,8 @@ def _config_eos(config_path: Path | None) -> str | None:
 
 
 def _template(backend) -> tuple[list[int], list[int]]:
-    """The ids the post-processor puts (before, after) a sequence, found by encoding one character both ways."""
+    """The ids the post-processor puts (before, after) a sequence,
+    found by encoding one character both ways."""
     plain = backend.encode("a", add_special_tokens=False).ids
     full = backend.encode("a", add_special_tokens=True).ids
     for i in range(len(full) - len(plain) + 1):
@@ -351,7 +357,8 @@ def choose_eot_and_bos(
     if eot_token:
         if eot_token not in specials:
             raise UserError(
-                f"--eot-token {eot_token}: not a special token of {where}; its special tokens: {_listing(specials)}"
+                f"--eot-token {eot_token}: not a special token of {where}; "
+                f"its special tokens: {_listing(specials)}"
             )
         eot = eot_token
     else:
@@ -375,7 +382,8 @@ def load_hf_tokenizer(spec: str, eot_token: str = "") -> HFTokenizer:
     source = spec.removeprefix("hf:")
     if not source:
         raise UserError(
-            f"--tokenizer {spec}: give a directory holding tokenizer.json or a hub repo id, e.g. hf:meta-llama/Llama-3.2-1B"
+            f"--tokenizer {spec}: give a directory holding tokenizer.json or a hub repo id, "
+            f"e.g. hf:meta-llama/Llama-3.2-1B"
         )
     path = Path(source).expanduser()
     if path.is_file():
@@ -384,7 +392,8 @@ def load_hf_tokenizer(spec: str, eot_token: str = "") -> HFTokenizer:
         file, config = path / HF_FILE, lambda: _config_eos(path / CONFIG_FILE)
         if not file.is_file():
             raise UserError(
-                f"{file}: not found; --tokenizer hf:DIR needs a directory holding a Hugging Face tokenizer.json"
+                f"{file}: not found; "
+                f"--tokenizer hf:DIR needs a directory holding a Hugging Face tokenizer.json"
             )
     elif re.fullmatch(r"(?:[\w.-]+/)?[\w.-]+", source) and not source.startswith("."):
         file, config = (
@@ -393,7 +402,8 @@ def load_hf_tokenizer(spec: str, eot_token: str = "") -> HFTokenizer:
         )
     else:
         raise UserError(
-            f"--tokenizer {spec}: {path} not found; give a directory holding tokenizer.json or a hub repo id (ORG/NAME)"
+            f"--tokenizer {spec}: {path} not found; "
+            f"give a directory holding tokenizer.json or a hub repo id (ORG/NAME)"
         )
     try:
         data = file.read_bytes()

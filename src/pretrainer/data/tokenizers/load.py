@@ -37,7 +37,8 @@ def tokenizer_from_spec(
 
 
 def load_tokenizer(directory: Path) -> Tokenizer | HFTokenizer:
-    """The tokenizer saved in `directory`: a Tokenizer, or an HFTokenizer where the metadata says kind "hf"."""
+    """The tokenizer saved in `directory`: a Tokenizer,
+    or an HFTokenizer where the metadata says kind "hf"."""
     directory = Path(directory)
     meta_path = metadata_path(directory)
     if not meta_path.is_file():
