@@ -2,7 +2,8 @@
 
 Every `--section.key` is a config key, every `pretrainer VERB` a verb and every `--flag` after it an
 option of that verb, every relative link a file (and heading), the README short with the two
-commands at the top, the configuration page's key table complete, and no internal issue numbers.
+commands at the top, the configuration page's key table complete, the architecture page's module map
+naming every module of src/pretrainer and nothing else, and no internal issue numbers.
 Fast: reads the markdown and builds the argument parser, no subprocess, no torch.
 """
 
@@ -24,12 +25,16 @@ from pretrainer.config.toml_text import toml_value as toml_literal
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 CONFIG_PAGE = ROOT / "docs" / "configuration.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGE = ROOT / "src" / "pretrainer"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 README_MAX_LINES = 250
 TOP_LINES = 40
 PLACEHOLDER_KEYS = {"section.key", "sweep.key"}  # the docs' names for "any key"
 TABLE_START, TABLE_END = "<!-- config-keys:start -->", "<!-- config-keys:end -->"
+MAP_HEADING = "## Module map"
+NOT_MODULES = {"__init__.py", "__main__.py"}  # a package's plumbing, not listed
 
 DOTTED = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*\.[a-z][a-z0-9_-]*)")
 VERB = re.compile(r"(?<![\w.-])pretrainer\s+([a-z][a-z0-9-]*)")
@@ -38,6 +43,8 @@ SEGMENT_END = re.compile(r"\||&&|;|(?:^|\s)#")  # where a shell line stops being
 ISSUE = re.compile(r"\bissues?\s*#?\s*\d+", re.IGNORECASE)
 LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)\)")
 INLINE = re.compile(r"`([^`]+)`")
+# a module map line: indent, a dir (`tokenizers/`) or module (`loop.py`, `report/export.py`), description
+MAP_ENTRY = re.compile(r"( *)((?:[\w-]+/)*(?:[\w-]+/|[\w-]+\.py))(?:\s+(\S.*))?$")
 
 
 def rel(path: Path) -> str:
@@ -136,6 +143,37 @@ def key_row(key: str) -> str:
         default = "auto"  # as a config writes it
     help_text = key_help()[key].replace("|", "\\|")
     return f"| `{key}` | {type_and_range(key)} | `{toml_value(default)}` | {help_text} |"
+
+
+def map_entries(lines: list[str], first_line: int = 1) -> list[tuple[int, str]]:
+    """(line, path from the repo root) for each dir and module a module map names. A dir line opens a
+    package at its indentation; a line indented less or as much closes it. A line that starts at or
+    right of the descriptions' column (the leftmost one so far), or with no dir or module name,
+    continues a description, whatever its first word."""
+    entries, packages, descriptions_at = [], [], None  # packages: (indent, path) from the outermost
+    for number, line in enumerate(lines, first_line):
+        indent = len(line) - len(line.lstrip(" "))
+        m = MAP_ENTRY.match(line)
+        if not m or (descriptions_at is not None and indent >= descriptions_at):
+            continue
+        while packages and packages[-1][0] >= indent:
+            packages.pop()
+        path = (packages[-1][1] if packages else "") + m.group(2)
+        if path.endswith("/"):
+            packages.append((indent, path))
+        if m.group(3):
+            descriptions_at = min(m.start(3), descriptions_at or m.start(3))
+        entries.append((number, path))
+    return entries
+
+
+def module_map() -> list[tuple[int, str]]:
+    """The entries of the architecture page's "Module map" code block, as map_entries gives them."""
+    lines = ARCHITECTURE.read_text(encoding="utf-8").split("\n")
+    assert MAP_HEADING in lines, f"{rel(ARCHITECTURE)}: no '{MAP_HEADING}' heading"
+    fences = [i for i in range(lines.index(MAP_HEADING), len(lines)) if lines[i].lstrip().startswith("```")]
+    assert len(fences) >= 2, f"{rel(ARCHITECTURE)}: no code block after '{MAP_HEADING}'"
+    return map_entries(lines[fences[0] + 1 : fences[1]], first_line=fences[0] + 2)
 
 
 def fail_if(problems: list[str], what: str) -> None:
@@ -256,3 +294,63 @@ def test_no_internal_issue_numbers():
         text = path.read_text(encoding="utf-8")
         problems += [f"{rel(path)}:{line_of(text, m.start())}: '{m.group(0)}'" for m in ISSUE.finditer(text)]
     fail_if(problems, "internal issue numbers (say what changed instead)")
+
+
+def test_module_map_reads_dirs_relative_paths_and_continuations():
+    block = [
+        "src/pretrainer/",
+        "  core/                   the bottom layer",
+        "    errors.py             UserError and",
+        "                          every exit code",
+        "  data/",
+        "    tokenizers/",
+        "      bpe.py              GPT-2 via tiktoken; save/load, with",
+        "                          tokenizer.json beside ours",
+        "    loader.py             token stream",
+        "  analysis/",
+        "    report/export.py      the run report",
+        "    report/serve_cost_tables.py  serve-cost's tables",
+        "                          more.py of the description",
+        "    plan.py               pre-launch arithmetic",
+        "benchmarks/               throughput, prepare vs tiktoken",
+        "                          checkpoint.py verification cost",
+    ]
+    assert [path for _, path in map_entries(block)] == [
+        "src/pretrainer/",
+        "src/pretrainer/core/",
+        "src/pretrainer/core/errors.py",
+        "src/pretrainer/data/",
+        "src/pretrainer/data/tokenizers/",
+        "src/pretrainer/data/tokenizers/bpe.py",
+        "src/pretrainer/data/loader.py",
+        "src/pretrainer/analysis/",
+        "src/pretrainer/analysis/report/export.py",
+        "src/pretrainer/analysis/report/serve_cost_tables.py",
+        "src/pretrainer/analysis/plan.py",
+        "benchmarks/",
+    ]
+
+
+def test_module_map_lists_every_module():
+    root = rel(PACKAGE) + "/"
+    listed = [(number, path.removeprefix(root)) for number, path in module_map() if path.startswith(root)]
+    modules = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if p.name not in NOT_MODULES}
+    names = Counter(path for _, path in listed)
+    problems = [
+        f"{module}: missing; list it under {module.rpartition('/')[0] or rel(PACKAGE)}/ with a one-line "
+        "description (its docstring's gist)"
+        for module in sorted(modules - set(names))
+    ]
+    problems += [
+        f"{rel(ARCHITECTURE)}:{number}: {path}: no such {'package' if path.endswith('/') else 'module'} "
+        f"in {rel(PACKAGE)}: remove or correct the line"
+        for number, path in listed
+        if path and not (path in modules or path.endswith("/") and (PACKAGE / path).is_dir())
+    ]
+    problems += [
+        f"{rel(ARCHITECTURE)}:{', '.join(str(number) for number, p in listed if p == path)}: {path}: "
+        f"listed {n} times"
+        for path, n in names.items()
+        if n > 1
+    ]
+    fail_if(problems, f"{rel(ARCHITECTURE)}: the '{MAP_HEADING}' block against the modules of {rel(PACKAGE)}")
