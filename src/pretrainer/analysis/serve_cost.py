@@ -414,7 +414,7 @@ def serve_cost(settings: ServeSettings) -> dict:
                 device=device,
             )
             entry["speed"].append(priced(speed, usd_per_hour))
-        quality = evaluate(model, batches, device, None, token_bytes, separator)
+        quality = evaluate(model, batches, device, None, token_bytes, doc_separator=separator)
         model.eval()
         top1 = top1_predictions(model, batches[0][0], device)
         if baseline is None:
