@@ -203,7 +203,7 @@ def tokenizer_cases(run_tokenizer, work: Path, texts: list[str]) -> list[tuple[s
         )
         torch.manual_seed(0)
         path = work / f"tokenizer-{len(cases)}.gguf"
-        export_gguf(cfg, model_weights(Transformer(cfg)), tokenizer, path, "f16")
+        export_gguf(cfg, model_weights(Transformer(cfg)), tokenizer, path, dtype="f16")
         cases.append((label, tokenizer, path))
     return cases
 

@@ -98,12 +98,13 @@ def test_int8_logits_match_fp32_and_int4_skips_layers_its_group_size_does_not_di
     run, cpu = open_run(tiny_run), torch.device("cpu")
     x = torch.randint(run.cfg.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        fp32 = load_variant(run, run.cfg, "fp32", cpu, 32)(x)[0]
-        int8 = load_variant(run, run.cfg, "int8", cpu, 32)(x)[0]
+        fp32 = load_variant(run, run.cfg, "fp32", device=cpu, group_size=32)(x)[0]
+        int8 = load_variant(run, run.cfg, "int8", device=cpu, group_size=32)(x)[0]
     assert (int8 - fp32).abs().max() < 0.02 * fp32.abs().max()
 
     entry = {}
-    load_variant(run, run.cfg, "int4", cpu, 128, entry)  # d_model 64 and d_ff 192: no multiple of 128
+    # d_model 64 and d_ff 192: no multiple of 128
+    load_variant(run, run.cfg, "int4", device=cpu, group_size=128, entry=entry)
     skipped = {g["what"]: g["why"] for g in entry["weights"]["unquantised"]}
     assert entry["weights"]["quantised"]["layers"] == 0 and entry["quantised_layers"] == []
     assert skipped["layers.0.attn.q_proj.weight"] == "in_features 64 is not a multiple of --group-size 128"

@@ -20,6 +20,7 @@ ASSUMED_STARTUP_S = 300.0  # start-up when none was measured: imports, data chec
 
 def cost_lines(
     b: BudgetConfig,
+    *,
     gpus: int,
     usd_per_gpu_hour: float,
     wall_s: float,

@@ -6,7 +6,8 @@ Time: a measured MFU (a probe or a run on a GPU of the table, `--gpu` naming it)
 GPUs through their peak-FLOP ratio (a compute-bound step; a memory-bound small model gains less from a
 faster GPU than that), otherwise budget.mfu is assumed; each row says which.
 
-    rows = compare_instances(cfg, INSTANCES, mfu=0.4, mfu_source="assumed", make_plan=make_plan)
+    rows = compare_instances(cfg, INSTANCES, sequences_per_step=512, mfu=0.4, mfu_source="assumed",
+                             make_plan=make_plan)
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def micro_batch_for(per_rank: int, largest: int) -> int:
 def compare_instances(
     cfg: Config,
     instances: list[Instance],
+    *,
     sequences_per_step: int,
     mfu: float,
     mfu_source: str,

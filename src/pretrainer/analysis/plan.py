@@ -35,6 +35,7 @@ CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: ~20 training tokens pe
 
 def make_plan(
     cfg: Config,
+    *,
     tokens: float | None = None,
     tokens_per_param: float | None = None,
     gpus: int = 1,
@@ -195,7 +196,14 @@ def make_plan(
             )
             c = plan["checkpointing"]
             restart_s = c["startup_s"] + c["every"] * step_s  # a start-up and one interval trained again
-            plan["bill"] = cost_lines(b, gpus, usd_per_gpu_hour, seconds, restart_s, c["lost_s"])
+            plan["bill"] = cost_lines(
+                b,
+                gpus=gpus,
+                usd_per_gpu_hour=usd_per_gpu_hour,
+                wall_s=seconds,
+                restart_s=restart_s,
+                interruptions_lost_s=c["lost_s"],
+            )
             if b.cap_usd and plan["cost_usd"] > b.cap_usd:
                 plan["warnings"].append(
                     f"the planned cost ${plan['cost_usd']:,.2f} exceeds budget.cap_usd = ${b.cap_usd:,.2f}: "

@@ -30,6 +30,7 @@ STAGING = ".hub-push"
 def push(
     path: Path,
     repo_id: str,
+    *,
     private: bool = False,
     revision: str | None = None,
     dry_run: bool = False,

@@ -7,7 +7,9 @@ to text and scored by each model through its own tokenizer; each model's first t
 context, the rest is scored, and the bits are divided by the UTF-8 bytes of the scored tokens. Nats per
 token and top-1 agreement are per tokenizer, so the baseline has none to compare.
 
-    entry = measure_baseline(Path("models/gpt2"), batches, decode, device, dtype, measure)
+    entry = measure_baseline(Path("models/gpt2"), batches=batches, decode=decode, eot_id=eot_id,
+                             device=device, dtype=dtype, speed_settings=speed_settings,
+                             usd_per_hour=usd_per_hour)
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 @torch.inference_mode()
-def hf_speed(model, batch: int, prompt_tokens: int, new_tokens: int, repeats: int, warmup: int, device):
+def hf_speed(model, batch: int, *, prompt_tokens: int, new_tokens: int, repeats: int, warmup: int, device):
     """Prefill then greedy decode with the model's own KV cache, timed as measure_speed times ours."""
     generator = torch.Generator().manual_seed(batch)
     prompt = torch.randint(model.config.vocab_size, (batch, prompt_tokens), generator=generator).to(device)
@@ -74,8 +76,18 @@ def hf_speed(model, batch: int, prompt_tokens: int, new_tokens: int, repeats: in
         out = model(input_ids=next_id, use_cache=True, **{name: past})
         return getattr(out, name), out.logits[:, -1].argmax(dim=-1, keepdim=True)
 
-    prefill_s, decode_s = timed_rounds(prefill, decode_step, new_tokens, warmup, repeats, device)
-    return speed_record(batch, prompt_tokens, new_tokens, prefill_s, decode_s, None, device)
+    prefill_s, decode_s = timed_rounds(
+        prefill, decode_step, new_tokens=new_tokens, warmup=warmup, repeats=repeats, device=device
+    )
+    return speed_record(
+        batch=batch,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        kv_bytes=None,
+        device=device,
+    )
 
 
 @torch.inference_mode()
@@ -125,7 +137,7 @@ def val_texts(batches, decode, eot_id: int) -> list[str]:
 
 
 def measure_baseline(
-    path: Path, batches, decode, eot_id: int, device, dtype, speed_settings: dict, usd_per_hour: float
+    path: Path, *, batches, decode, eot_id: int, device, dtype, speed_settings: dict, usd_per_hour: float
 ) -> dict:
     """The baseline's entry for serve_cost's table: weights, speed and $ per batch size, bits per byte."""
     entry = {
@@ -154,11 +166,11 @@ def measure_baseline(
         speed = hf_speed(
             model,
             batch,
-            speed_settings["prompt_tokens"],
-            speed_settings["new_tokens"],
-            speed_settings["repeats"],
-            speed_settings["warmup"],
-            device,
+            prompt_tokens=speed_settings["prompt_tokens"],
+            new_tokens=speed_settings["new_tokens"],
+            repeats=speed_settings["repeats"],
+            warmup=speed_settings["warmup"],
+            device=device,
         )
         entry["speed"].append(priced(speed, usd_per_hour))
     entry["quality"] = {

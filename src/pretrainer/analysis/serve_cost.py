@@ -124,7 +124,7 @@ def quant_config(variant: str, device: torch.device, group_size: int):
 
 
 def why_not_quantised(
-    name: str, module: torch.nn.Module, variant: str, device: torch.device, group_size: int, tied: bool
+    name: str, module: torch.nn.Module, *, variant: str, device: torch.device, group_size: int, tied: bool
 ) -> str:
     """'' when the Linear `module` is quantised in `variant`, else why not."""
     if name == "lm_head":
@@ -206,6 +206,7 @@ def weight_memory(model: torch.nn.Module, skipped: dict[str, str], quantised: se
 def measure_speed(
     model: torch.nn.Module,
     batch: int,
+    *,
     prompt_tokens: int,
     new_tokens: int,
     repeats: int,
@@ -226,11 +227,21 @@ def measure_speed(
         logits, _ = model(next_id, kv_cache=cache)
         return cache, logits[:, -1].argmax(dim=-1, keepdim=True)
 
-    prefill_s, decode_s = timed_rounds(prefill, decode_step, new_tokens, warmup, repeats, device)
+    prefill_s, decode_s = timed_rounds(
+        prefill, decode_step, new_tokens=new_tokens, warmup=warmup, repeats=repeats, device=device
+    )
     cache = model.new_kv_cache(batch)
     kv_bytes = tensor_bytes(cache.k) + tensor_bytes(cache.v)
     del cache
-    return speed_record(batch, prompt_tokens, new_tokens, prefill_s, decode_s, kv_bytes, device)
+    return speed_record(
+        batch=batch,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        kv_bytes=kv_bytes,
+        device=device,
+    )
 
 
 @torch.inference_mode()
@@ -244,7 +255,7 @@ def top1_predictions(model: torch.nn.Module, batch: torch.Tensor, device: torch.
 
 
 def load_variant(
-    run, cfg, variant: str, device: torch.device, group_size: int, entry: dict | None = None
+    run, cfg, variant: str, *, device: torch.device, group_size: int, entry: dict | None = None
 ) -> torch.nn.Module:
     """The run's checkpoint as `variant` on `device`, in eval mode; `entry` receives load_s, quantize_s,
     format, quantised_layers and weights (weight_memory). Raises what torchao raises when this device
@@ -267,7 +278,14 @@ def load_variant(
         config, entry["format"] = quant_config(variant, device, group_size)
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear):
-                why = why_not_quantised(name, module, variant, device, group_size, cfg.model.tie_embeddings)
+                why = why_not_quantised(
+                    name,
+                    module,
+                    variant=variant,
+                    device=device,
+                    group_size=group_size,
+                    tied=cfg.model.tie_embeddings,
+                )
                 if why:
                     skipped[name] = why
                 else:
@@ -375,7 +393,9 @@ def serve_cost(settings: ServeSettings) -> dict:
         }
         results.append(entry)
         try:
-            model = load_variant(run, cfg, variant, device, settings.group_size, entry)
+            model = load_variant(
+                run, cfg, variant, device=device, group_size=settings.group_size, entry=entry
+            )
         # torchao raises what its kernels raise: a variant this device cannot run
         except Exception as e:
             message = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
@@ -385,10 +405,16 @@ def serve_cost(settings: ServeSettings) -> dict:
         entry["speed"] = []
         for batch in settings.batch_sizes:
             speed = measure_speed(
-                model, batch, prompt_tokens, new_tokens, settings.repeats, settings.warmup, device
+                model,
+                batch,
+                prompt_tokens=prompt_tokens,
+                new_tokens=new_tokens,
+                repeats=settings.repeats,
+                warmup=settings.warmup,
+                device=device,
             )
             entry["speed"].append(priced(speed, usd_per_hour))
-        quality = evaluate(model, batches, device, None, token_bytes, separator)
+        quality = evaluate(model, batches, device, None, token_bytes, doc_separator=separator)
         model.eval()
         top1 = top1_predictions(model, batches[0][0], device)
         if baseline is None:
@@ -427,13 +453,13 @@ def serve_cost(settings: ServeSettings) -> dict:
         }
         entry = measure_baseline(
             Path(settings.baseline),
-            batches,
-            data.tokenizer.decode,
-            data.eot_id,
-            device,
-            serving_dtype(variants[0], device),
-            speed_settings,
-            usd_per_hour,
+            batches=batches,
+            decode=data.tokenizer.decode,
+            eot_id=data.eot_id,
+            device=device,
+            dtype=serving_dtype(variants[0], device),
+            speed_settings=speed_settings,
+            usd_per_hour=usd_per_hour,
         )
         quality = entry["quality"]
         quality["delta_val_loss"] = None  # nats per token of another tokenizer

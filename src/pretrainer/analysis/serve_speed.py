@@ -13,6 +13,7 @@ import torch
 
 
 def speed_record(
+    *,
     batch: int,
     prompt_tokens: int,
     new_tokens: int,
@@ -44,6 +45,7 @@ def sync(device: torch.device) -> None:
 def timed_rounds(
     prefill: Callable[[], Any],
     decode_step: Callable[[Any], Any],
+    *,
     new_tokens: int,
     warmup: int,
     repeats: int,

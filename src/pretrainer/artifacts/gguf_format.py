@@ -58,6 +58,7 @@ def export_gguf(
     weights: dict[str, torch.Tensor],
     tokenizer,
     out: Path,
+    *,
     dtype: str = "f16",
     name: str = "pretrainer",
 ) -> None:

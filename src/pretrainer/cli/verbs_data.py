@@ -83,7 +83,14 @@ def pull_prepared(args: argparse.Namespace) -> None:
 def cmd_push(args: argparse.Namespace) -> None:
     from pretrainer.analysis.publish import push
 
-    push(Path(args.path), args.repo_id, args.private, args.revision, args.dry_run, args.dtype)
+    push(
+        Path(args.path),
+        args.repo_id,
+        private=args.private,
+        revision=args.revision,
+        dry_run=args.dry_run,
+        dtype=args.dtype,
+    )
 
 
 def stop_on_signals(message: str) -> dict:

@@ -89,7 +89,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         from pretrainer.artifacts.gguf_format import export_gguf
 
         name = f"{run.run_dir.name} step {run.step}"
-        export_gguf(run.cfg.model, run.load_weights(), run.tokenizer(), out, dtype, name=name)
+        export_gguf(run.cfg.model, run.load_weights(), run.tokenizer(), out, dtype=dtype, name=name)
     else:
         export_weights(run, out, dtype)
     print(f"exported {run.checkpoint} (step {run.step}) as {args.format} ({dtype}) to {out}")
@@ -114,9 +114,9 @@ def cmd_sample(args: argparse.Namespace) -> None:
             model,
             prompt,
             args.max_new_tokens,
-            args.temperature,
-            args.top_k,
-            generator,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            generator=generator,
             vocab_in_use=tokenizer.vocab_size,
         )
     print(
@@ -152,7 +152,13 @@ def cmd_chat(args: argparse.Namespace) -> None:
 
     run, model, device = model_for_generation(args)
     session = ChatSession(
-        model, run.tokenizer(), args.temperature, args.top_k, args.max_new_tokens, args.seed, args.system
+        model,
+        run.tokenizer(),
+        temperature=args.temperature,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        system=args.system,
     )
     with generation_precision(run, device):
         run_chat(session)

@@ -78,10 +78,12 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
         plan["compare"] = compare_instances(
             cfg,
             load_instances(args.prices),
-            plan["tokens_per_step"] // cfg.model.seq_len,
-            plan["mfu"] if measured else (args.mfu or cfg.budget.mfu),
-            f"measured on {plan['gpu']['name']}, carried by peak FLOP/s" if measured else "assumed",
-            make_plan,
+            sequences_per_step=plan["tokens_per_step"] // cfg.model.seq_len,
+            mfu=plan["mfu"] if measured else (args.mfu or cfg.budget.mfu),
+            mfu_source=(
+                f"measured on {plan['gpu']['name']}, carried by peak FLOP/s" if measured else "assumed"
+            ),
+            make_plan=make_plan,
             own_gpu=args.gpu,
             tokens=args.tokens,
             tokens_per_param=args.tokens_per_param,

@@ -80,7 +80,12 @@ class DataDir:
             else None
         )
         return TokenSource(
-            self.tokens(split), seq_len, packing, mask, self.eot_id, name=f"{self.path.name}/{split}"
+            self.tokens(split),
+            seq_len,
+            packing=packing,
+            mask=mask,
+            eot_id=self.eot_id,
+            name=f"{self.path.name}/{split}",
         )
 
     def sources(self, split: str, seq_len: int, packing: str) -> tuple[list[TokenSource], list[float]]:
@@ -245,6 +250,7 @@ class TokenSource:
         self,
         tokens: np.ndarray,
         seq_len: int,
+        *,
         packing: str = "concat",
         mask: np.ndarray | None = None,
         eot_id: int = -1,

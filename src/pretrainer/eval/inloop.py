@@ -80,7 +80,12 @@ class LoopEvals:
 
     def validate(self, model: torch.nn.Module, step: int, tokens: int) -> float:
         scores = evaluate(
-            model, self.val_batches, self.device, self.amp_dtype, self.token_bytes, self.separator
+            model,
+            self.val_batches,
+            self.device,
+            self.amp_dtype,
+            self.token_bytes,
+            doc_separator=self.separator,
         )
         self.write({"step": step, **scores, "tokens": tokens, "elapsed_s": self.elapsed()})
         self.say(f"step {step}: val loss {scores['val_loss']:.4f}, {scores['val_bpb']:.4f} bits/byte")
@@ -118,7 +123,12 @@ class LoopEvals:
             )
             self.say(f"step {step}: suite score {suite_score(results):.4f} over {len(self.tasks)} tasks")
         probes = run_probes(
-            plain_model, self.tokenizer, self.prompts, self.cfg.eval.probe_tokens, self.device, self.amp_dtype
+            plain_model,
+            self.tokenizer,
+            self.prompts,
+            max_new_tokens=self.cfg.eval.probe_tokens,
+            device=self.device,
+            amp_dtype=self.amp_dtype,
         )
         for row in probes if self.probes_log else ():  # rank 0
             self.probes_log.write({"step": step, "tokens": tokens, **row})

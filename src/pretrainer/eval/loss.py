@@ -22,6 +22,7 @@ def evaluate(
     device: torch.device,
     amp_dtype: torch.dtype | None,
     token_bytes: torch.Tensor | None = None,
+    *,
     doc_separator: int | None = None,
 ) -> dict[str, float]:
     """Over a fixed set of batches: {"val_loss": mean loss per counted target} and, given `token_bytes`

@@ -1,7 +1,8 @@
 """Prompt probes: a few prompts completed greedily, to watch knowledge appear as a run trains.
 
     prompts = read_probes("")                      # the built-in list (or a file: one prompt per line)
-    rows = run_probes(model, tokenizer, prompts, 24, device, amp_dtype)   # [{"prompt", "completion"}, ...]
+    rows = run_probes(model, tokenizer, prompts, max_new_tokens=24, device=device, amp_dtype=amp_dtype)
+    # rows: [{"prompt", "completion"}, ...]
 
 A probes file has one prompt per line; a literal \\n in a line stands for a newline (code prompts).
 """
@@ -47,6 +48,7 @@ def run_probes(
     model: torch.nn.Module,
     tokenizer,
     prompts: list[str],
+    *,
     max_new_tokens: int,
     device: torch.device,
     amp_dtype: torch.dtype | None,

@@ -129,7 +129,7 @@ def evaluate_target(
         device,
         amp_dtype,
         token_bytes_tensor(data.tokenizer, cfg.model.vocab_size),
-        data.eot_id if cfg.data.packing == "document" else None,
+        doc_separator=data.eot_id if cfg.data.packing == "document" else None,
     )
     tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in batches)
     result = {
@@ -156,7 +156,14 @@ def evaluate_target(
         )
         print_task_table(results, result["suite_score"])
         print(f"({sum(r['items'] for r in results):,} items in {result['tasks_eval_s']:.1f}s on {device})")
-    result["probes"] = run_probes(model, data.tokenizer, prompts, cfg.eval.probe_tokens, device, amp_dtype)
+    result["probes"] = run_probes(
+        model,
+        data.tokenizer,
+        prompts,
+        max_new_tokens=cfg.eval.probe_tokens,
+        device=device,
+        amp_dtype=amp_dtype,
+    )
     print("\n".join(["probes (greedy):"] + format_probes(result["probes"])))
     path = Path(out) if out else run.run_dir / f"eval-{run.step:07d}.json" if run else None
     if path is not None:

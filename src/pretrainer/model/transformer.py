@@ -50,6 +50,7 @@ class KVCache:
 
     def __init__(
         self,
+        *,
         n_layer: int,
         batch: int,
         n_kv_head: int,
@@ -260,6 +261,7 @@ class Transformer(nn.Module):
         self,
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
+        *,
         kv_cache: KVCache | None = None,
         per_token: bool = False,
         last_only: bool = False,
@@ -343,13 +345,13 @@ class Transformer(nn.Module):
     def new_kv_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         attn = self.layers[0].attn
         return KVCache(
-            self.cfg.n_layer,
-            batch,
-            attn.n_kv_head,
-            max_len or self.cfg.seq_len,
-            attn.head_dim,
-            self.wte.weight.device,
-            self.wte.weight.dtype,
+            n_layer=self.cfg.n_layer,
+            batch=batch,
+            n_kv_head=attn.n_kv_head,
+            max_len=max_len or self.cfg.seq_len,
+            head_dim=attn.head_dim,
+            device=self.wte.weight.device,
+            dtype=self.wte.weight.dtype,
         )
 
     def tied_aliases(self) -> list[str]:

@@ -47,10 +47,10 @@ def build_optimizer(
 
     return lowbit.build(
         groups,
-        cfg.lr,
-        (cfg.beta1, cfg.beta2),
-        cfg.eps,
-        OPTIMIZERS[cfg.name],
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        bits=OPTIMIZERS[cfg.name],
         compile_step=compile_step or device_type == "cuda",
     )
 

@@ -84,7 +84,7 @@ STATE_CLASSES = {
 
 
 def build(
-    groups: list[dict], lr: float, betas: tuple[float, float], eps: float, bits: int, compile_step: bool
+    groups: list[dict], *, lr: float, betas: tuple[float, float], eps: float, bits: int, compile_step: bool
 ) -> torch.optim.Optimizer:
     optimizer = (AdamW8bit if bits == 8 else AdamW4bit)(
         groups, lr=lr, betas=betas, eps=eps, block_size=BLOCK_SIZE[bits]

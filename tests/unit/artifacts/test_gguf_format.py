@@ -75,7 +75,7 @@ def export(name: str, tokenizer, path, dtype: str) -> tuple[Transformer, gguf.GG
         for p in model.parameters():
             if p.dim() == 1:
                 p.normal_(1.0 if p is model.norm.weight else 0.0, 0.1)
-    export_gguf(model.cfg, model_weights(model), tokenizer, path, dtype)
+    export_gguf(model.cfg, model_weights(model), tokenizer, path, dtype=dtype)
     return model, gguf.GGUFReader(path)
 
 
@@ -275,7 +275,7 @@ def test_refusals_leave_no_file(bpe, tmp_path):
     ]
     for model, tokenizer, dtype, message in cases:
         with pytest.raises(UserError, match=message):
-            export_gguf(model.cfg, model_weights(model), tokenizer, tmp_path / "model.gguf", dtype)
+            export_gguf(model.cfg, model_weights(model), tokenizer, tmp_path / "model.gguf", dtype=dtype)
         assert list(tmp_path.glob("*.gguf*")) == [] and not list(tmp_path.glob(".model.gguf*"))
 
 

@@ -167,6 +167,7 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
         lines: list[tuple[str, tuple[list, list], str]],
         xlabel: str,
         ylabel: str,
+        *,
         log_y: bool = False,
         from_zero: bool = False,
         marks: list[tuple[int, str, str]] = (),

@@ -20,6 +20,7 @@ import numpy as np
 def batched_lbfgs(
     fun,
     x0: np.ndarray,
+    *,
     memory: int = 10,
     max_iter: int = 1000,
     gtol: float = 1e-9,

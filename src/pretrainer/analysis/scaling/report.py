@@ -80,6 +80,7 @@ def predictions(
     laws: list[dict],
     form: str,
     points: F.Points,
+    *,
     predict_params: list[float],
     predict_compute: list[float],
 ) -> tuple[list[dict], str]:
@@ -208,6 +209,7 @@ def isoflop_analysis(
 def fit_sweep(
     source: Path,
     out: Path | None = None,
+    *,
     params: str = "total",
     form: str = "auto",
     resamples: int = F.RESAMPLES,
@@ -239,7 +241,9 @@ def fit_sweep(
         "d": ("E", "log_B", "beta"),
         "n_power": ("log_A", "alpha"),
     }[form]
-    predicted, no_optimum = predictions(law, laws, form, points, list(predict_params), list(predict_compute))
+    predicted, no_optimum = predictions(
+        law, laws, form, points, predict_params=list(predict_params), predict_compute=list(predict_compute)
+    )
     if problems:  # a law with a meaningless exponent predicts anything: say why instead of printing it
         predicted = [p for p in predicted if p["kind"] == "loss"]
         no_optimum = "the fit does not determine the law: " + "; ".join(problems)

@@ -302,9 +302,9 @@ def run_sweep(sweep: SweepConfig, base: Config, say=print) -> int:
     if pending and on_cpu(base):
         say_threads(sweep, say)
     if sweep.parallel_runs > 1:
-        code = run_parallel(sweep, base, sweep_dir, runs, pending, spent, say)
+        code = run_parallel(sweep, base, sweep_dir, runs=runs, pending=pending, spent=spent, say=say)
     else:
-        code = run_one_by_one(sweep, base, sweep_dir, runs, pending, spent, say)
+        code = run_one_by_one(sweep, base, sweep_dir, runs=runs, pending=pending, spent=spent, say=say)
     rows = write_csv(sweep_dir, runs, price)
     if code == 0:
         next_command = f"pretrainer fit {shlex.quote(str(sweep_dir))}"
@@ -324,7 +324,14 @@ def with_remaining_cap(run: RunSpec, base: Config, spent: float, share: int = 1)
 
 
 def run_one_by_one(
-    sweep: SweepConfig, base: Config, sweep_dir: Path, runs: list[RunSpec], pending: list[RunSpec], spent, say
+    sweep: SweepConfig,
+    base: Config,
+    sweep_dir: Path,
+    *,
+    runs: list[RunSpec],
+    pending: list[RunSpec],
+    spent,
+    say,
 ) -> int:
     from pretrainer.train.loop import train
 
@@ -404,7 +411,14 @@ def say_threads(sweep: SweepConfig, say) -> None:
 
 
 def run_parallel(
-    sweep: SweepConfig, base: Config, sweep_dir: Path, runs: list[RunSpec], pending: list[RunSpec], spent, say
+    sweep: SweepConfig,
+    base: Config,
+    sweep_dir: Path,
+    *,
+    runs: list[RunSpec],
+    pending: list[RunSpec],
+    spent,
+    say,
 ) -> int:
     """`parallel_runs` `pretrainer train` processes at once, each on its own GPU (or the CPU when the base
     says train.device = cpu); SIGTERM/SIGINT are passed to every running one (each checkpoints)."""

@@ -94,6 +94,7 @@ class HFTokenizer:
         name: str,
         data: bytes,
         eot_token: str,
+        *,
         bos_token: str | None = None,
         extra_special: tuple[str, ...] = (),
         where: str = HF_FILE,
@@ -143,9 +144,9 @@ class HFTokenizer:
             self.name,
             self.data,
             self.eot_name,
-            self.bos_name,
-            self.extra_special + tuple(n for n in names if n not in self.special_tokens),
-            self.where,
+            bos_token=self.bos_name,
+            extra_special=self.extra_special + tuple(n for n in names if n not in self.special_tokens),
+            where=self.where,
         )
 
     def extends(self, base) -> bool:
@@ -255,9 +256,9 @@ class HFTokenizer:
                 meta["name"],
                 data,
                 meta["eot_token"],
-                meta["bos_token"],
-                tuple(meta["extra_special"]),
-                str(path),
+                bos_token=meta["bos_token"],
+                extra_special=tuple(meta["extra_special"]),
+                where=str(path),
             )
         except (KeyError, TypeError) as e:
             raise UserError(
@@ -410,4 +411,4 @@ def load_hf_tokenizer(spec: str, eot_token: str = "") -> HFTokenizer:
     except OSError as e:
         raise UserError(f"{file}: cannot be read ({e.strerror})") from None
     eot, bos = choose_eot_and_bos(_parse(data, str(file)), str(file), eot_token, config)
-    return HFTokenizer(f"hf:{source}", data, eot, bos, where=str(file))
+    return HFTokenizer(f"hf:{source}", data, eot, bos_token=bos, where=str(file))
