@@ -192,7 +192,8 @@ def test_checkpoint_moves_between_strategies_and_world_sizes(first, then, single
 
 
 def _collective_rank_1_never_joins() -> int:
-    from pretrainer.train.distributed import init_distributed, is_collective_timeout, mean_across_ranks
+    from pretrainer.core.end_reasons import is_collective_timeout
+    from pretrainer.train.distributed import init_distributed, mean_across_ranks
 
     env = init_distributed("cpu", timeout_s=2)
     if env.rank == 1:
@@ -318,7 +319,9 @@ def _checkpoint_with_a_rank_gone(run_dir: str) -> int:
     model = Transformer(cfg.model)
     optimizer = torch.optim.AdamW(model.parameters())
     try:
-        write_checkpoint(Path(run_dir), 5, model, model, optimizer, 2, env, lambda: {"step": 5})
+        write_checkpoint(
+            Path(run_dir), 5, model, model, optimizer, keep=2, env=env, trainer_state=lambda: {"step": 5}
+        )
     except Exception as e:
         print(f"REFUSED {type(e).__name__}", flush=True)
     return 0

@@ -103,3 +103,31 @@ def test_tokens_per_s_after_an_eval_or_a_checkpoint_on_a_non_logging_step_is_not
         1:
     ]  # after warm-up
     assert max(rates) <= 1.5 * statistics.median(rates), rates
+
+
+def test_the_profiler_traces_its_window_of_a_real_run(stdlib_data, tmp_path):
+    """train.profile_at_step = 3 with 2 steps: one Chrome trace of steps 3-4, holding each step's range
+    and the model's matrix products inside it; the run's numbers are those of a run without it."""
+    import json
+
+    profiled, plain = tmp_path / "profiled", tmp_path / "plain"
+    settings = {"train.max_steps": 5, "eval.every": 0, "ckpt.every": 0}
+    train(tiny_config(stdlib_data, profiled, **settings, **{"train.profile_at_step": 3}))
+    train(tiny_config(stdlib_data, plain, **settings))
+    traces = list((profiled / "profile").iterdir())
+    assert [t.name for t in traces] == ["trace-steps-3-4-rank0.json"]
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    steps = {e["name"]: e for e in events if e.get("name", "").startswith("step ") and e.get("ph") == "X"}
+    assert sorted(steps) == ["step 3", "step 4"]
+    window = steps["step 3"]
+    inside = {
+        e["name"]
+        for e in events
+        if e.get("ph") == "X" and window["ts"] <= e["ts"] <= window["ts"] + window["dur"]
+    }
+    assert {
+        "aten::mm",
+        "aten::scaled_dot_product_attention",
+    } & inside and "Optimizer.step#AdamW.step" in inside
+    losses = lambda run: [r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]  # noqa: E731
+    assert losses(profiled) == losses(plain) and not (plain / "profile").exists()

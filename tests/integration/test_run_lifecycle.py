@@ -130,7 +130,7 @@ def test_a_bare_interrupt_still_ends_the_run_in_order(stdlib_data, tmp_path):
     from pretrainer.artifacts.run_lock import RunDirLock
     from pretrainer.train.console import Console
     from pretrainer.train.distributed import DistEnv
-    from pretrainer.train.loop import end_run
+    from pretrainer.train.trainer import end_run
 
     run, hook = tmp_path / "run", tmp_path / "hook"
     cfg = tiny_config(stdlib_data, run)
@@ -145,10 +145,9 @@ def test_a_bare_interrupt_still_ends_the_run_in_order(stdlib_data, tmp_path):
         lock,
         DistEnv(0, 1, 0, torch.device("cpu"), None),
         KeyboardInterrupt(),
-        5,
-        None,
-        console,
-        None,
+        step=5,
+        run_log=None,
+        console=console,
     )
     assert json.loads((run / "exit.json").read_text())["exit_code"] == 130
     assert exit_hook_calls(hook) == [("signal", 130, 5, str(run))]

@@ -152,6 +152,11 @@ def with_interruptions(checkpoints: dict, wall_s: float, step_s: float) -> dict:
     if not c["interruptions_per_hour"]:
         return {**c, "interruptions": 0.0, "lost_s": 0.0}
     lost = preemption_cost(
-        wall_s, c["every"], step_s, c["write_s"], c["startup_s"], c["interruptions_per_hour"]
+        wall_s,
+        c["every"],
+        step_s,
+        write_s=c["write_s"],
+        startup_s=c["startup_s"],
+        per_hour=c["interruptions_per_hour"],
     )
     return {**c, "interruptions": lost["interruptions"], "lost_s": lost["lost_s"]}

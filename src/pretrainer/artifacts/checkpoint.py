@@ -147,6 +147,7 @@ def save_checkpoint(
     weights: dict[str, torch.Tensor],
     optimizer_state: dict,
     trainer_state: dict,
+    *,
     keep: int,
     keep_best: bool = False,
 ) -> Path:

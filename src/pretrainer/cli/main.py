@@ -30,17 +30,8 @@ from pretrainer.cli.verbs_data import cmd_fetch_gpt2, cmd_prepare, cmd_push
 from pretrainer.cli.verbs_model import cmd_chat, cmd_eval, cmd_export, cmd_sample, cmd_serve_cost
 from pretrainer.cli.verbs_plan import cmd_config, cmd_fit, cmd_plan, cmd_sweep
 from pretrainer.cli.verbs_train import cmd_budget_check, cmd_postmortem, cmd_train
-from pretrainer.core.errors import (
-    EXIT_COLLECTIVE_TIMEOUT,
-    EXIT_USER_ERROR,
-    EXIT_WRITE_FAULT,
-    RunStopped,
-    UserError,
-    WriteFault,
-    exit_code_for_signal,
-    missing_package_hint,
-    write_fault,
-)
+from pretrainer.core.end_reasons import COLLECTIVE_TIMEOUT_HINT, end_reason_of
+from pretrainer.core.errors import EXIT_USER_ERROR, RunStopped, UserError, missing_package_hint, write_fault
 from pretrainer.core.secrets import forget_secrets, redact
 
 DOTTED_OVERRIDE = re.compile(r"^--[a-z][\w-]*\.[\w.-]+=")
@@ -94,43 +85,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return run_verb(args, extra, argv)
-    except UserError as e:
-        print_to_stderr(f"error: {redact(str(e))}")
-        return EXIT_USER_ERROR
-    except WriteFault as e:
-        print_to_stderr(f"error: {redact(str(e))}")
-        return EXIT_WRITE_FAULT
-    except RunStopped as e:
-        print_to_stderr(f"stopped: {e}")
-        return e.exit_code
     except ModuleNotFoundError as e:
         hint = missing_package_hint(e)
         if hint is None:  # pretrainer's own module: a bug, with its traceback
             raise
         print_to_stderr(f"error: {args.verb}: {hint}")
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        import signal
-
-        print_to_stderr("interrupted")
-        return exit_code_for_signal(signal.SIGINT)
-    except Exception as e:
-        from pretrainer.train.distributed import is_collective_timeout
-
-        fault = write_fault(e)  # disk full or read-only anywhere (metrics, prepare, exports): one line
-        if fault is not None:
-            print_to_stderr(f"error: {redact(str(fault))}")
-            return EXIT_WRITE_FAULT
-
-        if not is_collective_timeout(e):
+    except (Exception, KeyboardInterrupt) as e:
+        reason = end_reason_of(e)  # the one table of how things end: the code, and what to say
+        if reason.name == "crash":
             raise
-        print_to_stderr(
-            "error: a collective operation timed out (parallel.timeout_s): a rank is stuck, dead or "
-            "unreachable. Check every rank's log; on cloud GPUs without NVLink/InfiniBand try "
-            "NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1, and NCCL_DEBUG=INFO to see the transport. "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        print_to_stderr(ending_line(reason, e))
+        return reason.exit_code(e)
+
+
+def ending_line(reason, error: BaseException) -> str:
+    """What the CLI says, in one line, of a verb that ended with `error` (`reason`'s row)."""
+    if reason.name == "collective_timeout":
+        return (
+            f"error: {COLLECTIVE_TIMEOUT_HINT} ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
         )
-        return EXIT_COLLECTIVE_TIMEOUT
+    if isinstance(error, RunStopped):
+        return f"stopped: {error}"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    return f"error: {redact(str(write_fault(error) or error))}"
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ def resolve(
     cfg: Config,
     world_size: int = 1,
     data: DataInfo | None = None,
+    *,
     source: ModelConfig | None = None,
     source_where: str = "",
     search_micro_batch: Callable[[Config, int], int] | None = None,

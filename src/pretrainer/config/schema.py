@@ -212,6 +212,13 @@ class TrainConfig:
     watchdog_action: str = opt(
         "warn", '"warn" (one line of diagnosis) or "stop" (checkpoint, exit 6)', allowed=("warn", "stop")
     )
+    profile_at_step: int = opt(
+        0,
+        "the first step traced with torch.profiler: a Chrome trace per rank in RUN_DIR/profile/ (on "
+        "CUDA also a memory snapshot for pytorch.org/memory_viz); 0 = off (no cost)",
+        allowed=">= 0",
+    )
+    profile_steps: int = opt(2, "steps traced from train.profile_at_step", allowed="> 0")
 
 
 @dataclass

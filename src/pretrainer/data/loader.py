@@ -386,6 +386,7 @@ class SequenceLoader:
         seq_len: int,
         micro_batch: int,
         grad_accum: int,
+        *,
         world_size: int = 1,
         rank: int = 0,
         seed: int = 0,

@@ -69,7 +69,7 @@ class LoopEvals:
         self.prompts = read_probes(cfg.eval.probes) if on else []
         self.write = self.say = self.elapsed = self.probes_log = None
 
-    def attach(self, run_dir: Path, keep_through_step: int, is_main: bool, write, say, elapsed) -> None:
+    def attach(self, run_dir: Path, keep_through_step: int, *, is_main: bool, write, say, elapsed) -> None:
         """Where results go: `write` (metrics.jsonl and the trackers), `say`, and RUN_DIR/probes.jsonl on
         rank 0, cut back to the resumed checkpoint's step (also when this launch runs no probes);
         `elapsed()`: the run's clock, read when a record is written."""

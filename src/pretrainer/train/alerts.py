@@ -2,8 +2,7 @@
 loss, a throughput drop, a stall (no step for alerts.stall_factor x the median step time: a hung
 loader or collective), a loss curve heading above the expected loss, and the run's end.
 
-    alerts = Alerts(cfg.alerts, run_dir, is_main, write, say)
-    run_log.alerts = alerts          # the events the run logs (budget_warn, spike, ...) become alerts
+    alerts = Alerts.build(trainer)   # a trainer component; the events the run logs become alerts
     alerts.step_started(step)        # each step: the stall watchdog times it (not the evaluations and
     alerts.step_done(step, loss)     # checkpoints between steps); the curve's points
     alerts.ended(reason, code, step) # the last one; then close()
@@ -31,11 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pretrainer.config.schema import AlertsConfig
-from pretrainer.core.errors import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, EXIT_SLOW, EXIT_TIME_LIMIT
+from pretrainer.core.end_reasons import BY_NAME
 from pretrainer.core.secrets import lost_secret, reveal
+from pretrainer.train.component import Component, Step
 
 WEBHOOK_ENV = "PRETRAINER_WEBHOOK_URL"
-STOPPED_ON_PURPOSE = (EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT, EXIT_SLOW, EXIT_TIME_LIMIT)
 POST_TIMEOUT_S, RETRIES, CLOSE_WAIT_S, REPEAT_S = 5.0, 3, 0.5, 60.0
 # a logged event (train/stopping.py, spikes.py, perf.py) -> (alert kind, what to say)
 EVENTS = {
@@ -55,7 +54,29 @@ CURVE_MIN_POINTS, CURVE_FROM = 20, 0.3  # the off-curve forecast needs this many
 CURVE_EVERY, CURVE_KEEP = 10, 2000  # fit every 10 logged losses, on the newest 2000
 
 
-class Alerts:
+class Alerts(Component):
+    name = "alerts"
+
+    @classmethod
+    def build(cls, trainer) -> Alerts:
+        cfg, run_log = trainer.cfg, trainer.run_log
+        alerts = cls(
+            cfg.alerts,
+            trainer.run_dir,
+            trainer.env.is_main,
+            run_log.write,
+            trainer.say,
+            max_steps=cfg.train.max_steps,
+        )
+        run_log.alerts = alerts  # the events the run logs (budget_warn, spike, ...) become alerts
+        return alerts
+
+    def before_step(self, step: Step) -> None:
+        self.step_started(step.number)  # the stall watchdog times each step (and its drill pauses here)
+
+    def after_log(self, step: Step) -> None:
+        self.step_done(step.number, step.record["loss"] if step.record else None)  # the heartbeat
+
     def __init__(
         self,
         cfg: AlertsConfig,
@@ -63,6 +84,7 @@ class Alerts:
         is_main: bool,
         write: Callable[[dict], None],
         say: Callable[[str], None],
+        *,
         max_steps: int = 0,
     ):
         self.cfg, self.run_name, self.write, self.say = cfg, Path(run_dir).name, write, say
@@ -112,8 +134,7 @@ class Alerts:
 
     def ended(self, reason: str, exit_code: int, step: int | None, message: str) -> None:
         """The run's last alert: finished, stopped (on purpose: budget, signal, limit) or died."""
-        on_purpose = exit_code in STOPPED_ON_PURPOSE or exit_code > 128  # 128 + N: a signal
-        kind = "finished" if reason == "finished" else "stopped" if on_purpose else "died"
+        kind = BY_NAME[reason].alert_kind  # finished, stopped (on purpose) or died
         said = f"{reason} (exit {exit_code})" + (f": {message}" if message else "")
         self.alert(
             kind, step if step is not None else self.step, said, say=False

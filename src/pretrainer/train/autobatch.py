@@ -124,6 +124,7 @@ def find_micro_batch(
     per_rank_batch: int,
     device: torch.device,
     amp_dtype: torch.dtype | None,
+    *,
     say=print,
     fits: Callable[[int], bool] | None = None,
 ) -> int:

@@ -170,6 +170,7 @@ def launch_cost_check(
     budget: BudgetConfig,
     training_flops: float,
     steps_left: int,
+    *,
     gpus: int,
     peak_tflops: float | None,
     elapsed_before_s: float,

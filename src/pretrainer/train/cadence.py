@@ -32,7 +32,7 @@ def young_daly_steps(write_s: float, step_s: float, interruptions_per_hour: floa
 
 
 def preemption_cost(
-    wall_s: float, every_steps: int, step_s: float, write_s: float, startup_s: float, per_hour: float
+    wall_s: float, every_steps: int, step_s: float, *, write_s: float, startup_s: float, per_hour: float
 ) -> dict:
     """What interruptions at `per_hour` cost a run of `wall_s` seconds checkpointing every `every_steps`:
     each loses half an interval of steps on average and a start-up; every checkpoint costs `write_s`."""
@@ -49,7 +49,7 @@ class CheckpointCadence:
     (a checkpoint is a collective)."""
 
     def __init__(
-        self, every: int, interruptions_per_hour: float, first_step: int, env: DistEnv, log, align: int = 1
+        self, every: int, interruptions_per_hour: float, first_step: int, *, env: DistEnv, log, align: int = 1
     ) -> None:
         """align: auto's checkpoints fall on multiples of it (eval.every under ckpt.keep_best, whose
         ranking needs a validation at the checkpoint's step)."""

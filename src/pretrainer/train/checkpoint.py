@@ -18,6 +18,8 @@ from pretrainer.artifacts.checkpoint import load_checkpoint, model_weights, reti
 from pretrainer.core.device import plain_tensors
 from pretrainer.core.errors import WriteFault, write_fault
 from pretrainer.optim.state_file import state_for_file
+from pretrainer.train.cadence import CheckpointCadence
+from pretrainer.train.component import Component, Step
 from pretrainer.train.distributed import (
     DistEnv,
     broadcast_object,
@@ -130,6 +132,7 @@ def write_checkpoint(
     wrapped: torch.nn.Module,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
+    *,
     keep: int,
     env: DistEnv,
     trainer_state: Callable[[], dict],
@@ -153,9 +156,81 @@ def write_checkpoint(
         if not wait:  # the next steps must not change what is written: copy what aliases live host memory
             live = _host_storages(model, optimizer)  # on CPU all of it; on CUDA, e.g. torchao's step counts
             weights, full_optimizer = _copied(weights, live), _copied(state_for_file(full_optimizer), live)
-        writer.start(lambda: save_checkpoint(run_dir, step, weights, full_optimizer, state, keep, keep_best))
+        writer.start(
+            lambda: save_checkpoint(
+                run_dir, step, weights, full_optimizer, state, keep=keep, keep_best=keep_best
+            )
+        )
     if wait:
         settle_writes(writer, env)
+
+
+class Checkpointing(Component):
+    """The trainer's checkpoints: when they fall (train/cadence.py: every ckpt.every steps, or auto's
+    Young/Daly interval from measured times; and the last step), the writes in rank 0's background
+    thread, the time each cost the training thread (metrics.jsonl's checkpoint_s)."""
+
+    name = "checkpointing"
+
+    def __init__(self, trainer, cadence: CheckpointCadence):
+        self.trainer, self.cadence, self.writer = trainer, cadence, CheckpointWriter()
+
+    @classmethod
+    def build(cls, trainer) -> Checkpointing:
+        cfg = trainer.cfg
+        cadence = CheckpointCadence(
+            cfg.ckpt.every,
+            cfg.ckpt.interruptions_per_hour,
+            trainer.state.step + 1,
+            env=trainer.env,
+            log=trainer.run_log.write,
+            align=cfg.eval.every if cfg.ckpt.keep_best else 1,  # the best is ranked by a validation there
+        )
+        return cls(trainer, cadence)
+
+    def save(self, wait: bool = True) -> float:
+        """A collective: every rank gathers, rank 0 writes. -> the training thread's seconds on it."""
+        trainer = self.trainer
+        state, clock, cfg = trainer.state, trainer.run_clock, trainer.cfg
+        started = clock.elapsed()
+        write_checkpoint(
+            trainer.run_dir,
+            state.step,
+            trainer.wrapped,
+            trainer.model,
+            trainer.optimizer,
+            keep=cfg.ckpt.keep,
+            env=trainer.env,
+            trainer_state=trainer.state_json,
+            keep_best=cfg.ckpt.keep_best,
+            writer=self.writer,
+            wait=wait,
+        )
+        state.saved_step = state.step
+        # what the training thread spent on it (plan --from-run counts checkpoints with it)
+        took = clock.elapsed()
+        trainer.run_log.write({"step": state.step, "checkpoint_s": took - started, "elapsed_s": took})
+        return took - started
+
+    def settle(self) -> None:
+        """A write in flight, finished (a collective)."""
+        settle_writes(self.writer, self.trainer.env)
+
+    def after_log(self, step: Step) -> None:
+        if step.record is not None:
+            tokens_per_s = step.record["tokens_per_s"]
+            step_tokens = self.trainer.start.step_tokens
+            self.cadence.measured_step(step_tokens / tokens_per_s if tokens_per_s > 0 else 0)
+
+    def between_steps(self, step: Step) -> bool:
+        if not (self.cadence.due(step.number) or step.last):
+            return False
+        # periodic: written as training goes on; the last one waited for
+        self.cadence.checkpointed(step.number, self.save(wait=step.last))
+        return True
+
+    def close(self) -> None:
+        self.writer.close()  # the write in flight completes, however the run ended
 
 
 def _host_storages(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
@@ -213,5 +288,5 @@ def restore_checkpoint(
         None,
         None,
     )
-    load_full_state(wrapped, model, optimizer, weights, optimizer_state, env)
+    load_full_state(wrapped, model, optimizer, weights=weights, optimizer_state=optimizer_state, env=env)
     return broadcast_object(state, env)

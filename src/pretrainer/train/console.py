@@ -13,6 +13,7 @@ from pathlib import Path
 from pretrainer.artifacts.checkpoint import latest_checkpoint
 from pretrainer.config.schema import Config
 from pretrainer.core.streams import GONE, switch_off
+from pretrainer.train.component import Component, Step
 from pretrainer.train.distributed import DistEnv
 
 # --- the console ---
@@ -101,6 +102,43 @@ class _Tee(io.TextIOBase):
     @property
     def encoding(self) -> str:
         return getattr(self.stream, "encoding", "utf-8")
+
+
+class ProgressBar(Component):
+    """The trainer's console: a progress bar on a terminal (rank 0; its redraws are not train.log's
+    lines) and one line per logged step."""
+
+    name = "console"
+
+    def __init__(self, bar, say, end_step: int, step_tokens: int):
+        self.bar, self.say, self.end_step, self.step_tokens = bar, say, end_step, step_tokens
+
+    @classmethod
+    def build(cls, trainer) -> ProgressBar:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=trainer.max_steps,
+            initial=trainer.state.step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=1.0,
+            disable=True if not trainer.env.is_main else None,  # None: a bar on a terminal only
+            file=trainer.console.terminal,
+        )
+        return cls(bar, trainer.say, trainer.end_step, trainer.start.step_tokens)
+
+    def after_step(self, step: Step) -> None:
+        self.bar.n = step.number - 1  # a rollback takes the run back
+        self.bar.update(1)
+
+    def after_log(self, step: Step) -> None:
+        if step.record is not None:
+            self.say(step_line(step.record, self.end_step, self.step_tokens))
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def format_duration(seconds: float) -> str:

@@ -235,6 +235,7 @@ def load_full_state(
     wrapped: nn.Module,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
+    *,
     weights: dict | None,
     optimizer_state: dict | None,
     env: DistEnv,
@@ -320,11 +321,6 @@ def on_rank0(work: Callable[[], Any], env: DistEnv, where: str) -> Any:
     if problem:
         raise UserError(problem)
     return result
-
-
-def is_collective_timeout(error: BaseException) -> bool:
-    text = f"{type(error).__name__}: {error}".lower()
-    return isinstance(error, (RuntimeError, dist.DistError)) and ("timed out" in text or "timeout" in text)
 
 
 def agree_max(values: list[int], env: DistEnv) -> list[int]:

@@ -71,6 +71,7 @@ def memory_per_gpu(
     params: int,
     matmul_params: int,
     param_shapes: list[tuple[int, ...]],
+    *,
     gpus: int,
     strategy: str,
     gpu_memory_gb: float | None,
@@ -140,11 +141,11 @@ def planned_memory(
         counts["total"],
         matmul_params,
         param_shapes,
-        world_size,
-        cfg.parallel.strategy,
-        memory_gb,
-        gpus_per_node,
-        hidden,
+        gpus=world_size,
+        strategy=cfg.parallel.strategy,
+        gpu_memory_gb=memory_gb,
+        gpus_per_node=gpus_per_node,
+        hidden=hidden,
     )
     # what a checkpoint writes: the whole fp32 model and optimizer state, however it is sharded
     counts["checkpoint_bytes"] = 4 * counts["total"] + planned_state_bytes(

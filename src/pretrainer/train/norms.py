@@ -1,8 +1,33 @@
-"""Norms the loop logs: of the weights, of the last update, and of the gradients per layer group."""
+"""Norms the loop logs: of the weights, of the last update, and of the gradients per layer group
+(measured by the trainer before clipping, on the logging steps spike.layer_norms_every asks for)."""
 
 from __future__ import annotations
 
 import torch
+
+from pretrainer.optim.adamw import adamw_update_norm
+from pretrainer.train.component import Component, Step
+
+
+class Norms(Component):
+    """On logging steps: the parameter norm, the update's size relative to it, the per-group gradient
+    norms. Collectives under FSDP2: every rank logs the same steps."""
+
+    name = "norms"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    @classmethod
+    def build(cls, trainer) -> Norms:
+        return cls(trainer.model, trainer.optimizer)
+
+    def metrics(self, step: Step) -> dict:
+        return {
+            **weight_norms(self.model, adamw_update_norm(self.optimizer, step.skip)),
+            **{f"grad_norm/{name}": value.item() for name, value in step.group_norms.items()},
+        }
+
 
 # --- quantities the loop logs ---
 

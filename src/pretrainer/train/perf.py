@@ -1,8 +1,7 @@
 """What the training speed depends on, measured while the run trains: host syncs, the attention
 kernel SDPA really picks, time spent waiting for data, and the throughput watchdog.
 
-    speed = SpeedMonitor(cfg, tokens, flops_per_token, peak_tflops, world_size, device, first_step,
-    attention, say, log)
+    speed = SpeedMonitor.build(trainer)         # a trainer component (train/component.py)
     speed.start_step(step, logging_step); micro_batches = speed.read_batch(loader); ...; speed.end_step()
     record.update(speed.interval(tokens))       # on a logging step: tokens/s, MFU, data wait, host syncs
     speed.check(step, record)                   # the watchdog (once, after its warm-up)
@@ -30,7 +29,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pretrainer.config.schema import Config, TrainConfig
 from pretrainer.core.device import compiles
+from pretrainer.core.errors import EXIT_SLOW
 from pretrainer.core.hardware import mfu
+from pretrainer.train.component import Component, Step, StopRequest, Votes, stopped_with_checkpoint
+from pretrainer.train.console import resume_command
 
 SCALAR_READ = torch.ops.aten._local_scalar_dense.default
 
@@ -110,6 +112,7 @@ def attention_backend(
     seq_len: int,
     device: torch.device,
     amp_dtype: torch.dtype | None,
+    *,
     documents: bool = False,
     say=None,
 ) -> str:
@@ -196,7 +199,8 @@ def _probe_attention(
     chosen: list[int] = []
     real = F.scaled_dot_product_attention
 
-    def asking(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    # SDPA's own signature: whatever the block passes it, positionally or not
+    def asking(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):  # noqa: PLR0917
         chosen.append(
             torch._fused_sdp_choice(
                 q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
@@ -300,17 +304,62 @@ class ThroughputWatchdog:
             self.stop_wanted, self.message = 1, line
 
 
-class SpeedMonitor:
+class SpeedMonitor(Component):
     """The loop's speed bookkeeping in one place: tokens/s and MFU per logging interval (not counting
     evaluation and checkpoints: restart() after them), the fraction of it spent reading batches, host
     syncs on the steps between logging steps (always with train.audit_syncs; for the watchdog on CUDA
-    only, where counting is cheap), and the throughput watchdog."""
+    only, where counting is cheap), and the throughput watchdog (its vote: "slow")."""
+
+    name = "speed"
+
+    @classmethod
+    def build(cls, trainer) -> SpeedMonitor:
+        start, env = trainer.start, trainer.env
+        speed = cls(
+            trainer.cfg,
+            trainer.state.tokens,
+            start.model_flops_per_token,
+            peak_tflops=start.peak_tflops,
+            world_size=env.world_size,
+            device=env.device,
+            first_step=trainer.state.step,
+            attention=start.attention,
+            say=trainer.say,
+            log=trainer.run_log.write,
+        )
+        speed.resume_command = resume_command(trainer.cfg, env)
+        return speed
+
+    def before_step(self, step: Step) -> None:
+        self.start_step(step.number, step.logging)
+
+    def vote(self, step: Step, votes: Votes) -> None:
+        votes.cast("slow", self.watchdog.stop_wanted)
+
+    def stop_request(self, step: Step, agreed: dict[str, int]) -> StopRequest | None:
+        if not agreed["slow"]:
+            return None
+        said = self.watchdog.message or "watchdog: throughput below the minimum"
+        resume = stopped_with_checkpoint(step.number - 1, self.resume_command)
+        return StopRequest("throughput_stop", f"{said}: {resume}", EXIT_SLOW)
+
+    def after_step(self, step: Step) -> None:
+        self.end_step()  # logging, evaluation and checkpoints after it may sync
+
+    def metrics(self, step: Step) -> dict:
+        self.figures = self.interval(step.tokens)
+        return self.figures
+
+    def after_log(self, step: Step) -> None:
+        if step.record is not None:
+            self.check(step.number, self.figures)  # the throughput watchdog, once after its warm-up
 
     def __init__(
         self,
         cfg: Config,
         tokens: int,
         flops_per_token: float,
+        *,
         peak_tflops: float | None,
         world_size: int,
         device: torch.device,

@@ -53,7 +53,7 @@ from pretrainer.train.distributed import (
 )
 from pretrainer.train.memory import refuse_what_cannot_fit
 from pretrainer.train.perf import attention_backend
-from pretrainer.train.spikes import UnigramStats, unigram_counts
+from pretrainer.train.spikes import UnigramStats
 
 
 def resolve_for_training(cfg: Config, data, env: DistEnv, amp_dtype: torch.dtype | None, say):
@@ -70,14 +70,14 @@ def resolve_for_training(cfg: Config, data, env: DistEnv, amp_dtype: torch.dtype
             f"the data with --tokenizer-from {cfg.init.from_}"
         )
     search = lambda c, per_rank: (
-        -agree_max([-find_micro_batch(c, per_rank, env.device, amp_dtype, say)], env)[0]
+        -agree_max([-find_micro_batch(c, per_rank, env.device, amp_dtype, say=say)], env)[0]
     )  # noqa: E731
     return resolve(
         cfg,
         env.world_size,
         data,
-        parent.model if parent else None,
-        f"init.from={cfg.init.from_}",
+        source=parent.model if parent else None,
+        source_where=f"init.from={cfg.init.from_}",
         search_micro_batch=search,
         count_parameters=total_parameters,
     ), parent
@@ -130,6 +130,7 @@ def build_training_model(
     amp_dtype: torch.dtype | None,
     resume: Resume | None,
     parent: InitSource | None,
+    *,
     say=None,
     data_vocab: int = 0,
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, str]:
@@ -163,7 +164,7 @@ def build_training_model(
     model.to(env.device)
     # before sharding: on plain tensors
     attention = attention_backend(
-        model, cfg.model.seq_len, env.device, amp_dtype, cfg.data.packing == "document", say
+        model, cfg.model.seq_len, env.device, amp_dtype, documents=cfg.data.packing == "document", say=say
     )
     # torchtitan's order: then shard
     compiled = compiles(cfg.train.compile, env.device)
@@ -177,9 +178,9 @@ def build_training_model(
             wrapped,
             model,
             optimizer if resume else None,
-            weights,
-            resume.optimizer_state if resume else None,
-            env,
+            weights=weights,
+            optimizer_state=resume.optimizer_state if resume else None,
+            env=env,
         )
     if resume is not None:  # the host copies are in the model and optimizer now: free them
         resume.weights = resume.optimizer_state = None
@@ -209,6 +210,7 @@ def describe(
     cfg: Config,
     model: torch.nn.Module,
     data,
+    *,
     loader: SequenceLoader,
     env: DistEnv,
     amp_dtype: torch.dtype | None,
@@ -280,19 +282,6 @@ def describe(
         say(f"warning: {warning}")
 
 
-def training_unigram(data, vocab_size: int) -> UnigramStats:
-    """Token statistics of the train split (cached in the cache dir): spike drills and batch forensics.
-    A mixture's are its sources' frequencies mixed by weight, scaled to its train tokens."""
-    counts = [
-        unigram_counts(part.tokens("train"), vocab_size, part.manifest["splits"]["train"]["sha256"])
-        for part in data.parts
-    ]
-    if len(counts) == 1:
-        return UnigramStats(counts[0])
-    mixed = sum(w * c / max(1, c.sum()) for w, c in zip(data.weights, counts)) / sum(data.weights)
-    return UnigramStats(np.rint(mixed * data.manifest["splits"]["train"]["tokens"]).astype(np.int64))
-
-
 def write_run_dir(cfg: Config, data, unigram: UnigramStats, run_dir: Path, env: DistEnv) -> None:
     """Rank 0 writes the resolved config, the tokenizer (the run dir is self-contained for sampling
     and export) and the training unigram distribution (for post-mortems); the others wait for it."""
@@ -353,7 +342,7 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
 
     # --- model: seeded alike on every rank, weights from the checkpoint or init.from, then wrapped ---
     model, wrapped, optimizer, attention = build_training_model(
-        cfg, env, amp_dtype, resume, parent, say, data.tokenizer.vocab_size
+        cfg, env, amp_dtype, resume, parent, say=say, data_vocab=data.tokenizer.vocab_size
     )
 
     # --- data: every rank reads its own slice of each global step; targets outside the loss mask are
@@ -365,9 +354,9 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
         cfg.model.seq_len,
         cfg.train.micro_batch,
         grad_accum,
-        env.world_size,
-        env.rank,
-        cfg.train.seed,
+        world_size=env.world_size,
+        rank=env.rank,
+        seed=cfg.train.seed,
         where=f"{data.path}/train.bin",
         pin_memory=device.type == "cuda",
         weights=weights,
@@ -389,7 +378,18 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     end_step = min(max_steps, cfg.train.stop_at_step) if cfg.train.stop_at_step > 0 else max_steps
     start_step, elapsed_before = (resume.state["step"], resume.state["elapsed_s"]) if resume else (0, 0.0)
     # and likely mistakes
-    describe(cfg, model, data, loader, env, amp_dtype, resume, start_step, attention, say)
+    describe(
+        cfg,
+        model,
+        data,
+        loader=loader,
+        env=env,
+        amp_dtype=amp_dtype,
+        resume=resume,
+        start_step=start_step,
+        attention=attention,
+        say=say,
+    )
     return Start(
         cfg,
         data,
@@ -413,7 +413,7 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
 
 
 def run_record(
-    cfg: Config, env: DistEnv, data, resume: Resume | None, parent: InitSource | None, optimizer
+    cfg: Config, env: DistEnv, data, *, resume: Resume | None, parent: InitSource | None, optimizer
 ) -> dict:
     """What every state.json records besides the trainer state: what produced the run."""
     # the weights actually loaded

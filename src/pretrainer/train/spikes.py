@@ -2,7 +2,7 @@
 rollback), and the batch forensics that `pretrainer postmortem` reads. The training loop talks to
 one object, `SpikeGuard`, and asks it three questions per step:
 
-    micro_batches, lr = guard.before_step(step, cursor, micro_batches, lr)   # drills, post-rollback LR
+    micro_batches, lr = guard.adjust_batch(step, cursor, micro_batches, lr) # drills, post-rollback LR
     flag = guard.out_of_vocab(micro_batches)      # ids outside the vocab? agreed across ranks, then
     guard.reject(step, cursor)                    # on every rank when any rank saw one
     verdict = guard.check(step, loss, grad_norm, lr)                          # skip? roll back where?
@@ -53,6 +53,7 @@ from pretrainer.config.schema import SpikeConfig
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_bytes
 from pretrainer.data.tokenizers.base import cache_dir
+from pretrainer.train.component import Component
 from pretrainer.train.distributed import DistEnv, broadcast_object
 
 RARE_FRACTION = 0.01  # "rare" = the rarest 1% of the vocabulary ids that occur in the training data
@@ -147,6 +148,19 @@ class UnigramStats:
             "max_token_id": int(ids.max()),
             "top_token_fraction": top_fraction,
         }
+
+
+def training_unigram(data, vocab_size: int) -> UnigramStats:
+    """Token statistics of the train split (cached in the cache dir): spike drills and batch forensics.
+    A mixture's are its sources' frequencies mixed by weight, scaled to its train tokens."""
+    counts = [
+        unigram_counts(part.tokens("train"), vocab_size, part.manifest["splits"]["train"]["sha256"])
+        for part in data.parts
+    ]
+    if len(counts) == 1:
+        return UnigramStats(counts[0])
+    mixed = sum(w * c / max(1, c.sum()) for w, c in zip(data.weights, counts)) / sum(data.weights)
+    return UnigramStats(np.rint(mixed * data.manifest["splits"]["train"]["tokens"]).astype(np.int64))
 
 
 class SpikeInjector:
@@ -297,11 +311,15 @@ class Verdict:
 
 
 @dataclass
-class SpikeGuard:
+class SpikeGuard(Component):
     """Detection, drills and actions for one run; its state_dict is part of the trainer state.
 
     log(record) writes to the run's metrics, say(text) to the console; elapsed() is the run's clock.
+    As a trainer component: its vote "drop_batch" (ids outside the vocabulary on any rank), the
+    flagged steps and the batch's statistics on logging steps, its state under "spike".
     """
+
+    name, state_key = "spikes", "spike"
 
     cfg: SpikeConfig
     unigram: UnigramStats
@@ -321,6 +339,32 @@ class SpikeGuard:
     # a collective every rank runs before rank 0 picks a rollback's checkpoint (the loop: settle the writer)
     before_rollback: Callable[[], None] = lambda: None
 
+    @classmethod
+    def build(cls, trainer) -> SpikeGuard:
+        cfg, model_cfg = trainer.cfg, trainer.cfg.model
+        guard = cls(
+            cfg.spike,
+            training_unigram(trainer.start.data, model_cfg.vocab_size),
+            model_cfg.vocab_size,
+            model_cfg.seq_len,
+            cfg.train.seed,
+            trainer.run_dir,
+            trainer.env,
+            trainer.run_log.write,
+            trainer.say,
+            trainer.run_clock.elapsed,
+        )
+        # rank 0 picks a rollback's checkpoint once the write in flight has landed
+        guard.before_rollback = lambda: trainer.checkpointing.settle()
+        return guard
+
+    def vote(self, step, votes) -> None:
+        votes.cast("drop_batch", self.out_of_vocab(step.micro_batches))
+
+    def metrics(self, step) -> dict:
+        self.flush()  # the flagged steps since the last log
+        return self.batch_forensics(self.batch, histogram=False)
+
     def __post_init__(self):
         self.monitor = SpikeMonitor(
             self.cfg.window, self.cfg.min_values, self.cfg.sigmas, self.env.device, self.cfg.max_consecutive
@@ -331,7 +375,7 @@ class SpikeGuard:
             else None
         )
 
-    def before_step(self, step: int, cursor: int, micro_batches: list, lr: float, sequences_per_step: int):
+    def adjust_batch(self, step: int, cursor: int, micro_batches: list, lr: float, sequences_per_step: int):
         """Drills replace the batch (or scale the LR); after a rollback the LR is reduced for a while.
         `step` is the 1-based step about to run, reading from data position `cursor`."""
         if self.injector is not None and self.injector.active(step, cursor, sequences_per_step):

@@ -6,23 +6,22 @@ what a checkpoint saves and what resume and rollback restore.
                                         document packing leaves some out)
     state.clock                         wall-clock seconds over this process and every earlier one
     state.loader                        the data cursor (SequenceLoader.state_dict)
-    state.spikes                        the spike monitor, rollback count, post-rollback LR window
     + the Python, NumPy, torch (and this GPU's) RNG states of every rank, captured at save time
 
-Resume restores all of it (`load_state_dict`). A rollback restores only the model's side of it
-(`rewind`: step, tokens, RNG): the data keeps going forward past the bad window, the clock keeps
-running, and the spike guard remembers that it rolled back.
+Resume restores all of it (`load_state_dict`; the trainer's components restore their own parts of
+state.json: the spike guard's, for one). A rollback restores only the model's side of it (`rewind`:
+step, tokens, RNG): the data keeps going forward past the bad window, the clock keeps running, and
+the spike guard remembers that it rolled back.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from contextlib import contextmanager
 
 from pretrainer.data.loader import SequenceLoader
 from pretrainer.train.checkpoint import rank_rng_state, rng_state, set_rng_state
 from pretrainer.train.distributed import DistEnv
-from pretrainer.train.spikes import SpikeGuard
 
 
 class RunClock:
@@ -32,26 +31,27 @@ class RunClock:
     def __init__(self):
         self.before = 0.0  # seconds run by earlier processes of this run
         self.started = time.time()
+        self.reading: float | None = None  # while frozen: the one reading everyone gets
 
     def elapsed(self) -> float:
-        return self.before + time.time() - self.started
+        return self.reading if self.reading is not None else self.before + time.time() - self.started
+
+    @contextmanager
+    def frozen(self):
+        """One reading of the clock for everything inside (a state.json's parts agree on the time)."""
+        self.reading = self.elapsed()
+        try:
+            yield
+        finally:
+            self.reading = None
 
 
 class TrainerState:
-    def __init__(
-        self,
-        loader: SequenceLoader,
-        spikes: SpikeGuard,
-        clock: RunClock,
-        spent_usd: Callable[[float], float],
-        env: DistEnv,
-    ):
+    def __init__(self, loader: SequenceLoader, clock: RunClock, env: DistEnv):
         self.step, self.tokens, self.trained_tokens = 0, 0, 0
         # the step of the newest checkpoint this run wrote or restored (not itself saved)
         self.saved_step = -1
-        self.loader, self.spikes, self.clock = loader, spikes, clock
-        # $ spent after a number of seconds (the budget guard's reading or estimate)
-        self.spent_usd = spent_usd
+        self.loader, self.clock = loader, clock
         self.env = env  # whose RNG state this process restores (each rank its own)
 
     def advance(self, tokens: int, trained_tokens: int) -> None:
@@ -66,10 +66,8 @@ class TrainerState:
             "tokens": self.tokens,
             "trained_tokens": self.trained_tokens,
             "elapsed_s": elapsed,
-            "spent_usd": self.spent_usd(elapsed),
             "data": self.loader.state_dict(),
             "rng": rng_state(self.env.device),  # rank 0's; write_checkpoint adds every rank's
-            "spike": self.spikes.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -79,8 +77,6 @@ class TrainerState:
         self.saved_step = self.step
         self.loader.load_state_dict(state["data"])
         self.restore_rng(state)
-        if "spike" in state:
-            self.spikes.load_state_dict(state["spike"])
 
     def rewind(self, state: dict) -> None:
         """Back to a checkpoint's step, tokens and RNG; the data cursor and the clock go on."""

@@ -1,21 +1,19 @@
 """One optimizer step's forward and backward over its micro-batches (the loss weighted by counted targets,
-gradients reduced on the last), and stopping before a step."""
+gradients reduced on the last)."""
 
 from __future__ import annotations
 
 import torch
 
 from pretrainer.core.device import autocast
-from pretrainer.core.errors import RunStopped
-from pretrainer.data.loader import SequenceLoader
 from pretrainer.train.distributed import DistEnv, gradient_sync, mean_across_ranks
-from pretrainer.train.perf import SpeedMonitor
 
 
 def forward_backward(
     wrapped: torch.nn.Module,
     micro_batches,
     counts: tuple[list[int], int],
+    *,
     strategy: str,
     env: DistEnv,
     amp_dtype: torch.dtype | None,
@@ -41,13 +39,3 @@ def forward_backward(
             (loss / divisor).backward()
         loss_sum += loss.detach() if uniform else loss.detach() / divisor
     return mean_across_ranks(loss_sum / divisor if uniform else loss_sum, env)
-
-
-def stop_run(request, speed: SpeedMonitor, loader: SequenceLoader, cursor, save) -> None:
-    """Stop before the step: its batch goes back to the loader (a resume reads it first), a checkpoint
-    is written when the request asks for one and `save` is given (None: the newest one is current)."""
-    speed.end_step()
-    loader.cursor = cursor
-    if request.checkpoint and save is not None:
-        save()
-    raise RunStopped(request.message, request.exit_code, request.reason, request.requeue)

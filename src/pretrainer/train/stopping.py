@@ -1,15 +1,16 @@
 """Why a run stops, decided the same way on every rank, and the record of why it ended.
 
     signals = StopSignal(); signals.install()          # at once: a signal during setup is kept too
-    stopper = Stopper(cfg.budget, env, signals, clock, log, say, resume_command)
-    budget_action, signum, *_ = agree_max(stopper.local_view(step, elapsed, max_steps) + other_flags, env)
-    request = stopper.request(step, budget_action, signum)   # once per step: None, or why to stop
+    stopper = Stopper.build(trainer)                   # a trainer component (train/component.py)
+    stopper.vote(step, votes)                          # "budget", "signal", "time_limit"
+    request = stopper.stop_request(step, agreed)       # once per step: None, or why to stop
     write_exit_record(run_dir, *exit_status(error), step, error)   # RUN_DIR/exit.json, at every exit
 
-Two sources of a stop: a signal on any rank (spot preemption, scancel, pkill, Ctrl-C) and the
-budget guard on rank 0 (budget.json or the $ estimate, see budget.py). Before each step every rank
-contributes its view to the loop's one small host-side all-reduce (max; distributed.agree_max, no
-device sync), so all ranks stop at the same step and write one checkpoint together.
+Three sources of a stop here: a signal on any rank (spot preemption, scancel, pkill, Ctrl-C), a
+wall-clock limit, and the budget guard on rank 0 (budget.json or the $ estimate, see budget.py).
+Before each step every rank casts its votes into the trainer's one small host-side all-reduce (max;
+distributed.agree_max, no device sync), so all ranks stop at the same step and write one checkpoint
+together. Which stop wins, and whether it checkpoints, is core/end_reasons.py's table.
 
 RUN_DIR/exit.json is the contract with schedulers and launchers: {"reason", "exit_code", "step",
 "checkpoint", "message", "time_utc"}, written atomically by rank 0 however the process ends:
@@ -39,27 +40,19 @@ from pretrainer.config.schema import BudgetConfig
 from pretrainer.core.errors import (
     EXIT_BUDGET_PROJECTED,
     EXIT_BUDGET_SPENT,
-    EXIT_COLLECTIVE_TIMEOUT,
-    EXIT_CRASH,
     EXIT_FILE_ENV,
-    EXIT_OK,
-    EXIT_SLOW,
     EXIT_TIME_LIMIT,
-    EXIT_USER_ERROR,
-    EXIT_WRITE_FAULT,
     SIGNAL_REPEAT_GRACE_S,
     STOP_SIGNAL_NAMES,
-    RunStopped,
-    UserError,
-    WriteFault,
     exit_code_for_signal,
-    write_fault,
 )
 from pretrainer.core.files import atomic_write_json
 from pretrainer.core.secrets import redact
 from pretrainer.train.budget import ACTION_CODES, BudgetGuard, estimated_spend_usd
-from pretrainer.train.distributed import DistEnv, is_collective_timeout
-from pretrainer.train.slurm import SlurmJob
+from pretrainer.train.component import Component, Step, StopRequest, Votes, stopped_with_checkpoint
+from pretrainer.train.console import resume_command
+from pretrainer.train.distributed import DistEnv, broadcast_object
+from pretrainer.train.slurm import SlurmJob, requeue_signal_numbers
 
 
 class StopSignal:
@@ -135,29 +128,13 @@ class TimeLimits:
         )
 
 
-def exit_status(error: BaseException | None) -> tuple[str, int]:
-    """(reason, exit code) for how a run ended: None is a normal finish."""
-    if error is None:
-        return "finished", EXIT_OK
-    if isinstance(error, RunStopped):
-        return error.reason, error.exit_code
-    if isinstance(error, UserError):
-        return "error", EXIT_USER_ERROR
-    if isinstance(error, WriteFault) or write_fault(error):
-        return "write_fault", EXIT_WRITE_FAULT
-    if isinstance(error, KeyboardInterrupt):
-        return "signal", exit_code_for_signal(signal.SIGINT)
-    if is_collective_timeout(error):
-        return "collective_timeout", EXIT_COLLECTIVE_TIMEOUT
-    return "error", EXIT_CRASH
-
-
 def write_exit_record(
     run_dir: Path,
     reason: str,
     exit_code: int,
     step: int | None,
     error: BaseException | None,
+    *,
     into_run_dir: bool = True,
     launcher_only: dict | None = None,
 ) -> dict:
@@ -188,16 +165,52 @@ def write_exit_record(
     return record
 
 
-@dataclass
-class StopRequest:
-    reason: str  # "budget_stop", "budget_halt" or "signal"
-    message: str
-    exit_code: int
-    checkpoint: bool  # write one before exiting (not when the money is already spent)
-    requeue: bool = False  # inside SLURM: requeue the job once the checkpoint and exit record are written
+class Stopper(Component):
+    """The stop decision's own side: signals, the SLURM job's end and train.max_hours, the budget guard.
+    Its votes ("budget", "signal", "time_limit") are agreed across ranks with the others'."""
 
+    name, state_key = "stopping", "spent_usd"
 
-class Stopper:
+    @classmethod
+    def build(cls, trainer) -> Stopper:
+        cfg, env = trainer.cfg, trainer.env
+        # None outside SLURM; read on rank 0 (its end time may need squeue) so every rank stops alike
+        job = broadcast_object(SlurmJob.from_env() if env.is_main else None, env)
+        stopper = cls(
+            cfg.budget,
+            env,
+            trainer.signals,
+            trainer.budget_clock,
+            trainer.run_log.write,
+            say=trainer.say,
+            resume_command=resume_command(cfg, env),
+            limits=TimeLimits.of(cfg.train.max_hours, cfg.run.stop_margin_s, job),
+            requeue_on=requeue_signal_numbers(cfg.run.requeue_signals, job),
+        )
+        stopper.run_clock, stopper.max_steps = trainer.run_clock, cfg.train.max_steps
+        stopper.hang_drill_step = cfg.parallel.hang_drill_step
+        stopper.start(trainer.state.step)
+        return stopper
+
+    def vote(self, step: Step, votes: Votes) -> None:
+        budget, signum, limit = self.local_view(
+            step.number - 1, self.run_clock.elapsed(), self.max_steps, self.hang_drill_step
+        )
+        votes.cast("budget", budget)
+        votes.cast("signal", signum)
+        votes.cast("time_limit", limit)
+
+    def stop_request(self, step: Step, agreed: dict[str, int]) -> StopRequest | None:
+        return self.request(step.number - 1, agreed["budget"], agreed["signal"], agreed["time_limit"])
+
+    def metrics(self, step: Step) -> dict:
+        if not (self.budget.cap_usd or self.budget.usd_per_gpu_hour):
+            return {}
+        return {"spent_usd": self.spent_usd(step.record["elapsed_s"])}
+
+    def state_dict(self) -> float:
+        return self.spent_usd(self.run_clock.elapsed())
+
     def __init__(
         self,
         budget: BudgetConfig,
@@ -205,6 +218,7 @@ class Stopper:
         signals: StopSignal,
         clock: Callable[[], float],
         log: Callable[[dict], None],
+        *,
         say: Callable[[str], None],
         resume_command: str = "the same command",
         limits: TimeLimits | None = None,
@@ -282,39 +296,20 @@ class Stopper:
                 budget_action = ACTION_CODES[decision.action]
         return [budget_action, self.signal.signum, limit]
 
-    def request(
-        self,
-        step: int,
-        budget_action: int,
-        signum: int,
-        limit: int = 0,
-        slow: int = 0,
-        slow_message: str = "",
-    ) -> StopRequest | None:
-        """From the agreed [budget action, signal, time limit, watchdog]: None, or why to stop after
-        `step` completed steps."""
+    def request(self, step: int, budget_action: int, signum: int, limit: int = 0) -> StopRequest | None:
+        """From the agreed budget action, signal and time limit: None, or why to stop after `step`
+        completed steps (the first that applies, in the end-reason table's order)."""
         cap = f"budget.cap_usd ${self.budget.cap_usd:.2f}"
         if budget_action == ACTION_CODES["halt"]:
             return StopRequest(
                 "budget_halt",
                 f"budget: spent over {cap} at step {step}; stopped without a checkpoint",
                 EXIT_BUDGET_SPENT,
-                checkpoint=False,
             )
-        resume = f"checkpoint written at step {step}; resume with: {self.resume_command}"
+        resume = stopped_with_checkpoint(step, self.resume_command)
         if budget_action == ACTION_CODES["stop"]:
             return StopRequest(
-                "budget_stop",
-                f"budget: projected cost over {cap}: {resume}",
-                EXIT_BUDGET_PROJECTED,
-                checkpoint=True,
-            )
-        if slow:
-            return StopRequest(
-                "throughput_stop",
-                f"{slow_message or 'watchdog: throughput below the minimum'}: {resume}",
-                EXIT_SLOW,
-                checkpoint=True,
+                "budget_stop", f"budget: projected cost over {cap}: {resume}", EXIT_BUDGET_PROJECTED
             )
         requeue = " (the SLURM job is requeued)"
         if signum:
@@ -323,13 +318,12 @@ class Stopper:
                 "signal",
                 f"signal {signal.Signals(signum).name}: {resume}{requeue if again else ''}",
                 exit_code_for_signal(signum),
-                checkpoint=True,
                 requeue=again,
             )
         if limit:  # a launch that trained no step before the job's end would requeue forever: it stops
             again = limit == LIMIT_JOB_END and bool(self.requeue_on) and step > self.first_step
             message = self.limits.message(limit, resume) + (requeue if again else "")
-            return StopRequest("time_limit", message, EXIT_TIME_LIMIT, checkpoint=True, requeue=again)
+            return StopRequest("time_limit", message, EXIT_TIME_LIMIT, requeue=again)
         return None
 
     def hang(self) -> None:

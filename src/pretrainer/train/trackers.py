@@ -2,11 +2,14 @@
 Each gets the same things with the same step numbers: a logged record's scalars, the run's params once,
 and its events (a record's words: an alert and its message) as text. One small interface:
 
+    tracker = Tracker.open(cfg, run_dir, keep_through_step, say)   # None: it cannot run this launch
     tracker.write(record)    a metrics.jsonl record: {"step": 20, "loss": 3.1, ...}
-    tracker.close(status)    "FINISHED", "KILLED" (stopped on purpose) or "FAILED"
+    tracker.close(status)    "FINISHED", "KILLED" (stopped on purpose) or "FAILED" (core/end_reasons.py)
     tracker.rewinds          whether logging a step again replaces it (see RunLog's resume)
 
 Each is imported only when asked for; RunLog (train/tracking.py) reports one that fails and goes on.
+A new tracker is one class with that interface (its `package` and `install` hint too) and one entry
+in TRACKERS below; config/schema.py's TRACKERS names the same ones (a test keeps them equal).
 """
 
 from __future__ import annotations
@@ -17,15 +20,9 @@ import secrets
 import time
 from pathlib import Path
 
+from pretrainer.config.schema import config_text, flatten
 from pretrainer.core.files import atomic_write_bytes
-from pretrainer.core.secrets import reveal
-
-# what `pip install` brings each backend, for the note when one is missing
-INSTALL_HINTS = {
-    "mlflow": "pip install mlflow",
-    "tensorboard": "pip install tensorboard",
-    "wandb": "pip install wandb",
-}
+from pretrainer.core.secrets import lost_secret, reveal
 
 
 def scalars(record: dict) -> dict[str, float]:
@@ -54,6 +51,18 @@ class MlflowTracker:
     View with: mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlflow.db"""
 
     rewinds = False  # a metric's history keeps every value logged
+    package, install = "mlflow", "pip install mlflow"
+
+    @classmethod
+    def open(cls, cfg, run_dir: Path, keep_through_step: int, say) -> MlflowTracker | None:
+        if lost_secret(cfg.track.mlflow_uri):
+            say(
+                f"warning: track.mlflow_uri = {cfg.track.mlflow_uri}: its credentials are never saved, and "
+                f"this launch was not given them; pass --track.mlflow_uri again to track it (metrics.jsonl "
+                f"keeps every step)"
+            )
+            return None
+        return cls(run_dir, cfg.track.mlflow_uri, cfg.track.experiment, flatten(cfg), config_text(cfg))
 
     def __init__(self, run_dir: Path, uri: str, experiment: str, params: dict[str, object], config_text: str):
         import logging
@@ -108,6 +117,11 @@ class TensorBoardTracker:
     tensorboard --logdir RUN_DIR/tensorboard"""
 
     rewinds = True  # purge_step: the reader hides an earlier process's events from that step on
+    package, install = "tensorboard", "pip install tensorboard"
+
+    @classmethod
+    def open(cls, cfg, run_dir: Path, keep_through_step: int, say) -> TensorBoardTracker:
+        return cls(run_dir, keep_through_step, config_text(cfg))
 
     def __init__(self, run_dir: Path, keep_through_step: int, config_text: str):
         from torch.utils.tensorboard import SummaryWriter
@@ -137,6 +151,11 @@ class WandbTracker:
     (the same id). $WANDB_ENTITY picks the team."""
 
     rewinds = False  # W&B keeps a step's first values; its steps only go forward
+    package, install = "wandb", "pip install wandb"
+
+    @classmethod
+    def open(cls, cfg, run_dir: Path, keep_through_step: int, say) -> WandbTracker:
+        return cls(run_dir, cfg.track.experiment, flatten(cfg))
 
     def __init__(self, run_dir: Path, experiment: str, params: dict[str, object]):
         import wandb
@@ -180,3 +199,7 @@ class WandbTracker:
         if status == "KILLED":  # stopped on purpose (a signal, the budget): a resume continues it
             self.run.mark_preempting()
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+
+
+# track.backends' names -> their trackers
+TRACKERS = {"mlflow": MlflowTracker, "tensorboard": TensorBoardTracker, "wandb": WandbTracker}

@@ -13,9 +13,11 @@ import threading
 from pathlib import Path
 
 from pretrainer.artifacts.metrics import MetricsLog
-from pretrainer.config.schema import Config, config_text, flatten
-from pretrainer.core.secrets import lost_secret, redact
-from pretrainer.train.trackers import INSTALL_HINTS, MlflowTracker, TensorBoardTracker, WandbTracker
+from pretrainer.config.schema import Config
+from pretrainer.core.end_reasons import BY_NAME
+from pretrainer.core.secrets import redact
+from pretrainer.train.component import Component, Step
+from pretrainer.train.trackers import TRACKERS
 
 
 class RunLog:
@@ -77,14 +79,7 @@ class RunLog:
     def _close(self, reason: str) -> None:
         if self.metrics:
             self.metrics.close()
-        status = {
-            "finished": "FINISHED",
-            "budget_stop": "KILLED",
-            "budget_halt": "KILLED",
-            "signal": "KILLED",
-            "time_limit": "KILLED",  # stopped on purpose, like a signal (and maybe requeued)
-            "throughput_stop": "KILLED",
-        }.get(reason, "FAILED")
+        status = BY_NAME[reason].tracker_status  # FINISHED, KILLED (on purpose) or FAILED
         for name, tracker in list(self.trackers.items()):
             self._tracked(name, lambda: tracker.close(status))
         self.metrics, self.trackers = None, {}  # a late write (another thread's) is then a no-op
@@ -92,21 +87,35 @@ class RunLog:
 
 def open_tracker(name: str, cfg: Config, run_dir: Path, keep_through_step: int, say):
     """The tracker `name` of track.backends; None (with a note) when its package is not installed."""
-    if importlib.util.find_spec(name) is None:
+    tracker = TRACKERS[name]
+    if importlib.util.find_spec(tracker.package) is None:
         say(
-            f"note: {name} is not installed ({INSTALL_HINTS[name]}, or pip install -e '.[track]'); the run "
-            f"goes on without it"
+            f"note: {name} is not installed ({tracker.install}, or pip install -e '.[track]'); the run goes "
+            f"on without it"
         )
         return None
-    if name == "tensorboard":
-        return TensorBoardTracker(run_dir, keep_through_step, config_text(cfg))
-    if name == "wandb":
-        return WandbTracker(run_dir, cfg.track.experiment, flatten(cfg))
-    if lost_secret(cfg.track.mlflow_uri):
-        say(
-            f"warning: track.mlflow_uri = {cfg.track.mlflow_uri}: its credentials are never saved, and this "
-            f"launch was not given them; pass --track.mlflow_uri again to track it (metrics.jsonl keeps "
-            f"every step)"
-        )
-        return None
-    return MlflowTracker(run_dir, cfg.track.mlflow_uri, cfg.track.experiment, flatten(cfg), config_text(cfg))
+    return tracker.open(cfg, run_dir, keep_through_step, say)
+
+
+class SequenceLog(Component):
+    """log.sequences: the window ids each rank read per step, in sequences-rankR.jsonl, cut back on
+    resume like metrics.jsonl (an audit that a resume reads exactly what a straight run reads)."""
+
+    name = "sequences"
+
+    def __init__(self, path: Path, keep_through_step: int, loader):
+        self.file, self.loader = MetricsLog(path, keep_through_step), loader
+
+    @classmethod
+    def build(cls, trainer) -> SequenceLog | None:
+        if not trainer.cfg.log.sequences:
+            return None
+        path = trainer.run_dir / f"sequences-rank{trainer.env.rank}.jsonl"
+        return cls(path, trainer.start_step, trainer.loader)
+
+    def after_step(self, step: Step) -> None:
+        ids = [i for micro in self.loader.last_step_ids for i in micro]
+        self.file.write({"step": step.number, "ids": ids})
+
+    def close(self) -> None:
+        self.file.close()

@@ -313,7 +313,9 @@ def test_auto_checkpoints_from_measured_times_and_every_figure_says_where_it_cam
     plan = make_plan(cfg, timings=timings)
     c = plan["checkpointing"]
     assert c["every"] == young_daly_steps(6.0, 0.8, 0.2) and c["write_source"] == "measured"
-    lost = preemption_cost(plan["wall_hours"] * 3600, c["every"], 0.8, 6.0, 90.0, 0.2)["lost_s"]
+    lost = preemption_cost(
+        plan["wall_hours"] * 3600, c["every"], 0.8, write_s=6.0, startup_s=90.0, per_hour=0.2
+    )["lost_s"]
     assert c["lost_s"] == pytest.approx(lost)
     assert {line["line"]: line["usd"] for line in plan["bill"]["lines"]}["interruptions (expected)"] == (
         pytest.approx(lost / 3600 * 1.10)

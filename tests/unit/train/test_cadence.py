@@ -46,14 +46,16 @@ def test_expected_preemption_loss_is_half_an_interval_and_a_start_up_each():
 
 
 def test_a_fixed_cadence_writes_at_multiples_only():
-    cadence = CheckpointCadence(50, 0.0, 1, ONE_PROCESS, log=lambda record: None)
+    cadence = CheckpointCadence(50, 0.0, 1, env=ONE_PROCESS, log=lambda record: None)
     assert [step for step in range(1, 201) if cadence.due(step)] == [50, 100, 150, 200]
-    assert not any(CheckpointCadence(0, 0.0, 1, ONE_PROCESS, lambda r: None).due(s) for s in range(1, 100))
+    assert not any(
+        CheckpointCadence(0, 0.0, 1, env=ONE_PROCESS, log=lambda r: None).due(s) for s in range(1, 100)
+    )
 
 
 def test_auto_writes_once_the_step_time_is_measured_then_at_the_measured_interval():
     records = []
-    cadence = CheckpointCadence(AUTO, 0.5, 1, ONE_PROCESS, log=records.append)
+    cadence = CheckpointCadence(AUTO, 0.5, 1, env=ONE_PROCESS, log=records.append)
     assert not cadence.due(5)  # nothing measured yet
     cadence.measured_step(0.25)
     assert cadence.due(10)  # the first logging step: the write is measured there
@@ -83,7 +85,7 @@ def test_auto_is_read_from_toml_and_cli_and_needs_a_declared_rate(tmp_path):
 
 
 def test_auto_under_keep_best_checkpoints_where_a_validation_ran():
-    cadence = CheckpointCadence(AUTO, 100.0, 1, ONE_PROCESS, log=lambda record: None, align=20)
+    cadence = CheckpointCadence(AUTO, 100.0, 1, env=ONE_PROCESS, log=lambda record: None, align=20)
     cadence.measured_step(0.1)
     assert not cadence.due(10) and cadence.due(20)  # the first one waits for a validated step
     cadence.checkpointed(20, write_s=0.01)  # a 1-2 step interval, rounded up to the next validation

@@ -94,7 +94,7 @@ def test_micro_batch_auto_under_a_simulated_memory_limit(stdlib_data, tmp_path, 
     per_sequence = step_bytes[1] - step_bytes[0]
     saved["limit"] = step_bytes[0] + 5.5 * per_sequence  # room for 6.5 sequences
     tried.clear()
-    assert autobatch.find_micro_batch(cfg, 24, cpu, None, print, fits=fits) == 6
+    assert autobatch.find_micro_batch(cfg, 24, cpu, None, say=print, fits=fits) == 6
     assert tried == [1, 2, 4, 8, 6]  # divisors of 24, doubling until 8 does not fit, then bisection
     assert all(ref() is None for ref in built)
 
