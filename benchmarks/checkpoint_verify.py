@@ -20,7 +20,7 @@ from pretrainer.artifacts.checkpoint import model_weights, read_intact, save_che
 from pretrainer.config.load import load_config
 from pretrainer.config.resolve import resolve
 from pretrainer.model import Transformer, count_parameters
-from pretrainer.optim.adamw import build_optimizer
+from pretrainer.optim.registry import build_optimizer
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from pretrainer.config.load import load_config
 from pretrainer.config.resolve import resolve
 from pretrainer.core.device import autocast_dtype, device_peak_tflops
 from pretrainer.model import Transformer
-from pretrainer.train.perf import attention_backend
+from pretrainer.model.attention_probe import attention_backend
 
 
 def versions() -> dict:

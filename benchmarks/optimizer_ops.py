@@ -37,7 +37,8 @@ from torch.profiler import ProfilerActivity, profile
 from pretrainer.config.load import load_config
 from pretrainer.config.resolve import resolve
 from pretrainer.model import Transformer
-from pretrainer.optim.adamw import build_optimizer, param_groups
+from pretrainer.optim.adamw import param_groups
+from pretrainer.optim.registry import build_optimizer
 
 
 def count_ops(optimizer: torch.optim.Optimizer, device: torch.device) -> tuple[int, int, int | None]:

@@ -75,7 +75,7 @@ from pretrainer.core.hardware import mfu
 from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.flops import flops_per_token
-from pretrainer.optim.adamw import build_optimizer
+from pretrainer.optim.registry import build_optimizer
 from pretrainer.train.loop import train
 
 CONFIG_VARIANTS = {

@@ -1,5 +1,5 @@
-"""AdamW with weight decay on matrices only (fp32 moments, or 8-/4-bit ones: optim/lowbit.py), and the
-learning-rate schedules.
+"""AdamW's parts: weight decay on matrices only, and the size of its update from its state (the
+optimizers themselves are built in optim/registry.py; 8-/4-bit moments: optim/lowbit.py).
 
 Weight decay applies to the weight matrices of Linear layers. Norm weights, biases and embeddings
 (token and position) are not decayed: decaying them pulls gains toward zero and rare tokens'
@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pretrainer.config.schema import OptimConfig
-from pretrainer.optim.sizes import OPTIMIZERS, _plain
+from pretrainer.optim.sizes import _plain
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -25,56 +24,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, device_type: str, compile_step: bool = False
-) -> torch.optim.Optimizer:
-    """Fused AdamW on CUDA and CPU: one kernel per step, and it takes `optimizer.found_inf`, a device
-    tensor that skips the whole update (parameters, moments, step count) without a host sync; the
-    loop uses it to keep non-finite and flagged steps away from the weights. adamw8bit / adamw4bit:
-    the same groups and hyperparameters with quantised moments, honouring found_inf with one host
-    sync (optim/lowbit.py); their update is compiled on CUDA or when `compile_step`."""
-    if cfg.lr <= 0:  # optim.lr = auto is a number only once config/resolve.py has seen the model
-        raise ValueError("optim.lr is auto (0): build the optimizer from a resolved config")
-    groups = param_groups(model, cfg.weight_decay)
-    if cfg.name == "muon":
-        from pretrainer.optim.muon import MuonAdamW, with_muon_group
-
-        groups = with_muon_group(groups, model, cfg.weight_decay)
-        return MuonAdamW(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps, cfg.muon_momentum)
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
-    from pretrainer.optim import lowbit  # torchao: an optional extra
-
-    return lowbit.build(
-        groups,
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        bits=OPTIMIZERS[cfg.name],
-        compile_step=compile_step or device_type == "cuda",
-    )
-
-
-def describe_optimizer(optimizer: torch.optim.Optimizer, name: str) -> dict:
-    """What the report records about the optimizer (its state's size is measured at each checkpoint)."""
-    if name == "adamw":
-        return {"name": name, "implementation": f"torch.optim.AdamW, fused (torch {torch.__version__})"}
-    if name == "muon":
-        return {
-            "name": name,
-            "implementation": "optim/muon.MuonAdamW: Muon (Newton-Schulz, 5 steps) for the "
-            "hidden matrices, AdamW for the rest",
-        }
-    import importlib.metadata
-
-    return {
-        "name": name,
-        "implementation": f"torchao.optim.{type(optimizer).__name__} (torchao "
-        f"{importlib.metadata.version('torchao')}), update "
-        f"{'compiled' if optimizer.compile_step else 'eager'}",
-    }
-
-
 @torch.no_grad()
 def adamw_update_norm(optimizer: torch.optim.Optimizer, skipped: torch.Tensor | None = None) -> torch.Tensor:
     """||delta theta|| of the AdamW step just taken, from the optimizer's state alone: no copy of the weights
@@ -85,8 +34,6 @@ def adamw_update_norm(optimizer: torch.optim.Optimizer, skipped: torch.Tensor | 
     used them before re-quantising, so the norm is within that quantisation error of the applied update. A
     skipped update (`skipped` = 1, fused AdamW's
     found_inf) changed nothing: its norm is 0. Under FSDP2 the shards' sums are reduced (a collective)."""
-    if hasattr(optimizer, "update_norm"):  # Muon's (optim/muon.py): measured as it stepped
-        return optimizer.update_norm(skipped)
     total = None
     for group in optimizer.param_groups:
         lr, weight_decay, (beta1, beta2), eps = (

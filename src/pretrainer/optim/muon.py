@@ -282,12 +282,10 @@ def hidden_flags(model: nn.Module) -> list[bool]:
     return [is_hidden_matrix(name, p, embedding_ids) for name, p in model.named_parameters()]
 
 
-def optimizer_flops_per_step(model: nn.Module, name: str) -> int:
-    """The optimizer's own matrix FLOPs per step beyond the model's: Muon's orthogonalisations (each rank
-    does them all under FSDP2; counted once, as the work the run needs). AdamW's elementwise update is
-    not counted (as in every MFU convention)."""
-    if name != "muon":
-        return 0
+def optimizer_flops_per_step(model: nn.Module) -> int:
+    """Muon's own matrix FLOPs per step beyond the model's: its orthogonalisations (each rank does them
+    all under FSDP2; counted once, as the work the run needs). AdamW's elementwise update is not
+    counted (as in every MFU convention)."""
     return sum(
         newton_schulz_flops(tuple(p.shape))
         for p, hidden in zip(model.parameters(), hidden_flags(model))

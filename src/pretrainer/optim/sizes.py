@@ -1,5 +1,6 @@
-"""What an optimizer's state takes: each optimizer's bits per moment, torchao's block sizes (plan counts
-with the same numbers without importing torchao), the measured state of a live optimizer."""
+"""What an optimizer's state takes: each optimizer's moments (their bits: optim/registry.py), torchao's
+block sizes (plan counts with the same numbers without importing torchao), the measured state of a live
+optimizer."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import torch
 
 from pretrainer.core.device import tensor_bytes
 
-# name -> bits per moment value (muon: its AdamW part's)
-OPTIMIZERS = {"adamw": 32, "adamw8bit": 8, "adamw4bit": 4, "muon": 32}
 # torchao's quantised moments (optim/lowbit.py): values per fp32 block scale, lookup-table entries, and the
 # size
 # under which a tensor keeps fp32 moments (after bitsandbytes); here so plan needs no torchao
@@ -44,16 +43,17 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def planned_state_bytes(
-    name: str, shapes: list[tuple[int, ...]], shards: int = 1, hidden: list[bool] | None = None
+    kind, shapes: list[tuple[int, ...]], shards: int = 1, hidden: list[bool] | None = None
 ) -> int:
-    """What `name`'s state will take for parameters of these shapes, each split `shards` ways along dim 0
-    (FSDP; this rank's share is the larger one): the number plan's memory model uses. `hidden`: which
-    are the matrices Muon updates (optim/muon.is_hidden_matrix), for name = "muon"."""
-    bits = OPTIMIZERS[name]
+    """What an optimizer's state will take for parameters of these shapes, each split `shards` ways along
+    dim 0 (FSDP; this rank's share is the larger one): the number plan's memory model uses. `kind`: its
+    entry in optim/registry.py (bits per moment; whether hidden matrices keep a momentum buffer only).
+    `hidden`: which are the matrices Muon updates (optim/muon.is_hidden_matrix)."""
+    bits = kind.moment_bits
     total = 0
     for i, shape in enumerate(shapes):
         numel = math.ceil(shape[0] / shards) * math.prod(shape[1:]) if shape else 1
-        if name == "muon" and hidden is not None and hidden[i]:
+        if kind.hidden_momentum_only and hidden is not None and hidden[i]:
             total += 4 * numel  # the momentum buffer
             continue
         total += 4  # the step count, a float32 tensor per parameter

@@ -17,7 +17,6 @@ what is queued). The URL is a secret: it is read from the process, never written
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import statistics
@@ -33,23 +32,10 @@ from pretrainer.config.schema import AlertsConfig
 from pretrainer.core.end_reasons import BY_NAME
 from pretrainer.core.secrets import lost_secret, reveal
 from pretrainer.train.component import Component, Step
+from pretrainer.train.events import Event
 
 WEBHOOK_ENV = "PRETRAINER_WEBHOOK_URL"
 POST_TIMEOUT_S, RETRIES, CLOSE_WAIT_S, REPEAT_S = 5.0, 3, 0.5, 60.0
-# a logged event (train/stopping.py, spikes.py, perf.py) -> (alert kind, what to say)
-EVENTS = {
-    "budget_warn": ("budget_warning", lambda r: f"spent ${r.get('spent_usd', 0):,.2f}"),
-    "budget_stop": ("budget_stop", lambda r: f"projected ${r.get('projected_usd', 0):,.2f}: exit 4"),
-    "budget_halt": ("budget_halt", lambda r: f"spent ${r.get('spent_usd', 0):,.2f}: exit 5, no checkpoint"),
-    "spike": (
-        "spike",
-        lambda r: f"loss {r.get('spike_loss', 0):.4g}, grad norm {r.get('spike_grad_norm', 0):.4g}",
-    ),
-    "spike_regime": ("spike_regime", lambda r: f"loss {r.get('loss_at_regime', 0):.4g}: a new regime"),
-    "rollback": ("rollback", lambda r: f"rolled back to step {r.get('to_step')}"),
-    "invalid_tokens": ("invalid_tokens", lambda r: f"token ids up to {r.get('max_token_id')}"),
-    "watchdog_slow": ("throughput", lambda r: "throughput below train.min_mfu / min_tokens_per_s"),
-}
 CURVE_MIN_POINTS, CURVE_FROM = 20, 0.3  # the off-curve forecast needs this many losses and 30% of the horizon
 CURVE_EVERY, CURVE_KEEP = 10, 2000  # fit every 10 logged losses, on the newest 2000
 
@@ -68,7 +54,7 @@ class Alerts(Component):
             trainer.say,
             max_steps=cfg.train.max_steps,
         )
-        run_log.alerts = alerts  # the events the run logs (budget_warn, spike, ...) become alerts
+        run_log.alerts = alerts  # the events the run logs (train/events.py) become alerts
         return alerts
 
     def before_step(self, step: Step) -> None:
@@ -124,13 +110,9 @@ class Alerts(Component):
                 self.losses = self.losses[-CURVE_KEEP:]
                 self._check_curve(step)
 
-    def observe(self, record: dict) -> None:
-        """A record the run logs: its events become alerts (an alert record itself does not)."""
-        for key, (kind, said) in EVENTS.items():
-            if key in record and "alert" not in record:
-                if key == "spike" and not math.isfinite(record.get("spike_loss", 0)):
-                    kind = "non_finite"
-                self.alert(kind, record.get("step", self.step), said(record), say=False)  # said by its source
+    def on_event(self, event: Event) -> None:
+        """An event the run logged (train/events.py): its alert, said by its source already."""
+        self.alert(event.alert_kind, event.step, event.message(), say=False)
 
     def ended(self, reason: str, exit_code: int, step: int | None, message: str) -> None:
         """The run's last alert: finished, stopped (on purpose: budget, signal, limit) or died."""

@@ -26,8 +26,8 @@ from pretrainer.config.schema import Config
 from pretrainer.core.device import autocast, compiles
 from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
-from pretrainer.optim.adamw import build_optimizer
-from pretrainer.train.perf import flex_attention_problem
+from pretrainer.model.attention_probe import flex_attention_problem
+from pretrainer.optim.registry import build_optimizer
 
 TRIAL_STEPS = 3
 # a size fits when its trial's peak stays under this share of the GPU's memory: the run's own steps

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from pretrainer.optim.adamw import adamw_update_norm
+from pretrainer.optim.registry import update_norm
 from pretrainer.train.component import Component, Step
 
 
@@ -24,7 +24,7 @@ class Norms(Component):
 
     def metrics(self, step: Step) -> dict:
         return {
-            **weight_norms(self.model, adamw_update_norm(self.optimizer, step.skip)),
+            **weight_norms(self.model, update_norm(self.optimizer, step.skip)),
             **{f"grad_norm/{name}": value.item() for name, value in step.group_norms.items()},
         }
 
@@ -44,7 +44,8 @@ def parameter_norm(model) -> torch.Tensor:
 
 def weight_norms(model, update_norm: torch.Tensor) -> dict[str, float]:
     """The parameter norm and the update's size relative to it (`update_norm`: ||delta theta|| of the
-    step, see optim.adamw_update_norm). Collectives under FSDP2: every rank calls it."""
+    step, as the optimizer's entry in optim/registry.py measures it). Collectives under FSDP2: every rank
+    calls it."""
     param_norm, update = torch.stack([parameter_norm(model), update_norm.to(torch.float32)]).tolist()
     return {"param_norm": param_norm, "update_to_param": update / max(param_norm, 1e-12)}
 

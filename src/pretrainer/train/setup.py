@@ -32,13 +32,14 @@ from pretrainer.core.device import autocast_dtype, compiles, device_peak_tflops,
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json
 from pretrainer.data.loader import SequenceLoader, open_training_data
+from pretrainer.data.unigram import UnigramStats
 from pretrainer.data.verify import verify_data
 from pretrainer.eval.inloop import LoopEvals
 from pretrainer.model import count_parameters
+from pretrainer.model.attention_probe import attention_backend
 from pretrainer.model.flops import flops_per_token
 from pretrainer.model.transformer import total_parameters
-from pretrainer.optim.adamw import build_optimizer, describe_optimizer
-from pretrainer.optim.muon import optimizer_flops_per_step
+from pretrainer.optim.registry import OPTIMIZERS, build_optimizer, describe_optimizer
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.console import resume_command
 from pretrainer.train.distributed import (
@@ -52,8 +53,6 @@ from pretrainer.train.distributed import (
     wrap_model,
 )
 from pretrainer.train.memory import refuse_what_cannot_fit
-from pretrainer.train.perf import attention_backend
-from pretrainer.train.spikes import UnigramStats
 
 
 def resolve_for_training(cfg: Config, data, env: DistEnv, amp_dtype: torch.dtype | None, say):
@@ -370,7 +369,7 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     # --- what the run will do; refuse a launch the budget cannot pay for ---
     model_flops_per_token = flops_per_token(cfg.model, count_parameters(model)["non_embedding"])["total"]
     # Muon's orthogonalisations are work the run does: MFU and the budget count them
-    model_flops_per_token += optimizer_flops_per_step(model, cfg.optim.name) / tokens_per_step(
+    model_flops_per_token += OPTIMIZERS[cfg.optim.name].flops_per_step(model) / tokens_per_step(
         cfg, env.world_size
     )
     peak_tflops = device_peak_tflops(cfg.budget.peak_tflops, device)
@@ -419,5 +418,5 @@ def run_record(
     # the weights actually loaded
     lineage = resume.state.get("parent") if resume else parent.lineage if parent else None
     run_info = run_metadata(cfg, env, hardware_info(env.device, env.world_size), data, lineage)
-    run_info["optimizer"] = describe_optimizer(optimizer, cfg.optim.name)
+    run_info["optimizer"] = describe_optimizer(optimizer)
     return run_info

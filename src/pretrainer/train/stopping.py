@@ -52,6 +52,7 @@ from pretrainer.train.budget import ACTION_CODES, BudgetGuard, estimated_spend_u
 from pretrainer.train.component import Component, Step, StopRequest, Votes, stopped_with_checkpoint
 from pretrainer.train.console import resume_command
 from pretrainer.train.distributed import DistEnv, broadcast_object
+from pretrainer.train.events import BUDGET_EVENTS
 from pretrainer.train.slurm import SlurmJob, requeue_signal_numbers
 
 
@@ -285,13 +286,16 @@ class Stopper(Component):
                     self.log({"step": step, "budget_problem": 1.0})
                 if decision.action != "ok":
                     self.say(decision.message)
+                    event = BUDGET_EVENTS[decision.action]
                     self.log(
-                        {
-                            "step": step,
-                            f"budget_{decision.action}": 1.0,
-                            "spent_usd": decision.reading.spent_usd,
-                            "projected_usd": decision.reading.projected_total_usd,
-                        }
+                        event(
+                            {
+                                "step": step,
+                                f"budget_{decision.action}": 1.0,
+                                "spent_usd": decision.reading.spent_usd,
+                                "projected_usd": decision.reading.projected_total_usd,
+                            }
+                        )
                     )
                 budget_action = ACTION_CODES[decision.action]
         return [budget_action, self.signal.signum, limit]

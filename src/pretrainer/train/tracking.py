@@ -17,6 +17,7 @@ from pretrainer.config.schema import Config
 from pretrainer.core.end_reasons import BY_NAME
 from pretrainer.core.secrets import redact
 from pretrainer.train.component import Component, Step
+from pretrainer.train.events import Event
 from pretrainer.train.trackers import TRACKERS
 
 
@@ -53,7 +54,9 @@ class RunLog:
             self.trackers.pop(name, None)
             return None
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict | Event) -> None:
+        """A record to metrics.jsonl and the trackers; an event's record, and the event to the alerts."""
+        event, record = (record, record.record) if isinstance(record, Event) else (None, record)
         with self.lock:  # the stall watchdog's alert comes from its own thread
             if self.metrics:
                 self.metrics.write(record)
@@ -61,8 +64,8 @@ class RunLog:
                 unsent = record if tracker.rewinds else self._unsent(record)
                 if unsent:
                     self._tracked(name, lambda: tracker.write(unsent))
-        if self.alerts is not None:  # the events in it (budget, spikes, throughput) reach a person
-            self.alerts.observe(record)
+        if event is not None and self.alerts is not None:  # budget, spikes, throughput: to a person
+            self.alerts.on_event(event)
 
     def _unsent(self, record: dict) -> dict | None:
         if not self.sent or "step" not in record:

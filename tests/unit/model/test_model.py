@@ -224,7 +224,7 @@ def test_document_masks_through_flex_attention_match_the_sdpa_mask():
     the run's own mask gets."""
     import warnings
 
-    from pretrainer.train.perf import attention_backend
+    from pretrainer.model.attention_probe import attention_backend
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=64, seq_len=48, d_model=32, n_layer=2, n_head=4, n_kv_head=2, d_ff=64)
@@ -240,7 +240,7 @@ def test_document_masks_through_flex_attention_match_the_sdpa_mask():
     assert torch.allclose(losses[0], losses[1], atol=1e-5)
     model.flex_documents = False
     # flex is judged by a compiled forward and backward outside any dispatch mode: here, no CPU backward
-    from pretrainer.train.perf import flex_attention_problem
+    from pretrainer.model.attention_probe import flex_attention_problem
 
     assert "backward on CPU" in flex_attention_problem(cfg, torch.device("cpu"), None)
     # probed with the run's own mask (CPU's flash kernel takes one; CUDA's flash kernels do not)

@@ -13,7 +13,7 @@ from pretrainer.config.load import load_config
 from pretrainer.config.resolve import resolve
 from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
-from pretrainer.optim.adamw import build_optimizer
+from pretrainer.optim.registry import build_optimizer
 from pretrainer.optim.sizes import is_quantised, optimizer_state_bytes
 from pretrainer.optim.state_file import state_for_file, state_from_file
 

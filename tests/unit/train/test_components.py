@@ -15,6 +15,7 @@ import torch
 from pretrainer.artifacts.checkpoint import list_checkpoints, load_checkpoint
 from pretrainer.config.load import load_config
 from pretrainer.config.schema import AlertsConfig, BudgetConfig, ModelConfig, SpikeConfig
+from pretrainer.data.unigram import UnigramStats
 from pretrainer.model import Transformer
 from pretrainer.train.alerts import Alerts
 from pretrainer.train.checkpoint import Checkpointing
@@ -26,7 +27,7 @@ from pretrainer.train.evaluation import Evaluation
 from pretrainer.train.norms import Norms
 from pretrainer.train.perf import SpeedMonitor
 from pretrainer.train.profiler import Profiler
-from pretrainer.train.spikes import SpikeGuard, UnigramStats
+from pretrainer.train.spikes import SpikeGuard
 from pretrainer.train.state import RunClock
 from pretrainer.train.stopping import Stopper, StopSignal, TimeLimits
 from pretrainer.train.tracking import SequenceLog
@@ -311,3 +312,25 @@ def test_the_tracker_registry_and_the_config_schema_name_the_same_trackers():
     assert tuple(TRACKERS) == SCHEMA_NAMES
     for tracker in TRACKERS.values():
         assert tracker.package and tracker.install.startswith("pip install") and callable(tracker.open)
+
+
+def test_alerts_act_on_typed_events_not_on_a_record_s_keys(tmp_path):
+    from pretrainer.train.events import BudgetWarning, RolledBack, Spike
+    from pretrainer.train.tracking import RunLog
+
+    run_log = RunLog(config("track.backends=none"), tmp_path, -1, True, lambda text: None)
+    alerts = Alerts(AlertsConfig(), tmp_path, True, run_log.write, lambda text: None, max_steps=10)
+    run_log.alerts = alerts
+    run_log.write({"step": 1, "spike": 1.0, "spike_loss": 9.0})  # a plain record: no alert
+    run_log.write(Spike({"step": 2, "spike": 1.0, "spike_loss": float("nan"), "spike_grad_norm": 1.0}))
+    run_log.write(BudgetWarning({"step": 3, "budget_warn": 1.0, "spent_usd": 2.5}))
+    run_log.write(RolledBack({"step": 4, "rollback": 1.0, "to_step": 2}))
+    alerts.close()
+    run_log.close("finished")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "alert" not in r] == [1, 2, 3, 4]  # every event's record kept
+    assert [(r["step"], r["alert"], r["message"]) for r in records if "alert" in r] == [
+        (2, "non_finite", "loss nan, grad norm 1"),
+        (3, "budget_warning", "spent $2.50"),
+        (4, "rollback", "rolled back to step 2"),
+    ]

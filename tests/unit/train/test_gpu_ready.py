@@ -11,7 +11,8 @@ def test_update_norm_from_optimizer_state_equals_the_weights_difference(stdlib_d
     """optim.adamw_update_norm (no weight copy) against the copy-and-subtract it replaced."""
     from pretrainer.artifacts.runs import build_model
     from pretrainer.config.resolve import resolve
-    from pretrainer.optim.adamw import adamw_update_norm, build_optimizer
+    from pretrainer.optim.adamw import adamw_update_norm
+    from pretrainer.optim.registry import build_optimizer
 
     cfg = resolve(tiny_config(stdlib_data, tmp_path / "run", **{"model.vocab_size": 1024}))
     torch.manual_seed(0)
@@ -118,7 +119,7 @@ def test_plan_memory_matches_what_a_step_keeps(arch, d, layers, heads, kv_heads,
     from pretrainer.config.resolve import resolve
     from pretrainer.core.device import autocast
     from pretrainer.model import Transformer
-    from pretrainer.optim.adamw import build_optimizer
+    from pretrainer.optim.registry import build_optimizer
 
     micro_batch = 4
     cfg = load_config(

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from pretrainer.config.schema import ModelConfig, OptimConfig
+from pretrainer.data.unigram import unigram_cache_path, unigram_counts
 from pretrainer.model import Transformer
-from pretrainer.optim.adamw import build_optimizer
-from pretrainer.train.spikes import SpikeMonitor, unigram_cache_path, unigram_counts
+from pretrainer.optim.registry import build_optimizer
+from pretrainer.train.spikes import SpikeMonitor
 
 
 @pytest.mark.parametrize("name", ["adamw", "muon"])
