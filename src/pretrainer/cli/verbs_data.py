@@ -109,3 +109,112 @@ def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
 
     path = fetch_gpt2_ranks(Path(args.dest) if args.dest else None)
     print(f"GPT-2 ranks ready at {path} (sha256 verified)")
+
+
+# --- the command line's grammar for these verbs (cli/parser.py lists them) ---
+
+
+def add_prepare(verbs) -> None:
+    """`pretrainer prepare`'s arguments and help."""
+    p = verbs.add_parser("prepare", help="corpus -> tokenizer -> token files + manifest")
+    p.add_argument(
+        "--corpus",
+        action="append",
+        help="stdlib | PATH (.txt/.jsonl/.parquet file, dir or glob; .gz/.zst/.bz2/.xz too) | "
+        "hf:ORG/NAME[:GLOB]; repeatable",
+    )
+    p.add_argument(
+        "--from-hub",
+        metavar="ORG/NAME[@REV]",
+        help="instead of --corpus: pull a data dir `pretrainer push` uploaded and verify every file (into "
+        "--out, or the hub cache without it)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default="gpt2",
+        help="gpt2 (tiktoken GPT-2 BPE), bpe:N (train a BPE of vocab N) or hf:DIR_OR_REPO (a Hugging Face "
+        "tokenizer.json: a local directory, or a hub repo id, read from the local hub cache offline)",
+    )
+    p.add_argument(
+        "--eot-token",
+        metavar="NAME",
+        default="",
+        help="hf: tokenizers: the token that ends each document (default: <|endoftext|>, <|end_of_text|>, "
+        "</s>, <eos> or <|eos|> among its special tokens, else its post-processor's or config's eos)",
+    )
+    p.add_argument(
+        "--tokenizer-from",
+        metavar="RUN_OR_DATA_DIR",
+        help="reuse this run's (or data dir's) tokenizer exactly instead of --tokenizer (chat: plus the chat "
+        "tokens)",
+    )
+    p.add_argument(
+        "--format",
+        default="text",
+        choices=["text", "chat"],
+        help="text: documents (a 'text' field/column); chat: conversations (a 'messages' list of {role, "
+        "content} "
+        "per JSONL line or parquet row) in the chat template, with a loss mask on the assistant's tokens",
+    )
+    p.add_argument(
+        "--on-bad",
+        default="error",
+        choices=["error", "skip"],
+        help="chat: a malformed conversation is an error naming file and line (default), or skipped and "
+        "counted",
+    )
+    p.add_argument("--out", help="output data directory (must not exist unless --force)")
+    p.add_argument(
+        "--val-fraction", type=float, default=0.005, help="fraction of documents held out for validation"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the document-level validation split")
+    p.add_argument(
+        "--workers", type=int, default=0, help="tokenizer processes (default: CPU count, at most 8)"
+    )
+    p.add_argument(
+        "--txt-docs",
+        default="auto",
+        choices=["auto", "file", "blank-lines"],
+        help=".txt documents: one per file, split on blank lines, or auto (one per file; files over 64 MiB "
+        "are split on blank lines)",
+    )
+    p.add_argument(
+        "--utf8-errors",
+        default="replace",
+        choices=["replace", "strict"],
+        help="invalid UTF-8: replace with U+FFFD and count (default), or reject with an error",
+    )
+    p.add_argument("--max-docs", type=int, default=0, help="use only the first N documents (0 = all)")
+    p.add_argument(
+        "--force", action="store_true", help="replace --out if it exists (only once the new data is complete)"
+    )
+
+
+def add_push(verbs) -> None:
+    """`pretrainer push`'s arguments and help."""
+    p = verbs.add_parser(
+        "push",
+        help="a prepared data dir, or a run as a Hugging Face export, to the Hugging Face Hub",
+        epilog="examples: pretrainer push data/fw-gpt2 me/fw-gpt2;  "
+        "pretrainer push runs/x1 me/x1-50m --dry-run",
+    )
+    p.add_argument("path", metavar="DATA_DIR_OR_RUN_DIR", help="a `pretrainer prepare` output or a run dir")
+    p.add_argument(
+        "repo_id", metavar="ORG/NAME", help="the Hub repo (a dataset repo for data, a model repo for a run)"
+    )
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--revision", help="a branch to push to (created if missing; default main)")
+    p.add_argument(
+        "--dtype", default="bf16", choices=["fp32", "bf16"], help="a run's exported weights (default bf16)"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="stage the files, card and checksums in PATH/.hub-push only"
+    )
+
+
+def add_fetch_gpt2(verbs) -> None:
+    """`pretrainer fetch-gpt2`'s arguments and help."""
+    p = verbs.add_parser("fetch-gpt2", help="download and verify the GPT-2 BPE ranks for offline use")
+    p.add_argument(
+        "--dest", help="where to write gpt2.tiktoken (default: $PRETRAINER_CACHE or ~/.cache/pretrainer)"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pretrainer.cli.arguments import add_checkpoint_choice, add_generation_arguments
 from pretrainer.cli.output import print_to_stdout
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import check_output, json_keys, refuse_to_replace
@@ -196,3 +197,189 @@ def cmd_serve_cost(args: argparse.Namespace) -> None:
         )
     )
     print_to_stdout(Path(result["written"][1]).read_text() + f"\nwrote {', '.join(result['written'])}")
+
+
+# --- the command line's grammar for these verbs (cli/parser.py lists them) ---
+
+
+def add_eval(verbs) -> None:
+    """`pretrainer eval`'s arguments and help."""
+    p = verbs.add_parser(
+        "eval",
+        help="validation loss and bits per byte, in-context tasks and prompt probes of a run's "
+        "newest checkpoint, a checkpoint or hf:DIR weights",
+        epilog="examples: pretrainer eval runs/tiny;  pretrainer eval hf:exports/gpt2 --data.dir=data/fw "
+        "--tasks olmo:hellaswag --limit 0",
+    )
+    p.add_argument(
+        "target",
+        nargs="?",
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        help="a run dir (its newest checkpoint and its data), a checkpoint dir, or hf:DIR; "
+        "--section.key=value "
+        "overrides follow (--data.dir=DIR, --eval.batches=N, ...)",
+    )
+    add_checkpoint_choice(p)
+    p.add_argument(
+        "--out",
+        help="write the results as JSON here (default for a run's checkpoint: RUN_DIR/eval-STEP.json)",
+    )
+    p.add_argument(
+        "--tasks",
+        help="= --eval.tasks: comma-separated task files (JSONL, format in "
+        "src/pretrainer/eval/task_files.py), "
+        "olmo:TASK[/VARIANT] or a suite; default: the run's eval.tasks, else the olmes suite "
+        "(needs the [eval] extra); none for none",
+    )
+    p.add_argument(
+        "--num-fewshot",
+        type=int,
+        help="= --eval.num_fewshot: examples from the same task before each item of "
+        "our own task files (fixed seed)",
+    )
+    p.add_argument(
+        "--limit", type=int, help="items per task, the first ones (default 500: SUITE_ITEMS); 0 = all"
+    )
+
+
+def add_export(verbs) -> None:
+    """`pretrainer export`'s arguments and help."""
+    p = verbs.add_parser(
+        "export", help="the run's report, or its newest checkpoint as a model (hf / safetensors / gguf)"
+    )
+    p.add_argument(
+        "run",
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        help="a run dir (its newest intact checkpoint) or a checkpoint dir",
+    )
+    add_checkpoint_choice(p)
+    p.add_argument(
+        "--format",
+        default="report",
+        choices=["report", "hf", "safetensors", "gguf"],
+        help="report (default): manifest, metrics.csv, plots, final weights; hf: a transformers model "
+        "directory; safetensors: one weights file with the config in its metadata; gguf: one llama.cpp "
+        "file, weights and tokenizer",
+    )
+    p.add_argument(
+        "--out",
+        help="output directory (report, hf) or file (safetensors, gguf); default RUN_DIR/report, "
+        "RUN_DIR/hf, RUN_DIR/model.safetensors or RUN_DIR/model-DTYPE.gguf",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace --out if it exists (only once the new export is complete)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16", "f16", "q8_0"],
+        help="weights' dtype: fp32 (default) or bf16 for hf / safetensors, f16 (default) or q8_0 for gguf "
+        "(the report keeps the checkpoint's fp32 bytes)",
+    )
+
+
+def add_sample(verbs) -> None:
+    """`pretrainer sample`'s arguments and help."""
+    p = verbs.add_parser("sample", help="generate text from a run dir or checkpoint")
+    add_generation_arguments(p, max_new_tokens=200, temperature=0.8)
+    p.add_argument("--prompt", default="", help="text to continue (default: the start of a document)")
+    p.add_argument(
+        "--num-samples", type=int, default=1, help="independent samples of the same prompt (default 1)"
+    )
+
+
+def add_chat(verbs) -> None:
+    """`pretrainer chat`'s arguments and help."""
+    p = verbs.add_parser(
+        "chat",
+        help="talk to a run fine-tuned on conversations (KV cache, history, streaming); "
+        "with piped stdin it answers each line and exits",
+        epilog='example: echo "What is 2+3?" | pretrainer chat runs/sft --max-new-tokens 20',
+    )
+    add_generation_arguments(p, max_new_tokens=256, temperature=0.6)
+    p.add_argument("--system", default="", help="a system message that starts the conversation")
+
+
+def add_serve_cost(verbs) -> None:
+    """`pretrainer serve-cost`'s arguments and help."""
+    p = verbs.add_parser(
+        "serve-cost",
+        help="what the model costs to serve: fp32/bf16 vs int8/int4 weight-only (torchao): "
+        "load time, weight memory, prefill/decode tokens/s, $ per 1M tokens, quality cost",
+        epilog="example: pretrainer serve-cost runs/tiny --usd-per-hour 0.10 --batch-sizes 1,8,32; writes "
+        "RUN_DIR/report/serve_cost.json and serve_cost.md (needs pip install 'pretrainer[lowbit]')",
+    )
+    p.add_argument(
+        "run",
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        help="a run dir (its newest intact checkpoint) or a checkpoint dir",
+    )
+    add_checkpoint_choice(p)
+    p.add_argument(
+        "--variants",
+        help="comma-separated, the first is the baseline of the deltas: fp32, bf16, int8, int4 "
+        "(default: fp32,bf16,int8,int4 on CPU; bf16,fp32,int8,int4 on CUDA)",
+    )
+    p.add_argument(
+        "--batch-sizes", default="1,8,32", help="rows decoded at once, comma-separated (default 1,8,32)"
+    )
+    p.add_argument(
+        "--prompt-tokens", type=int, default=0, help="prefill length per row (default: model.seq_len / 2)"
+    )
+    p.add_argument(
+        "--new-tokens",
+        type=int,
+        default=0,
+        help="greedy decode steps per row (default: 64, or what fits seq_len)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed rounds per batch size, the median reported (default 3)"
+    )
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
+    p.add_argument(
+        "--usd-per-hour",
+        type=float,
+        help="the device's price: $ per million tokens at this rate (default: the "
+        "run's budget.usd_per_gpu_hour, else 1.0, stated as assumed)",
+    )
+    p.add_argument(
+        "--val-batches",
+        type=int,
+        default=8,
+        help="validation batches for the loss and bits per byte (default 8)",
+    )
+    p.add_argument(
+        "--tasks",
+        default="",
+        help="in-context tasks per variant, as for eval --tasks (a JSONL file, olmo:TASK, "
+        "olmes); default none",
+    )
+    p.add_argument("--limit", type=int, default=100, help="items per task (default 100; 0 = all)")
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=32,
+        help="int4: weights per scale and zero point, 32/64/128/256 (default 32)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default="",
+        help="score quality on this prepared data dir's val split (default: the run's)",
+    )
+    p.add_argument("--out", help="directory for serve_cost.json and serve_cost.md (default RUN_DIR/report)")
+    p.add_argument(
+        "--baseline",
+        metavar="PATH",
+        help="a local Hugging Face model folder (e.g. GPT-2 124M, SmolLM-135M) measured the same way: its "
+        "rows in the same table, quality as bits per byte through its own tokenizer",
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for torch (default 0: torch's default, one per core)",
+    )

@@ -217,3 +217,174 @@ def tokens_for_target(cfg, data, args: argparse.Namespace) -> dict:
             f"(its floor for this model is {floor:.3f}); plan a larger model or a higher loss"
         )
     return {"loss": args.target_loss, "tokens": tokens, "params": params, "law": source}
+
+
+# --- the command line's grammar for these verbs (cli/parser.py lists them) ---
+
+
+def add_plan(verbs) -> None:
+    """`pretrainer plan`'s arguments and help."""
+    p = verbs.add_parser(
+        "plan",
+        help="what a config will do: parameters, FLOPs, tokens, steps, time, cost and memory",
+        epilog="example: pretrainer plan configs/gpt2-124m.toml --gpus 8 --gpu h100-sxm --data.dir=data/fw",
+    )
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="TOML config file; --section.key=value overrides follow (--data.dir=DIR "
+        "takes the vocabulary from a prepared data dir; [budget] gives price and MFU)",
+    )
+    p.add_argument(
+        "--tokens", type=float, help="plan this many training tokens instead of the config's train.max_steps"
+    )
+    p.add_argument(
+        "--tokens-per-param",
+        type=float,
+        help="plan this many tokens per parameter (Chinchilla-optimal: 20) instead of train.max_steps",
+    )
+    p.add_argument("--gpus", type=int, default=1, help="data-parallel world size")
+    p.add_argument(
+        "--gpu",
+        help="GPU model for time, cost, energy and memory: a100-40gb, a100-80gb, h100-sxm, h100-pcie, "
+        "h200, b200, l4, l40s, rtx-3090, rtx-4090, a10 (others need --peak-tflops)",
+    )
+    p.add_argument(
+        "--peak-tflops", type=float, help="dense bf16 peak per GPU (required for a GPU not in the table)"
+    )
+    p.add_argument("--gpu-memory-gb", type=float, help="memory per GPU (overrides the table)")
+    p.add_argument("--gpu-watts", type=float, help="board power per GPU (overrides the table)")
+    p.add_argument(
+        "--mfu", type=float, help="model FLOPs utilisation assumed for the wall time (default: budget.mfu)"
+    )
+    p.add_argument(
+        "--usd-per-gpu-hour",
+        type=float,
+        help="price for the cost estimate (default: budget.usd_per_gpu_hour)",
+    )
+    p.add_argument(
+        "--flops",
+        default="full",
+        choices=["full", "6n"],
+        help="full: 6 x matmul params + attention (default); 6n: 6 x non-embedding params (Kaplan/Chinchilla "
+        "C=6ND)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument(
+        "--fit",
+        help="a fit.json (pretrainer fit): also print the loss this run should reach, with its interval",
+    )
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="time, $ and peak memory measured: train --measure-steps real steps of the config on this "
+        "machine (one evaluation, one checkpoint) and plan the whole run from them",
+    )
+    p.add_argument("--measure-steps", type=int, default=30, help="steps of the --measure probe (default 30)")
+    p.add_argument(
+        "--from-run",
+        metavar="RUN_DIR",
+        help="time and $ measured, not assumed: start-up, step, evaluation and checkpoint times from this "
+        "run's metrics (on this hardware); without CONFIG, plans that run's own config",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also plan the run on every instance type of the price table: fits, micro-batch, hours, the "
+        "whole bill, the cheapest marked",
+    )
+    p.add_argument(
+        "--target-loss",
+        type=float,
+        metavar="L",
+        help="plan the tokens this model needs to reach validation loss L (nats/token) under the scaling "
+        "law of --fit, else the published one (Hoffmann et al. 2022); with --compare, instances ranked "
+        "by $ to reach it",
+    )
+    p.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="a TOML price table ([[instance]] name, gpu, count, usd_per_gpu_hour) replacing or adding rows "
+        "of the built-in one (docs/planning.md)",
+    )
+
+
+def add_sweep(verbs) -> None:
+    """`pretrainer sweep`'s arguments and help."""
+    p = verbs.add_parser(
+        "sweep",
+        help="train a ladder of sizes from one base config (scaling laws); resumes where it stopped",
+        epilog="examples: pretrainer sweep configs/sweep-tiny.toml --data.dir=data/stdlib-bpe4k;  "
+        "pretrainer sweep configs/gpt2-124m.toml --sizes 5M,25M,100M --tokens 2e9 --out sweeps/lab "
+        "--gpu h100-sxm --parallel-runs 3",
+    )
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="a sweep file ([sweep] section, format in src/pretrainer/analysis/scaling/ladder.py) or a "
+        "base config; --sweep.key=value and --section.key=value overrides follow",
+    )
+    p.add_argument(
+        "--sizes",
+        help="= --sweep.sizes: target non-embedding parameters (1M,3M,10M) or shapes LAYERSxWIDTH (2x64)",
+    )
+    p.add_argument("--mode", help="= --sweep.mode: tokens, tokens_per_param or isoflop")
+    p.add_argument(
+        "--tokens", help="= --sweep.tokens: training tokens per run (comma-separated: each size at each)"
+    )
+    p.add_argument("--tokens-per-param", help="= --sweep.tokens_per_param (mode tokens_per_param)")
+    p.add_argument("--budgets", help="= --sweep.budgets: compute budgets in FLOPs (mode isoflop)")
+    p.add_argument("--out", help="= --sweep.dir: the sweep directory")
+    p.add_argument(
+        "--parallel-runs", help="= --sweep.parallel_runs: runs at once, one per GPU (or on the CPU)"
+    )
+    p.add_argument(
+        "--cpu-threads",
+        help="= --sweep.cpu_threads: torch threads per CPU run, wherever it runs (default 1; overrides "
+        "OMP_NUM_THREADS)",
+    )
+    p.add_argument(
+        "--gpu", help="= --sweep.gpu: GPU model for the plan's time and $ (budget.* gives price and MFU)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+
+
+def add_fit(verbs) -> None:
+    """`pretrainer fit`'s arguments and help."""
+    p = verbs.add_parser(
+        "fit", help="fit L(N, D) = E + A/N^a + B/D^b to a sweep, with bootstrap intervals and predictions"
+    )
+    p.add_argument(
+        "sweep", metavar="SWEEP_DIR_OR_CSV", help="a sweep dir (its sweep.csv) or a CSV with the same columns"
+    )
+    p.add_argument("--out", help="where fit.json, fit.md and the plots go (default: next to the CSV)")
+    p.add_argument(
+        "--params",
+        default="total",
+        choices=["total", "non_embedding"],
+        help="N counts total parameters (Hoffmann's convention, default) or non-embedding ones (Kaplan's)",
+    )
+    p.add_argument(
+        "--form",
+        default="auto",
+        choices=["auto", "nd", "n", "d"],
+        help="auto (the full law when the runs determine it, else the form they support), nd, n or d",
+    )
+    p.add_argument(
+        "--predict-params",
+        default="1e9",
+        help="model sizes to predict compute-optimal tokens for (default 1e9)",
+    )
+    p.add_argument(
+        "--predict-compute", help="compute budgets (FLOPs) to predict the optimal size and tokens for"
+    )
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
+
+
+def add_config(verbs) -> None:
+    """`pretrainer config`'s arguments and help."""
+    p = verbs.add_parser(
+        "config", help="print the resolved config as TOML with each key's help; overrides follow"
+    )
+    p.add_argument("config", nargs="?", help="TOML config file (default: the built-in defaults)")

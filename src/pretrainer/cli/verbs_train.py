@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pretrainer.cli.arguments import train_epilog
 from pretrainer.core.errors import UserError
 
 
@@ -61,3 +62,53 @@ def cmd_postmortem(args: argparse.Namespace) -> None:
 
     path, _, summary = write_postmortem(Path(args.run))
     print(f"wrote {path}: {summary}")
+
+
+# --- the command line's grammar for these verbs (cli/parser.py lists them) ---
+
+
+def add_train(verbs) -> None:
+    """`pretrainer train`'s arguments and help."""
+    p = verbs.add_parser(
+        "train",
+        help="train a model; extra --section.key=value arguments override the config",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=train_epilog(),
+    )
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="TOML config file (defaults for anything it leaves out); without one, "
+        "--run.dir=R resumes R with its saved config",
+    )
+    p.add_argument(
+        "--nproc", type=int, default=1, help="processes on this machine: runs torchrun --standalone for you"
+    )
+
+
+def add_postmortem(verbs) -> None:
+    """`pretrainer postmortem`'s arguments and help."""
+    p = verbs.add_parser(
+        "postmortem", help="write RUN_DIR/spike-postmortem.md and figures for every detected spike"
+    )
+    p.add_argument(
+        "run",
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        help="a run dir, or one of its checkpoints (the run's is used)",
+    )
+
+
+def add_budget_check(verbs) -> None:
+    """`pretrainer budget-check`'s arguments and help."""
+    p = verbs.add_parser(
+        "budget-check", help="check a budget.json against the guard's contract; --budget.* overrides follow"
+    )
+    p.add_argument("config", nargs="?", help="TOML config file (its [budget] section)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the decision and exit 0 (else exit with the trainer's code)",
+    )
+    p.add_argument("--gpus", type=int, default=1, help="GPUs, for the estimate")
+    p.add_argument("--elapsed-hours", type=float, default=0.0, help="hours run so far, for the estimate")
+    p.add_argument("--remaining-hours", type=float, default=0.0, help="hours still to run, for the estimate")
