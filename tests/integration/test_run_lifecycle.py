@@ -153,3 +153,28 @@ def test_a_bare_interrupt_still_ends_the_run_in_order(stdlib_data, tmp_path):
     assert exit_hook_calls(hook) == [("signal", 130, 5, str(run))]
     assert (sys.stdout, sys.stderr) == streams and not lock.held
     RunDirLock(run).acquire()  # free again
+
+
+def test_a_failure_while_the_components_are_built_still_alerts_closes_and_restores_the_handlers(
+    stdlib_data, tmp_path, monkeypatch
+):
+    """A component whose build fails (here the console's, after alerts, stopping and spikes are built):
+    the run still ends with its last alert ("died") in metrics.jsonl, exit.json, and the process's
+    own signal handlers back in place, whatever the components' closing does."""
+    from pretrainer.artifacts.metrics import read_metrics
+    from pretrainer.train import components
+
+    def failing(trainer):
+        raise RuntimeError("the console could not be built")
+
+    monkeypatch.setitem(components.REGISTRY, "console", failing)
+    before = signal.getsignal(signal.SIGTERM)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="could not be built"):
+        train(tiny_config(stdlib_data, run))
+    records = read_metrics(run / "metrics.jsonl")
+    assert [(r["alert"], r["message"]) for r in records if "alert" in r] == [
+        ("died", "error (exit 1): the console could not be built")
+    ]
+    assert json.loads((run / "exit.json").read_text())["exit_code"] == 1
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -36,11 +36,11 @@ REGISTRY = {
 
 
 def build_components(trainer) -> list:
-    """The run's components, each built from the trainer (its config, state and sinks)."""
-    components = []
+    """The run's components, each built from the trainer (its config, state and sinks), appended to
+    trainer.components as it is built: if one fails, those before it are still closed."""
     for name, build in REGISTRY.items():
         component = build(trainer)
         if component is not None:
             assert component.name == name, f"{name}'s build made {component.name}"
-            components.append(component)
-    return components
+            trainer.components.append(component)
+    return trainer.components

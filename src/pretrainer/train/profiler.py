@@ -40,6 +40,7 @@ class Profiler(Component):
         return self.device.type == "cuda"
 
     def before_step(self, step: Step) -> None:
+        self._end_range()  # a step that was dropped or rolled back never reached after_step
         if self.profile is None and self.first <= step.number <= self.last:
             self._start()
         if self.profile is not None:
@@ -47,15 +48,21 @@ class Profiler(Component):
             self.step_range.__enter__()
 
     def after_step(self, step: Step) -> None:
-        if self.step_range is not None:
-            self.step_range.__exit__(None, None, None)
-            self.step_range = None
+        self._end_range()
         if self.profile is not None and step.number >= self.last:
             self._stop(step.number)
 
-    def close(self) -> None:  # the run ended inside the window: what was traced is still written
+    def close(self) -> None:
+        """The run ended inside the window: what was traced is still written (without waiting for the
+        device, which a failed collective may have left stuck)."""
+        self._end_range()
         if self.profile is not None:
-            self.after_step(Step(self.last, logging=False, last=True))
+            self._stop(self.last, wait_for_device=False)
+
+    def _end_range(self) -> None:
+        if self.step_range is not None:
+            self.step_range.__exit__(None, None, None)
+            self.step_range = None
 
     def _start(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -65,8 +72,8 @@ class Profiler(Component):
         self.profile = torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True)
         self.profile.__enter__()
 
-    def _stop(self, last: int) -> None:
-        if self.cuda:
+    def _stop(self, last: int, wait_for_device: bool = True) -> None:
+        if self.cuda and wait_for_device:
             torch.cuda.synchronize(self.device)  # the window's kernels belong in its trace
         profile, self.profile = self.profile, None
         profile.__exit__(None, None, None)

@@ -32,7 +32,7 @@ from pretrainer.optim.sizes import optimizer_state_bytes
 from pretrainer.train.budget import launch_cost_check, resumed_step_s
 from pretrainer.train.checkpoint import restore_checkpoint
 from pretrainer.train.component import Step, Votes
-from pretrainer.train.components import build_components
+from pretrainer.train.components import REGISTRY, build_components
 from pretrainer.train.console import Console, closing_lines
 from pretrainer.train.distributed import (
     DistEnv,
@@ -117,7 +117,7 @@ class Trainer:
         self.run_info = run_record(
             self.cfg, env, start.data, resume=resume, parent=start.parent, optimizer=self.optimizer
         )
-        self.components = build_components(self)
+        build_components(self)  # into self.components as each is built: a failure closes those
         for component in self.components:
             if resume is not None and component.state_key in resume.state:
                 component.load_state_dict(resume.state[component.state_key])
@@ -282,6 +282,9 @@ class Trainer:
 
     def close(self) -> None:
         """However the run ended: close the components, then say why in RUN_DIR/exit.json."""
+        if self.run_log is not None and "alerts" not in [c.name for c in self.components]:
+            # it failed while the components were being built: its last alert still goes out
+            quietly(lambda: self.components.insert(0, REGISTRY["alerts"](self)))
         end_run(
             self.run_dir,
             self.cfg.run,
@@ -291,7 +294,7 @@ class Trainer:
             step=self.state.step if self.state else self.start_step,
             run_log=self.run_log,
             console=self.console,
-            closing=[*self.components, self.signals, self.loader],
+            closing=[self.signals, *self.components, self.loader],  # the default signal actions first
         )
 
 
@@ -307,7 +310,8 @@ def end_run(
     console: Console,
     closing: list = (),
 ) -> None:
-    """Close what the run opened (the last alert first), record why it ended (rank 0:
+    """Close what the run opened (the last alert first, then the signal handlers: a stuck close is
+    not a stop that cannot be stopped), record why it ended (rank 0:
     RUN_DIR/exit.json, when it holds the run dir's lock: never over another trainer's), release the
     lock and leave the process group, even if closing something fails. Then (rank 0, unless the
     `--nproc` launcher does it once every worker is gone) requeue the SLURM job or run run.on_exit."""

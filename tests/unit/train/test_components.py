@@ -334,3 +334,18 @@ def test_alerts_act_on_typed_events_not_on_a_record_s_keys(tmp_path):
         (3, "budget_warning", "spent $2.50"),
         (4, "rollback", "rolled back to step 2"),
     ]
+
+
+def test_a_dropped_step_s_profiler_range_ends_where_the_next_step_begins(tmp_path):
+    profiler = Profiler(tmp_path, 1, 3, rank=0, device=torch.device("cpu"), say=lambda text: None)
+    a = torch.randn(32, 32)
+    for n, dropped in ((1, False), (2, True), (3, False)):
+        step = Step(n, logging=False, last=False)
+        profiler.before_step(step)
+        (a @ a).sum()
+        if not dropped:  # a dropped batch or a rollback never reaches after_step
+            profiler.after_step(step)
+    events = json.loads((tmp_path / "trace-steps-1-3-rank0.json").read_text())["traceEvents"]
+    ranges = {e["name"]: e for e in events if e.get("name", "").startswith("step ") and e.get("ph") == "X"}
+    assert sorted(ranges) == ["step 1", "step 2", "step 3"]
+    assert ranges["step 2"]["ts"] + ranges["step 2"]["dur"] <= ranges["step 3"]["ts"]  # not nested
