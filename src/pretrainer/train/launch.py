@@ -7,9 +7,10 @@ What the wrapper adds to a plain torchrun:
 - exit status: torchrun exits 1 whenever a worker exits non-zero, so a budget stop (4) looks like a
   crash to a scheduler. Rank 0 writes the exit record (train/stopping.py) to a file this wrapper
   names in $PRETRAINER_EXIT_FILE; the wrapper exits with its code.
-- signals: torchrun runs in its own session; a stop signal to the wrapper (TERM, INT, HUP; USR1 and
-  USR2, which torchrun does not handle, go to the workers directly) is forwarded once per grace
-  window (repeats are the same request), and torchrun
+- signals: torchrun runs in its own session; a stop signal to the wrapper is forwarded once per grace
+  window (repeats are the same request) to the workers and to torchrun (TERM, INT and HUP; USR1 and
+  USR2, which torchrun does not handle, to the workers only). The workers hear it first: torchrun,
+  signalled twice (by the wrapper and by a `pkill` to every process), shuts down with SIGTERM. torchrun
   waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT = parallel.shutdown_timeout_s before any SIGKILL, so the
   workers have time to finish their step and write the checkpoint.
 - no orphans: the wrapper is a child subreaper, so workers that outlive torchrun (a signal sent to
@@ -120,7 +121,9 @@ def launch(nproc: int, shutdown_timeout_s: float, train_args: list[str]) -> int:
             torchrun = launched[0]
             if torchrun.poll() is not None:
                 signal_all(own_children(), signum)
-            elif signum in TORCHRUN_FORWARDS:
+            elif signum in TORCHRUN_FORWARDS:  # the workers first: torchrun turns a second signal during its
+                # shutdown into SIGTERM (its finally-block default), so they must hear this one before that
+                signal_all(children_of(torchrun.pid), signum)
                 signal_all([torchrun.pid], signum)
             else:  # USR1/USR2 would kill torchrun: straight to its workers
                 signal_all(children_of(torchrun.pid), signum)
