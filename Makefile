@@ -55,8 +55,12 @@ lint: $(VENV)/.dev-stamp
 # The whole suite: unit, integration and distributed tiers, nothing left out (CI runs this).
 # PYTHONDONTWRITEBYTECODE emptied: the suite starts ~100 processes that import torch; with its
 # bytecode written once into .venv they load it instead of compiling torch again (~4 s of CPU each).
+# A pytest worker per core (pytest-xdist; at most 4): one process alone keeps 1.3 of 2 cores busy
+# (process start-up, waits on signals and SLURM). Each test file stays on one worker, so its module
+# fixtures are built once; tests/conftest.py gives each worker its share of the threads.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: test-deps setup lint
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # install-test-deps.sh: a real SLURM and Chromium for the tests that use them, where it can (root, apt),
 # started first and in the background (the tests that need them wait for it); elsewhere one line, and

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,6 @@ from pretrainer.data.sources import Corpus
 def _isolated_cache() -> None:
     """Derived caches (unigram counts) go to a temp dir, not the user's ~/.cache; the GPT-2 ranks
     `make setup` fetched are linked in, so tests stay offline. Subprocesses inherit it."""
-    import tempfile
-
     from pretrainer.data.tokenizers.bpe import gpt2_ranks_path
 
     ranks = gpt2_ranks_path()
@@ -33,9 +32,22 @@ def _isolated_cache() -> None:
 
 
 _isolated_cache()
+pytest_plugins = ["support.quiet_tests"]
+
+
+def _threads_per_worker() -> None:
+    """Under `pytest -n N` (make test: a worker per core) each worker, and every process it starts, gets
+    its share of the cores: N workers at torch's default thread count would oversubscribe the machine.
+    Runs a test compares with each other then use one thread count."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 def pytest_configure(config):
+    _threads_per_worker()
     config.addinivalue_line("markers", "cuda: runs on a CUDA GPU (skipped where there is none)")
 
 

@@ -1,6 +1,6 @@
 """Alerts reach a person: a real run's budget warning, spike, stall and end arrive at a webhook (a
 local HTTP server on 127.0.0.1 standing in for Slack); an endpoint that hangs or answers 500 changes
-neither the losses nor the wall time beyond a second; the URL (a secret) is in no file of the run."""
+neither the losses nor the wall time beyond noise; the URL (a secret) is in no file of the run."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from support.budget_helpers import FakeClock, budget_file
 
 from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.core.secrets import forget_secrets
-from pretrainer.train.alerts import forecast_loss
+from pretrainer.train.alerts import POST_TIMEOUT_S, forecast_loss
 from pretrainer.train.loop import train
 
 SECRET = "T000/B000/XXXXsecretXXXX"
+pytestmark = pytest.mark.quiet  # the module's runs compare wall times (a stall drill, an endpoint that hangs)
 
 
 class Webhook(http.server.ThreadingHTTPServer):
@@ -110,7 +111,9 @@ def test_an_endpoint_that_hangs_or_fails_changes_neither_losses_nor_wall_time(en
     (ok, ok_time, _), (bad, bad_time, hook) = endpoints["ok"], endpoints["bad"]
     assert len(hook.received) >= 2  # tried: a 500, then a retry that hung
     assert losses(bad) == losses(ok)
-    assert bad_time < ok_time + 1.0, (bad_time, ok_time)
+    # an alert sent from the training thread would cost at least one POST timeout (5 s); close() waits
+    # 0.5 s at most; the rest is run-to-run noise of two ~4 s runs
+    assert bad_time < ok_time + POST_TIMEOUT_S / 2, (bad_time, ok_time)
 
 
 def test_the_webhook_url_is_in_no_file_of_the_run(endpoints):

@@ -16,12 +16,13 @@ from pretrainer.train.loop import train
 
 
 def test_max_hours_stops_with_a_checkpoint_and_the_run_continues_exactly(stdlib_data, tmp_path):
-    """A limit of 2 s over all launches (start-up included), and a 2.5 s pause before step 40 (the stall
-    drill): the run stops itself there (exit 8, a checkpoint at the stop), and a later launch without
-    the limit continues to the losses of a run straight through."""
+    """A limit of 2 s over all launches (start-up included), and a 2.5 s pause before step 10 (the stall
+    drill): the run stops itself by then (exit 8, a checkpoint at the stop; on a loaded machine it may
+    come a few steps earlier), and a later launch without the limit continues to the losses of a run
+    straight through."""
     run, hook = tmp_path / "run", tmp_path / "hook"
     settings = {"train.max_steps": 60, "ckpt.every": 1000, "eval.every": 0, "log.every": 10}
-    limit = {"train.max_hours": 2 / 3600, "alerts.stall_drill_step": 40, "alerts.stall_drill_s": 2.5}
+    limit = {"train.max_hours": 2 / 3600, "alerts.stall_drill_step": 10, "alerts.stall_drill_s": 2.5}
     cfg = tiny_config(stdlib_data, run, **settings, **limit)
     cfg.run.on_exit = exit_hook(hook)
     with pytest.raises(RunStopped) as stopped:
@@ -29,7 +30,7 @@ def test_max_hours_stops_with_a_checkpoint_and_the_run_continues_exactly(stdlib_
     record = json.loads((run / "exit.json").read_text())
     assert stopped.value.exit_code == EXIT_TIME_LIMIT == record["exit_code"] == 8
     assert record["reason"] == "time_limit" and "train.max_hours = 0.000555556 reached" in record["message"]
-    assert record["step"] in (39, 40)  # the limit is checked before each step
+    assert 1 <= record["step"] <= 10  # the limit is checked before each step
     assert [int(c.name.split("-")[1]) for c in list_checkpoints(run)] == [record["step"]]
     assert exit_hook_calls(hook) == [("time_limit", 8, record["step"], str(run))]
     train(tiny_config(stdlib_data, run, **settings))  # max_hours is a limit, not the computation: resumable

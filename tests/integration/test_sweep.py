@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from helpers import tiny_overrides
 from support.scaling_helpers import read_csv, sweep_args
 
@@ -17,8 +18,9 @@ def test_cpu_sweep_then_fit_writes_csv_plots_and_a_prediction_with_an_interval(
 ):
     sweep = tmp_path / "sweep"
     # validation at the start and the end, one checkpoint per run
-    # 2 threads, not the default 1: this sweep runs in the test's own process (sweep.cpu_threads)
-    quick = ("--eval.every=0", "--ckpt.every=0", "--sweep.cpu_threads=2")
+    # this process's thread count, not the default 1: the sweep runs in the test's own process, which has
+    # the machine's cores to itself (1 per worker under `make test`'s pytest-xdist: more would oversubscribe)
+    quick = ("--eval.every=0", "--ckpt.every=0", f"--sweep.cpu_threads={torch.get_num_threads()}")
     code, out, err = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k,300k", "5120,10240,20480"), *quick)
     assert code == 0, err
     assert "l1-d32-t5.12e03" in out and "15,456" in out  # the plan names the shapes and their exact counts

@@ -213,6 +213,7 @@ def test_activation_checkpointing_run_matches_a_plain_run(stdlib_data, tmp_path)
         assert plain[step] == pytest.approx(checkpointed[step], abs=1e-5)
 
 
+@pytest.mark.quiet  # compares wall-clock times
 def test_periodic_checkpoints_are_written_while_training_goes_on(stdlib_data, tmp_path, monkeypatch):
     """A slow disk (each write 0.5 s): step 6 starts right after step 5's checkpoint was handed to the
     writer, not 0.5 s later; every checkpoint lands complete, and one written while the next steps changed
