@@ -3,7 +3,7 @@ step adds, how the size of its update is measured and how the run's report descr
 else branches on an optimizer's name.
 
     optimizer = build_optimizer(model, cfg.optim, "cuda")     # optimizer.kind: its entry here
-    OPTIMIZERS[cfg.optim.name].flops_per_step(model)          # Muon's orthogonalisations; 0 for AdamW
+    optimizer_kind(cfg.optim.name).flops_per_step(model)      # Muon's orthogonalisations; 0 for AdamW
     update_norm(optimizer, skipped)                           # ||delta theta|| of the step just taken
 
 A new optimizer is its module (build, update norm) plus one entry in OPTIMIZERS, and its auto recipe
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from pretrainer.config.schema import OptimConfig
+from pretrainer.core.errors import UserError
 from pretrainer.optim.adamw import adamw_update_norm, param_groups
 
 
@@ -91,6 +92,14 @@ OPTIMIZERS = {
 }
 
 
+def optimizer_kind(name: str) -> OptimizerKind:
+    """OPTIMIZERS[name], or one line naming the choices (a config built in code skips the loader's check)."""
+    if name not in OPTIMIZERS:
+        choices = ", ".join(OPTIMIZERS)
+        raise UserError(f"optim.name = {name!r} is not an optimizer here; choose one of {choices}")
+    return OPTIMIZERS[name]
+
+
 def build_optimizer(
     model: nn.Module, cfg: OptimConfig, device_type: str, compile_step: bool = False
 ) -> torch.optim.Optimizer:
@@ -101,7 +110,7 @@ def build_optimizer(
     The low-bit ones' update is compiled on CUDA or when `compile_step`."""
     if cfg.lr <= 0:  # optim.lr = auto is a number only once config/resolve.py has seen the model
         raise ValueError("optim.lr is auto (0): build the optimizer from a resolved config")
-    kind = OPTIMIZERS[cfg.name]
+    kind = optimizer_kind(cfg.name)
     groups = param_groups(model, cfg.weight_decay)
     optimizer = kind.build(groups, model, cfg, compile_step or device_type == "cuda")
     optimizer.kind = kind

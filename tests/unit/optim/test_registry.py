@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pretrainer.config.schema import OPTIMIZER_RECIPES, ModelConfig, OptimConfig, key_allowed
+from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
 from pretrainer.optim.registry import OPTIMIZERS, build_optimizer, describe_optimizer, update_norm
 from pretrainer.optim.sizes import optimizer_state_bytes, planned_state_bytes
@@ -15,6 +16,12 @@ from pretrainer.optim.sizes import optimizer_state_bytes, planned_state_bytes
 def test_the_registry_the_recipes_and_the_schema_name_the_same_optimizers():
     assert tuple(OPTIMIZERS) == tuple(OPTIMIZER_RECIPES) == key_allowed()["optim.name"]
     assert all(kind.name == name for name, kind in OPTIMIZERS.items())
+
+
+def test_an_unknown_optimizer_in_a_config_built_in_code_is_one_line():
+    model = Transformer(ModelConfig(vocab_size=128, seq_len=16, d_model=64, n_layer=1, n_head=2))
+    with pytest.raises(UserError, match=r"optim.name = 'lion' is not an optimizer here; choose one of adamw"):
+        build_optimizer(model, OptimConfig(name="lion", lr=1e-2), "cpu")
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
