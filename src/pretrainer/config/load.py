@@ -13,10 +13,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from pretrainer.config.optimizers import OPTIMIZERS
 from pretrainer.config.schema import (
     AUTO_NUMBERS,
     HORIZON_KEYS,
-    OPTIMIZER_RECIPES,
     RENAMED_KEYS,
     SECRET_KEYS,
     SWITCH_KEYS,
@@ -311,7 +311,7 @@ def validate(cfg: Config) -> None:
         # FSDP2 shards the moments already; gathering and re-sharding quantised ones for checkpoints is not
         # tested here
         (
-            OPTIMIZER_RECIPES[o.name].fsdp or cfg.parallel.strategy == "ddp",
+            OPTIMIZERS[o.name].fsdp or cfg.parallel.strategy == "ddp",
             f"optim.name = {o.name} needs parallel.strategy = ddp "
             "(also for one process); with fsdp use optim.name = adamw",
         ),

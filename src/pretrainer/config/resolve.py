@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pretrainer.config.load import from_dict
-from pretrainer.config.schema import HORIZON_KEYS, OPTIMIZER_RECIPES, Config, ModelConfig, diff_keys, flatten
+from pretrainer.config.optimizers import OPTIMIZERS
+from pretrainer.config.schema import HORIZON_KEYS, Config, ModelConfig, diff_keys, flatten
 from pretrainer.core.errors import UserError
 from pretrainer.core.hardware import MATMUL_ALIGNMENT
 
@@ -168,15 +169,13 @@ def resolve(
 # lr ~ 1 / width: GPT-3's AdamW table (6e-4 at 768 .. 2e-4 at 2048), muP's hidden-layer rule under Adam;
 # our two CPU widths cannot measure the slope (5e-3 at 192 did better than the rule's 3.3e-3 over 200 steps)
 AUTO_LR_WIDTH_EXPONENT = 1.0
-# each optimizer's own (config/schema.py's OPTIMIZER_RECIPES)
-AUTO_LR_AT_WIDTH_128 = {name: recipe.lr_at_width_128 for name, recipe in OPTIMIZER_RECIPES.items()}
-AUTO_WARMUP_FRACTION = {name: recipe.warmup_fraction for name, recipe in OPTIMIZER_RECIPES.items()}
 
 
 def auto_lr(d_model: int, optimizer: str = "muon") -> float:
-    """optim.lr = auto: AUTO_LR_AT_WIDTH_128[optimizer] x (128 / d_model)^AUTO_LR_WIDTH_EXPONENT, to 2
-    significant figures (Muon: 5e-3 at 128, 8.3e-4 at 768, 3.1e-4 at 2,048; AdamW half of that)."""
-    base = AUTO_LR_AT_WIDTH_128[optimizer]
+    """optim.lr = auto: the optimizer's lr_at_width_128 (config/optimizers.py) x (128 / d_model) ^
+    AUTO_LR_WIDTH_EXPONENT, to 2 significant figures (Muon: 5e-3 at 128, 8.3e-4 at 768, 3.1e-4 at 2,048;
+    AdamW half of that)."""
+    base = OPTIMIZERS[optimizer].lr_at_width_128
     return float(f"{base * (128 / d_model) ** AUTO_LR_WIDTH_EXPONENT:.2g}")
 
 
@@ -187,7 +186,7 @@ def resolve_optim(cfg: Config) -> None:
     if o.lr == 0:
         o.lr = auto_lr(cfg.model.d_model, o.name)
     if o.warmup_steps < 0 and cfg.train.max_steps:
-        o.warmup_steps = round(AUTO_WARMUP_FRACTION[o.name] * cfg.train.max_steps)
+        o.warmup_steps = round(OPTIMIZERS[o.name].warmup_fraction * cfg.train.max_steps)
 
 
 def horizon_tokens(cfg: Config, data: DataInfo | None, count_parameters) -> tuple[str, float] | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pretrainer.config.optimizers import OPTIMIZERS
 from pretrainer.config.toml_text import toml_document
 
 
@@ -248,27 +249,6 @@ class ParallelConfig:
     )
 
 
-@dataclass(frozen=True)
-class OptimizerRecipe:
-    """What the config knows of an optimizer before one is built: its auto recipe (measured on CPU
-    against nanoGPT: docs/benchmarks.md, "The default recipe against nanoGPT"; docs/training.md) and
-    whether FSDP2 shards its state here. The optimizer itself is optim/registry.py's entry."""
-
-    lr_at_width_128: float  # optim.lr = auto: this x (128 / d_model), to 2 significant figures
-    warmup_fraction: float  # optim.warmup_steps = auto: this fraction of train.max_steps
-    fsdp: bool = True  # False: parallel.strategy = ddp only (quantised moments are not re-sharded here)
-
-
-# AdamW at Muon's lr ends above nanoGPT's loss with 5% warm-up: half the lr (0.47 of nanoGPT's tokens at
-# 128 x 4 over 200 steps against 0.70 at 5e-3) and twice the warm-up; Muon is as good at 5% as at 10%
-OPTIMIZER_RECIPES = {
-    "adamw": OptimizerRecipe(2.5e-3, 0.10),
-    "adamw8bit": OptimizerRecipe(2.5e-3, 0.10, fsdp=False),
-    "adamw4bit": OptimizerRecipe(2.5e-3, 0.10, fsdp=False),
-    "muon": OptimizerRecipe(5e-3, 0.05),
-}
-
-
 @dataclass
 class OptimConfig:
     name: str = opt(
@@ -276,7 +256,7 @@ class OptimConfig:
         '"adamw" (fused, fp32 moments: 8 bytes per parameter), "adamw8bit" or "adamw4bit" (torchao\'s '
         "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install 'pretrainer[lowbit]'), or "
         '"muon" (Muon for the hidden matrices, 4 bytes per parameter; AdamW for embeddings, head, norms)',
-        allowed=tuple(OPTIMIZER_RECIPES),
+        allowed=tuple(OPTIMIZERS),
     )
     lr: float = opt(
         0.0,

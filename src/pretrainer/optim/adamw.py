@@ -1,5 +1,6 @@
-"""AdamW's parts: weight decay on matrices only, and the size of its update from its state (the
-optimizers themselves are built in optim/registry.py; 8-/4-bit moments: optim/lowbit.py).
+"""AdamW (optim.name = "adamw": torch's fused AdamW, fp32 moments) and the parts every optimizer here shares:
+weight decay on matrices only, and the size of an Adam update from its state (8-/4-bit moments:
+optim/lowbit.py; the table of optimizers: config/optimizers.py).
 
 Weight decay applies to the weight matrices of Linear layers. Norm weights, biases and embeddings
 (token and position) are not decayed: decaying them pulls gains toward zero and rare tokens'
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pretrainer.config.schema import OptimConfig
 from pretrainer.optim.sizes import _plain
 
 
@@ -61,3 +63,19 @@ def adamw_update_norm(optimizer: torch.optim.Optimizer, skipped: torch.Tensor | 
     if skipped is not None:  # (where, not a product: with no update ever taken the formula is 0/0)
         norm = torch.where(skipped.bool(), torch.zeros_like(norm), norm)
     return norm
+
+
+# --- optim.name = "adamw" (config/optimizers.py's entry names this module) ---
+
+
+def build(groups: list[dict], model: nn.Module, cfg: OptimConfig, *, entry, compile_step: bool):
+    """Fused: one kernel per step, and it takes `optimizer.found_inf` (a device tensor that skips the
+    whole update without a host sync)."""
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
+
+
+def implementation(optimizer: torch.optim.Optimizer) -> str:
+    return f"torch.optim.AdamW, fused (torch {torch.__version__})"
+
+
+update_norm = adamw_update_norm

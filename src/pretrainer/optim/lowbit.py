@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from pretrainer.core.device import import_torchao
+from pretrainer.optim.adamw import adamw_update_norm
 from pretrainer.optim.sizes import BLOCK_SIZE  # values per block scale: plan counts with the same numbers
 
 _torchao_optim = import_torchao("optim.name = adamw8bit / adamw4bit").optim
@@ -83,11 +84,23 @@ STATE_CLASSES = {
 }
 
 
-def build(
-    groups: list[dict], *, lr: float, betas: tuple[float, float], eps: float, bits: int, compile_step: bool
-) -> torch.optim.Optimizer:
+def build(groups: list[dict], model, cfg, *, entry, compile_step: bool) -> torch.optim.Optimizer:
+    """optim.name = adamw8bit | adamw4bit: entry.moment_bits picks the class."""
+    bits = entry.moment_bits
     optimizer = (AdamW8bit if bits == 8 else AdamW4bit)(
-        groups, lr=lr, betas=betas, eps=eps, block_size=BLOCK_SIZE[bits]
+        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, block_size=BLOCK_SIZE[bits]
     )
     optimizer.compile_step = compile_step
     return optimizer
+
+
+def implementation(optimizer: torch.optim.Optimizer) -> str:
+    import importlib.metadata
+
+    version = importlib.metadata.version("torchao")
+    compiled = "compiled" if optimizer.compile_step else "eager"
+    return f"torchao.optim.{type(optimizer).__name__} (torchao {version}), update {compiled}"
+
+
+# the step used the moments dequantised: Adam's maths, within their quantisation error (tests/unit/optim)
+update_norm = adamw_update_norm

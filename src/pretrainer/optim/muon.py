@@ -291,3 +291,22 @@ def optimizer_flops_per_step(model: nn.Module) -> int:
         for p, hidden in zip(model.parameters(), hidden_flags(model))
         if hidden
     )
+
+
+# --- optim.name = "muon" (config/optimizers.py's entry names this module) ---
+
+
+def build(groups: list[dict], model: nn.Module, cfg, *, entry, compile_step: bool) -> MuonAdamW:
+    groups = with_muon_group(groups, model, cfg.weight_decay)
+    return MuonAdamW(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps, cfg.muon_momentum)
+
+
+def implementation(optimizer: torch.optim.Optimizer) -> str:
+    return "optim/muon.MuonAdamW: Muon (Newton-Schulz, 5 steps) for the hidden matrices, AdamW for the rest"
+
+
+def update_norm(optimizer: MuonAdamW, skipped: torch.Tensor | None = None) -> torch.Tensor:
+    return optimizer.update_norm(skipped)  # measured as it stepped: Muon's update is not Adam's
+
+
+flops_per_step = optimizer_flops_per_step

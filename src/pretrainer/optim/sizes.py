@@ -1,4 +1,4 @@
-"""What an optimizer's state takes: each optimizer's moments (their bits: optim/registry.py), torchao's
+"""What an optimizer's state takes: each optimizer's moments (their bits: config/optimizers.py), torchao's
 block sizes (plan counts with the same numbers without importing torchao), the measured state of a live
 optimizer."""
 
@@ -47,7 +47,7 @@ def planned_state_bytes(
 ) -> int:
     """What an optimizer's state will take for parameters of these shapes, each split `shards` ways along
     dim 0 (FSDP; this rank's share is the larger one): the number plan's memory model uses. `kind`: its
-    entry in optim/registry.py (bits per moment; whether hidden matrices keep a momentum buffer only).
+    entry in config/optimizers.py (bits per moment; whether hidden matrices keep a momentum buffer only).
     `hidden`: which are the matrices Muon updates (optim/muon.is_hidden_matrix)."""
     bits = kind.moment_bits
     total = 0

@@ -36,7 +36,7 @@ from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.loss import LOSS_CHUNK_ELEMENTS
 from pretrainer.optim.muon import hidden_flags
-from pretrainer.optim.registry import optimizer_kind
+from pretrainer.optim.registry import optimizer_flops_per_step, optimizer_kind
 from pretrainer.optim.sizes import planned_state_bytes
 
 CUDA_OVERHEAD_BYTES = int(1.5 * 2**30)
@@ -136,7 +136,7 @@ def planned_memory(
         # tied weights once, as the optimizer holds them
         param_shapes = [tuple(p.shape) for p in model.parameters()]
         hidden = hidden_flags(model)  # the matrices Muon keeps one buffer for
-        counts["optimizer_flops_per_step"] = optimizer_kind(cfg.optim.name).flops_per_step(model)
+        counts["optimizer_flops_per_step"] = optimizer_flops_per_step(cfg.optim.name, model)
     memory = memory_per_gpu(
         cfg,
         counts["total"],

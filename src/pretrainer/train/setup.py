@@ -39,7 +39,7 @@ from pretrainer.model import count_parameters
 from pretrainer.model.attention_probe import attention_backend
 from pretrainer.model.flops import flops_per_token
 from pretrainer.model.transformer import total_parameters
-from pretrainer.optim.registry import build_optimizer, describe_optimizer, optimizer_kind
+from pretrainer.optim.registry import build_optimizer, describe_optimizer, optimizer_flops_per_step
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.console import resume_command
 from pretrainer.train.distributed import (
@@ -369,7 +369,7 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     # --- what the run will do; refuse a launch the budget cannot pay for ---
     model_flops_per_token = flops_per_token(cfg.model, count_parameters(model)["non_embedding"])["total"]
     # Muon's orthogonalisations are work the run does: MFU and the budget count them
-    model_flops_per_token += optimizer_kind(cfg.optim.name).flops_per_step(model) / tokens_per_step(
+    model_flops_per_token += optimizer_flops_per_step(cfg.optim.name, model) / tokens_per_step(
         cfg, env.world_size
     )
     peak_tflops = device_peak_tflops(cfg.budget.peak_tflops, device)

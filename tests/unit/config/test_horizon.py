@@ -102,16 +102,21 @@ def test_a_saved_run_keeps_its_horizon_and_a_new_one_replaces_it(tmp_path):
 
 
 def test_the_default_recipe_resolves_to_numbers_for_the_width_and_the_horizon(tmp_path):
-    from pretrainer.config.resolve import AUTO_WARMUP_FRACTION, auto_lr
+    from pretrainer.config.optimizers import OPTIMIZERS
+    from pretrainer.config.resolve import auto_lr
     from pretrainer.config.schema import save_config
 
     narrow = resolve(load_config(None, [*SHAPE, "--model.d_model=128", "--train.max_tokens=1000000"]))
     wide = resolve(load_config(None, [*SHAPE, "--model.d_model=512", "--train.max_tokens=1000000"]))
     assert narrow.optim.name == "muon" and narrow.optim.lr == auto_lr(128) > wide.optim.lr == auto_lr(512) > 0
     # the warmup is a fraction of the steps the horizon became, not a fixed count
-    assert narrow.optim.warmup_steps == round(AUTO_WARMUP_FRACTION["muon"] * 977) > 0
+    assert narrow.optim.warmup_steps == round(OPTIMIZERS["muon"].warmup_fraction * 977) > 0
     adamw = resolve(load_config(None, [*SHAPE, "--optim.name=adamw", "--train.max_tokens=1000000"]))
-    assert adamw.optim.warmup_steps == round(AUTO_WARMUP_FRACTION["adamw"] * 977) > narrow.optim.warmup_steps
+    assert (
+        adamw.optim.warmup_steps
+        == round(OPTIMIZERS["adamw"].warmup_fraction * 977)
+        > narrow.optim.warmup_steps
+    )
     assert adamw.optim.lr == auto_lr(128, "adamw") == narrow.optim.lr / 2  # AdamW's own, measured
     # what a run saves holds the numbers, and reads back to them
     save_config(narrow, tmp_path / "config.toml")

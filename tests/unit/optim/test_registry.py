@@ -1,21 +1,66 @@
-"""The optimizer registry: every optim.name has one entry, the config's recipe table names the same
-ones, and each entry's own update norm is the size of the update its optimizer really applied."""
+"""The optimizer registry: every optim.name is one entry (config/optimizers.py) naming its module, a new
+optimizer is that module plus its entry, and each one's update norm is the size of the update it really
+applied."""
 
+import importlib
 import importlib.util
 
 import pytest
 import torch
 
-from pretrainer.config.schema import OPTIMIZER_RECIPES, ModelConfig, OptimConfig, key_allowed
+from pretrainer.config.optimizers import OptimizerEntry
+from pretrainer.config.schema import ModelConfig, OptimConfig, key_allowed
 from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
 from pretrainer.optim.registry import OPTIMIZERS, build_optimizer, describe_optimizer, update_norm
 from pretrainer.optim.sizes import optimizer_state_bytes, planned_state_bytes
 
 
-def test_the_registry_the_recipes_and_the_schema_name_the_same_optimizers():
-    assert tuple(OPTIMIZERS) == tuple(OPTIMIZER_RECIPES) == key_allowed()["optim.name"]
-    assert all(kind.name == name for name, kind in OPTIMIZERS.items())
+def test_every_entry_names_its_module_and_the_schema_allows_exactly_the_entries():
+    assert tuple(OPTIMIZERS) == key_allowed()["optim.name"]
+    for name, entry in OPTIMIZERS.items():
+        assert entry.name == name and entry.module.startswith("pretrainer.optim.")
+        if entry.module.endswith("lowbit") and importlib.util.find_spec("torchao") is None:
+            continue
+        module = importlib.import_module(entry.module)
+        assert all(callable(getattr(module, f, None)) for f in ("build", "update_norm", "implementation"))
+        assert not entry.extra_flops or callable(getattr(module, "flops_per_step", None))
+
+
+NEW_OPTIMIZER = """
+import torch
+
+def build(groups, model, cfg, *, entry, compile_step):
+    optimizer = torch.optim.SGD(groups, lr=cfg.lr)
+    optimizer.found_inf = None
+    return optimizer
+
+def implementation(optimizer):
+    return "plain SGD"
+
+def update_norm(optimizer, skipped=None):
+    return torch.tensor(0.0)
+
+def flops_per_step(model):
+    return 7
+"""
+
+
+def test_a_new_optimizer_is_its_module_and_one_entry(tmp_path, monkeypatch):
+    """Nothing else to change: built, described, its FLOPs and update norm asked through its own module,
+    and its auto recipe resolved from its entry."""
+    from pretrainer.config.resolve import auto_lr
+    from pretrainer.optim import registry
+
+    (tmp_path / "plain_sgd.py").write_text(NEW_OPTIMIZER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = OptimizerEntry("sgd", "plain_sgd", 1e-2, 0.2, extra_flops=True)
+    monkeypatch.setitem(OPTIMIZERS, "sgd", entry)
+    model = Transformer(ModelConfig(vocab_size=128, seq_len=16, d_model=64, n_layer=1, n_head=2))
+    optimizer = build_optimizer(model, OptimConfig(name="sgd", lr=auto_lr(64, "sgd")), "cpu")
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.param_groups[0]["lr"] == 2e-2
+    assert describe_optimizer(optimizer) == {"name": "sgd", "implementation": "plain SGD"}
+    assert registry.optimizer_flops_per_step("sgd", model) == 7 and update_norm(optimizer).item() == 0
 
 
 def test_an_unknown_optimizer_in_a_config_built_in_code_is_one_line():
