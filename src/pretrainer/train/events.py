@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pretrainer.core.errors import EXIT_BUDGET_PROJECTED, EXIT_BUDGET_SPENT
+
 
 @dataclass
 class Event:
@@ -41,14 +43,14 @@ class BudgetStop(Event):
     alert = "budget_stop"
 
     def message(self) -> str:
-        return f"projected ${self.record.get('projected_usd', 0):,.2f}: exit 4"
+        return f"projected ${self.record.get('projected_usd', 0):,.2f}: exit {EXIT_BUDGET_PROJECTED}"
 
 
 class BudgetHalt(Event):
     alert = "budget_halt"
 
     def message(self) -> str:
-        return f"spent ${self.record.get('spent_usd', 0):,.2f}: exit 5, no checkpoint"
+        return f"spent ${self.record.get('spent_usd', 0):,.2f}: exit {EXIT_BUDGET_SPENT}, no checkpoint"
 
 
 class Spike(Event):
