@@ -23,10 +23,10 @@ from pretrainer.config.schema import OptimConfig
 from pretrainer.core.errors import UserError
 from pretrainer.optim.adamw import param_groups
 
-__all__ = ["OPTIMIZERS", "build_optimizer", "describe_optimizer", "optimizer_kind", "update_norm"]
+__all__ = ["OPTIMIZERS", "build_optimizer", "describe_optimizer", "optimizer_entry", "update_norm"]
 
 
-def optimizer_kind(name: str) -> OptimizerEntry:
+def optimizer_entry(name: str) -> OptimizerEntry:
     """OPTIMIZERS[name], or one line naming the choices (a config built in code skips the loader's check)."""
     if name not in OPTIMIZERS:
         choices = ", ".join(OPTIMIZERS)
@@ -41,7 +41,7 @@ def optimizer_module(entry: OptimizerEntry) -> ModuleType:
 
 def optimizer_flops_per_step(name: str, model: nn.Module) -> int:
     """The matrix FLOPs its step adds beyond the model's (Muon's orthogonalisations), else 0."""
-    entry = optimizer_kind(name)
+    entry = optimizer_entry(name)
     return optimizer_module(entry).flops_per_step(model) if entry.extra_flops else 0
 
 
@@ -55,7 +55,7 @@ def build_optimizer(
     `compile_step`."""
     if cfg.lr <= 0:  # optim.lr = auto is a number only once config/resolve.py has seen the model
         raise ValueError("optim.lr is auto (0): build the optimizer from a resolved config")
-    entry = optimizer_kind(cfg.name)
+    entry = optimizer_entry(cfg.name)
     groups = param_groups(model, cfg.weight_decay)
     compile_step = compile_step or device_type == "cuda"
     optimizer = optimizer_module(entry).build(groups, model, cfg, entry=entry, compile_step=compile_step)

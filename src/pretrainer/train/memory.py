@@ -36,7 +36,7 @@ from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.loss import LOSS_CHUNK_ELEMENTS
 from pretrainer.optim.muon import hidden_flags
-from pretrainer.optim.registry import optimizer_flops_per_step, optimizer_kind
+from pretrainer.optim.registry import optimizer_entry, optimizer_flops_per_step
 from pretrainer.optim.sizes import planned_state_bytes
 
 CUDA_OVERHEAD_BYTES = int(1.5 * 2**30)
@@ -89,7 +89,7 @@ def memory_per_gpu(
     out = {
         "weights": 4 * params // shards,
         "gradients": 4 * params // shards,
-        "optimizer": planned_state_bytes(optimizer_kind(cfg.optim.name), param_shapes, shards, hidden),
+        "optimizer": planned_state_bytes(optimizer_entry(cfg.optim.name), param_shapes, shards, hidden),
         "ddp_buckets": 0,  # gradient_as_bucket_view: the gradients are the buckets
         "bf16_weights": int(2 * 2 * block_params)
         if shards > 1
@@ -150,7 +150,7 @@ def planned_memory(
     )
     # what a checkpoint writes: the whole fp32 model and optimizer state, however it is sharded
     counts["checkpoint_bytes"] = 4 * counts["total"] + planned_state_bytes(
-        optimizer_kind(cfg.optim.name), param_shapes, 1, hidden
+        optimizer_entry(cfg.optim.name), param_shapes, 1, hidden
     )
     return counts, memory
 
