@@ -13,7 +13,8 @@ from pretrainer.core.errors import UserError
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
     import json
 
-    from pretrainer.analysis.plan import format_plan, make_plan
+    from pretrainer.analysis.plan import make_plan
+    from pretrainer.analysis.plan_text import format_plan
     from pretrainer.config.load import load_config
 
     timings = None

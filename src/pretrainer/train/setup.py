@@ -25,8 +25,7 @@ import torch.distributed.checkpoint.state_dict  # noqa: F401
 from pretrainer import __version__
 from pretrainer.artifacts.checkpoint import read_resume_checkpoint, weights_problem
 from pretrainer.artifacts.runs import InitSource, build_model, grow_vocabulary, open_init_source
-from pretrainer.config.preflight import config_warnings, data_warnings
-from pretrainer.config.resolve import horizon_line, horizon_units, resolve, resume_changes, tokens_per_step
+from pretrainer.config.resolve import resolve, resume_changes, tokens_per_step
 from pretrainer.config.schema import Config, config_hash, save_config, to_dict
 from pretrainer.core.device import autocast_dtype, compiles, device_peak_tflops, hardware_info
 from pretrainer.core.errors import UserError
@@ -42,6 +41,7 @@ from pretrainer.model.transformer import total_parameters
 from pretrainer.optim.registry import build_optimizer, describe_optimizer, optimizer_flops_per_step
 from pretrainer.train.autobatch import find_micro_batch
 from pretrainer.train.console import resume_command
+from pretrainer.train.describe import describe
 from pretrainer.train.distributed import (
     DistEnv,
     agree_max,
@@ -49,7 +49,6 @@ from pretrainer.train.distributed import (
     broadcast_object,
     load_full_state,
     on_rank0,
-    strategy_name,
     wrap_model,
 )
 from pretrainer.train.memory import refuse_what_cannot_fit
@@ -203,82 +202,6 @@ def run_metadata(cfg: Config, env: DistEnv, hardware: dict, data, parent: dict |
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
     }
-
-
-def describe(
-    cfg: Config,
-    model: torch.nn.Module,
-    data,
-    *,
-    loader: SequenceLoader,
-    env: DistEnv,
-    amp_dtype: torch.dtype | None,
-    resume: Resume | None,
-    start_step: int,
-    attention: str,
-    say,
-) -> None:
-    """The run in five lines: model, data, tokens per step, where it starts, the horizon; then a line
-    per likely mistake."""
-    counts = count_parameters(model)
-    checkpoint = resume.checkpoint if resume else None
-    init_note = f", initialised from {cfg.init.from_}" if cfg.init.from_ and checkpoint is None else ""
-    say(
-        f"model: {cfg.model.arch}, {counts['total']:,} parameters ({counts['non_embedding']:,} "
-        f"non-embedding){init_note}"
-    )
-    say(
-        f"data: {data.path} ({loader.n_sequences:,} train sequences of {cfg.model.seq_len}, tokenizer "
-        f"{data.tokenizer.name}, "
-        f"packing {cfg.data.packing})"
-    )
-    for source in loader.sources:  # what chat data and padding leave out of the loss
-        if source.mask is not None or source.packing == "pad":
-            say(
-                f"  {source.name}: loss on "
-                f"{'assistant tokens only (loss mask)' if source.mask is not None else 'every token'}"
-                + (
-                    f"; padding {source.pad_fraction:.1%} of the sequences, {source.truncated:,} documents "
-                    f"cut at seq_len"
-                    if source.packing == "pad"
-                    else ""
-                )
-            )
-    say(
-        f"tokens per step: {tokens_per_step(cfg, env.world_size):,} = {cfg.train.micro_batch} micro-batch x "
-        f"{cfg.model.seq_len} seq_len x {cfg.train.grad_accum} grad_accum x {env.world_size} ranks; device "
-        f"{env.device}, "
-        f"{'bf16 autocast' if amp_dtype else 'float32'}, attention {attention}"
-        + (", compiled per block" if compiles(cfg.train.compile, env.device) else "")
-        + (", activation checkpointing" if cfg.train.activation_checkpointing else "")
-        + (
-            f", {strategy_name(cfg.parallel.strategy, env, cfg.parallel.fsdp_shard)}"
-            if env.world_size > 1
-            else ""
-        )
-    )
-    say(
-        f"{'resuming from ' + str(checkpoint) if checkpoint else 'starting fresh'} at step {start_step} of "
-        f"{cfg.train.max_steps}; run dir {cfg.run.dir}"
-    )
-    units = horizon_units(  # resolve turned the one given into steps; an epoch is the loader's
-        cfg.train.max_steps,
-        tokens_per_step(cfg, env.world_size),
-        counts["total"],
-        loader.n_sequences * cfg.model.seq_len,
-    )
-    say(f"horizon: {horizon_line({**units, 'max_hours': cfg.train.max_hours})}")
-    saved_threads = resume.state.get("hardware", {}).get("cpu_threads") if resume else None
-    if env.device.type == "cpu" and saved_threads and saved_threads != torch.get_num_threads():
-        say(
-            f"warning: this run trained with {saved_threads} CPU threads and resumes with "
-            f"{torch.get_num_threads()}: on CPU the sums split differently, so it continues close to, not "
-            f"bit-exactly like, an uninterrupted run; set OMP_NUM_THREADS={saved_threads} to continue exactly"
-        )
-    for warning in config_warnings(cfg) + data_warnings(
-        cfg, data, env.world_size, resume.state if resume else None
-    ):
-        say(f"warning: {warning}")
 
 
 def write_run_dir(cfg: Config, data, unigram: UnigramStats, run_dir: Path, env: DistEnv) -> None:

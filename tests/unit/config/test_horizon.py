@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from pretrainer.analysis.plan import format_plan, make_plan
+from pretrainer.analysis.plan import make_plan
+from pretrainer.analysis.plan_text import format_plan
 from pretrainer.config.load import load_config
 from pretrainer.config.resolve import resolve, train_sequences
 from pretrainer.core.errors import UserError
