@@ -90,7 +90,7 @@ def test_serve_cost_tables_memory_and_quality_on_cpu(tiny_run, run_cli):
 
 
 def test_int8_logits_match_fp32_and_int4_skips_layers_its_group_size_does_not_divide(tiny_run):
-    from pretrainer.analysis.serve_cost import load_variant
+    from pretrainer.analysis.serve_variants import load_variant
     from pretrainer.artifacts.runs import open_run
     from pretrainer.core.device import import_torchao
 
