@@ -17,7 +17,7 @@ from support.scaling_helpers import read_csv, sweep_args
 
 from pretrainer.analysis.scaling.ladder import SweepConfig
 from pretrainer.analysis.scaling.report import fit_sweep
-from pretrainer.analysis.scaling.sweep import TIMING_COLUMNS
+from pretrainer.analysis.scaling.sweep_plan import TIMING_COLUMNS
 from pretrainer.cli.main import main
 
 THREADS = SweepConfig().cpu_threads  # what every run of these sweeps must train with, wherever it runs

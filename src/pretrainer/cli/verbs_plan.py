@@ -117,7 +117,7 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     shorthands = [f"--sweep.{key}={value}" for key, value in flags.items() if value is not None]
     sweep, base = load_sweep(args.config, shorthands + overrides)
     if args.dry_run:
-        from pretrainer.analysis.scaling.sweep import cost_rows, format_plan, prepare_plan
+        from pretrainer.analysis.scaling.sweep_plan import cost_rows, format_plan, prepare_plan
 
         _, runs = prepare_plan(sweep, base)
         print_to_stdout(format_plan(sweep, base, runs, *cost_rows(sweep, base, runs)))
