@@ -11,7 +11,7 @@ from pretrainer.config.schema import ModelConfig, OptimConfig
 from pretrainer.data.unigram import unigram_cache_path, unigram_counts
 from pretrainer.model import Transformer
 from pretrainer.optim.registry import build_optimizer
-from pretrainer.train.spikes import SpikeMonitor
+from pretrainer.train.spike_monitor import SpikeMonitor
 
 
 @pytest.mark.parametrize("name", ["adamw", "muon"])
