@@ -3,8 +3,6 @@ horizon, and likely mistakes (config/preflight.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from pretrainer.config.preflight import config_warnings, data_warnings
@@ -15,9 +13,6 @@ from pretrainer.data.loader import SequenceLoader
 from pretrainer.model import count_parameters
 from pretrainer.train.distributed import DistEnv, strategy_name
 
-if TYPE_CHECKING:  # setup.py calls describe()
-    from pretrainer.train.setup import Resume
-
 
 def describe(
     cfg: Config,
@@ -27,7 +22,7 @@ def describe(
     loader: SequenceLoader,
     env: DistEnv,
     amp_dtype: torch.dtype | None,
-    resume: Resume | None,
+    resume,  # train/setup.py's Resume, or None for a fresh start (setup.py calls this)
     start_step: int,
     attention: str,
     say,
