@@ -146,7 +146,7 @@ def main() -> None:
 
     from pretrainer.artifacts.runs import build_model, init_source
     from pretrainer.config.schema import Config
-    from pretrainer.data.loader import open_data_dir
+    from pretrainer.data.data_dir import open_data_dir
     from pretrainer.eval.tasks import continuation_scorer, encode_task
 
     model_cfg, load = init_source(f"hf:{args.hf_dir}")

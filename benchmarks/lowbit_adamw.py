@@ -23,7 +23,7 @@ from pretrainer.analysis.plan import make_plan
 from pretrainer.artifacts.checkpoint import latest_checkpoint
 from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.config.load import load_config
-from pretrainer.data.loader import open_training_data
+from pretrainer.data.data_dir import open_training_data
 
 TOLERANCE = 0.03
 

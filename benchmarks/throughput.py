@@ -72,7 +72,8 @@ from pretrainer.config.schema import Config
 from pretrainer.core.device import autocast, autocast_dtype, compiles, device_peak_tflops, resolve_device
 from pretrainer.core.errors import UserError
 from pretrainer.core.hardware import mfu
-from pretrainer.data.loader import DataDir, SequenceLoader, open_data_dir
+from pretrainer.data.data_dir import DataDir, open_data_dir
+from pretrainer.data.loader import SequenceLoader
 from pretrainer.model import Transformer, count_parameters
 from pretrainer.model.flops import flops_per_token
 from pretrainer.optim.registry import build_optimizer

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from pretrainer.config.load import load_config
-from pretrainer.data.loader import open_data_dir
+from pretrainer.data.data_dir import open_data_dir
 
 # Distinct documents with varied content, so splits and boundaries can be checked one by one.
 DOCS = [f"def function_{i}(x):\n    # document {i}\n    return x * {i} + {i * i}\n" for i in range(200)]

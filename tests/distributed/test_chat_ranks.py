@@ -8,7 +8,8 @@ from helpers import tiny_config
 from support.chat_helpers import SMALL
 
 from pretrainer.artifacts.metrics import read_metrics
-from pretrainer.data.loader import SequenceLoader, open_data_dir
+from pretrainer.data.data_dir import open_data_dir
+from pretrainer.data.loader import SequenceLoader
 from pretrainer.model.loss import IGNORE_INDEX
 from pretrainer.train.loop import train
 

@@ -14,7 +14,7 @@ from helpers import run_forked
 
 from pretrainer.config.load import load_config
 from pretrainer.config.resolve import resolve
-from pretrainer.data.loader import open_data_dir
+from pretrainer.data.data_dir import open_data_dir
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 

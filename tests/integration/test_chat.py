@@ -11,7 +11,7 @@ from support.chat_helpers import SMALL
 
 from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.config.load import load_config
-from pretrainer.data.loader import open_data_dir
+from pretrainer.data.data_dir import open_data_dir
 from pretrainer.model import Transformer
 from pretrainer.train.loop import train
 

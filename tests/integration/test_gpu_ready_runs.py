@@ -118,7 +118,7 @@ def test_compiled_training_matches_eager_compiles_static_graphs_and_resumes_bit_
 
     import torch._dynamo.utils
 
-    from pretrainer.data.loader import open_data_dir
+    from pretrainer.data.data_dir import open_data_dir
     from pretrainer.eval import inloop
 
     # the small text corpus: its whole validation split is a few dozen windows, evaluated each time

@@ -95,7 +95,8 @@ def test_init_from_a_transformers_gpt2_directory(stdlib_data, tmp_path, run_cli)
     assert code == 0, err
     # The step-0 validation loss is the transformers model's own loss on the same batches.
     val0 = next(r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if r["step"] == 0)
-    from pretrainer.data.loader import open_data_dir, validation_batches
+    from pretrainer.data.data_dir import open_data_dir
+    from pretrainer.data.loader import validation_batches
 
     batches = validation_batches(open_data_dir(stdlib_data).tokens("val"), 64, 4, 4)
     with torch.no_grad():

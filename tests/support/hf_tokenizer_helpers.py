@@ -7,7 +7,7 @@ from helpers import DOCS
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from pretrainer.data.loader import open_data_dir
+from pretrainer.data.data_dir import open_data_dir
 
 TEXTS = [
     "Hello world",

@@ -85,7 +85,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def stage_data_dir(data_dir: Path, repo_id: str) -> Path:
-    from pretrainer.data.loader import open_data_dir
+    from pretrainer.data.data_dir import open_data_dir
 
     open_data_dir(data_dir)  # a complete, consistent prepared dir, or one line saying why not
     staged = _fresh_staging(data_dir)

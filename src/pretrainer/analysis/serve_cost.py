@@ -100,7 +100,7 @@ def serve_cost(settings: ServeSettings) -> dict:
     from pretrainer.config.resolve import resolve
     from pretrainer.core.device import resolve_device
     from pretrainer.core.files import atomic_write_bytes, atomic_write_json
-    from pretrainer.data.loader import open_training_data
+    from pretrainer.data.data_dir import open_training_data
     from pretrainer.eval.inloop import data_validation_batches
     from pretrainer.eval.loss import evaluate, token_bytes_tensor
     from pretrainer.model.loss import IGNORE_INDEX

@@ -56,8 +56,8 @@ def _prepare(args: argparse.Namespace, argv: list[str], corpus) -> None:
 def pull_prepared(args: argparse.Namespace) -> None:
     """prepare --from-hub: the pushed data dir, every file against checksums.sha256 and the token files
     against manifest.json (data.verify = full)."""
+    from pretrainer.data.data_dir import open_data_dir
     from pretrainer.data.hub import HUB_PREFIX, pull
-    from pretrainer.data.loader import open_data_dir
     from pretrainer.data.verify import verify_data
 
     if args.corpus:

@@ -148,7 +148,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
 def data_for_vocab(cfg):
     """The data dir that supplies the vocabulary, if data.dir names one; a missing one is fine when
     model.vocab_size is set (plans are made before the data is prepared)."""
-    from pretrainer.data.loader import open_training_data
+    from pretrainer.data.data_dir import open_training_data
 
     if not cfg.data.dir and not cfg.data.mixture:
         return None

@@ -73,7 +73,7 @@ def check_fits(model: ModelConfig, source: ModelConfig, where: str) -> None:
         )
 
 
-class DataInfo(Protocol):  # what resolution reads of a prepared data dir (pretrainer.data.loader.DataDir)
+class DataInfo(Protocol):  # what resolution reads of a prepared data dir (pretrainer.data.data_dir.DataDir)
     path: Path
     manifest: dict
 

@@ -27,7 +27,7 @@ from pretrainer.config.schema import Config, ModelConfig, canonical_key
 from pretrainer.core.device import autocast_dtype, resolve_device
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json, check_output
-from pretrainer.data.loader import open_training_data
+from pretrainer.data.data_dir import open_training_data
 from pretrainer.eval.inloop import data_validation_batches
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
 from pretrainer.model.loss import IGNORE_INDEX

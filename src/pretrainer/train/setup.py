@@ -30,7 +30,8 @@ from pretrainer.config.schema import Config, config_hash, save_config, to_dict
 from pretrainer.core.device import autocast_dtype, compiles, device_peak_tflops, hardware_info
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json
-from pretrainer.data.loader import SequenceLoader, open_training_data
+from pretrainer.data.data_dir import open_training_data
+from pretrainer.data.loader import SequenceLoader
 from pretrainer.data.unigram import UnigramStats
 from pretrainer.data.verify import verify_data
 from pretrainer.eval.inloop import LoopEvals

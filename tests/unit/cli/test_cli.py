@@ -10,7 +10,7 @@ from helpers import tiny_overrides
 from pretrainer.cli.main import build_parser
 from pretrainer.config.load import load_config
 from pretrainer.config.preflight import config_warnings, data_warnings
-from pretrainer.data.loader import open_data_dir
+from pretrainer.data.data_dir import open_data_dir
 from pretrainer.train.console import format_duration, step_line
 
 

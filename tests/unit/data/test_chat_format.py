@@ -13,7 +13,8 @@ from support.chat_helpers import prepare_chat
 from pretrainer.config.load import load_config
 from pretrainer.config.schema import ModelConfig
 from pretrainer.core.errors import UserError
-from pretrainer.data.loader import SequenceLoader, TokenSource, open_data_dir, validation_batches
+from pretrainer.data.data_dir import open_data_dir
+from pretrainer.data.loader import SequenceLoader, TokenSource, validation_batches
 from pretrainer.data.tokenizers.chat_format import (
     ASSISTANT_END,
     ASSISTANT_START,

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from pretrainer.core.errors import UserError
-from pretrainer.data.loader import open_data_dir
+from pretrainer.data.data_dir import open_data_dir
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
 from pretrainer.data.tokenizers.chat_format import (

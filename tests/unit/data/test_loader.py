@@ -92,7 +92,7 @@ def test_sampled_verification_checks_eight_chunks_per_file_and_full_finds_any_ch
 ):
     import hashlib
 
-    from pretrainer.data.loader import open_data_dir
+    from pretrainer.data.data_dir import open_data_dir
     from pretrainer.data.prepare import prepare
     from pretrainer.data.sources import Corpus
     from pretrainer.data.verify import verify_data

@@ -11,7 +11,7 @@ import pytest
 from helpers import DOCS, split_documents
 from tqdm import tqdm
 
-from pretrainer.data.loader import open_data_dir
+from pretrainer.data.data_dir import open_data_dir
 from pretrainer.data.prepare import prepare, token_dtype
 from pretrainer.data.sources import Corpus
 from pretrainer.data.tokenizers.base import METADATA_FILE

@@ -42,7 +42,7 @@ TIMING_COLUMNS = ("wall_s", "usd")  # differ between an interrupted and an unint
 def prepare_plan(sweep: SweepConfig, base: Config) -> tuple[Path, list[RunSpec]]:
     """Resolve the base against its data (the vocabulary) and plan every run. Without the data yet,
     model.vocab_size must be set (a dry run plans before the data is prepared)."""
-    from pretrainer.data.loader import open_data_dir
+    from pretrainer.data.data_dir import open_data_dir
 
     if not base.data.dir and not base.model.vocab_size:
         raise UserError(
