@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pretrainer.data.sources import stdlib_files
+from pretrainer.data.corpus_files import stdlib_files
 
 
 def write_text(path: Path, megabytes: int) -> None:

@@ -44,8 +44,9 @@ from pathlib import Path
 import numpy as np
 
 from pretrainer.core.errors import UserError
+from pretrainer.data.corpus_files import stdlib_files
 from pretrainer.data.prepare import prepare
-from pretrainer.data.sources import Corpus, stdlib_files
+from pretrainer.data.sources import Corpus
 from pretrainer.data.tokenizers.bpe import load_gpt2
 
 BATCH_CHARS = 1 << 20  # per worker per batch, as prepare's BATCH_CHARS
