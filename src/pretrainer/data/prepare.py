@@ -31,14 +31,10 @@ Workers are spawned processes: a script that calls prepare() with workers > 1 ne
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import multiprocessing
 import os
 import time
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -47,19 +43,19 @@ from tqdm import tqdm
 
 from pretrainer import __version__
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import (
-    ChunkedSha256,
-    atomic_directory,
-    atomic_write_json,
-    json_keys,
-    naming,
-    refuse_to_replace,
+from pretrainer.core.files import atomic_directory, atomic_write_json, json_keys, refuse_to_replace
+from pretrainer.data.encoding import (
+    SplitWriter,
+    document_batches,
+    encode_batch,
+    encode_stream,
+    first_chars,
+    render_chat_batch,
 )
 from pretrainer.data.sources import Corpus, Piece
 from pretrainer.data.tokenizers.base import METADATA_FILE, RANKS_FILE, Tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer, tokenizer_from_spec
 
-BATCH_CHARS = 1 << 20  # documents are sent to workers in batches of about 1M characters
 BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
 
 
@@ -145,155 +141,6 @@ class KeyedDocuments:
                     return  # before reading another document from the sources
 
 
-def _batches(items: Iterator[tuple[str, int]]) -> Iterator[tuple[list[str], list[int]]]:
-    batch, keys, chars = [], [], 0
-    for text, key in items:
-        batch.append(text)
-        keys.append(key)
-        chars += len(text)
-        if chars >= BATCH_CHARS:
-            yield batch, keys
-            batch, keys, chars = [], [], 0
-    if batch:
-        yield batch, keys
-
-
-def _first_chars(docs: Iterator[str], limit: int) -> Iterator[str]:
-    seen = 0
-    for doc in docs:
-        if seen >= limit:
-            return
-        seen += len(doc)
-        yield doc
-
-
-_worker_tokenizer: Tokenizer | None = None
-
-
-def _init_worker(tokenizer_dir: str) -> None:
-    global _worker_tokenizer
-    os.environ["TOKENIZERS_PARALLELISM"] = (
-        "false"  # an hf: tokenizer's own threads: one process per core already
-    )
-    _worker_tokenizer = load_tokenizer(Path(tokenizer_dir))
-
-
-def _encode_batch(
-    texts: list[str], starts: list[bool], tokenizer: Tokenizer | None = None
-) -> tuple[np.ndarray, None, np.ndarray]:
-    """-> (all tokens with an end-of-text after each document, no loss mask, per-item lengths).
-    A Piece (a document the next item continues) gets no end-of-text; an item that starts a document
-    (starts[i]) gets the tokenizer's BOS first, when it has one (hf: tokenizers such as Llama-3's)."""
-    tok = tokenizer or _worker_tokenizer
-    bos = [] if tok.bos_id is None else [tok.bos_id]
-    ids = [
-        (bos if start else []) + (x if isinstance(t, Piece) else x + [tok.eot_id])
-        for t, start, x in zip(texts, starts, tok.encode_batch(texts))
-    ]
-    lengths = np.array([len(x) for x in ids], dtype=np.int64)
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-    return flat, None, lengths
-
-
-def _render_chat_batch(
-    conversations: list[str], starts: list[bool], tokenizer: Tokenizer | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """--format chat: canonical conversations -> (tokens in the chat template, loss mask, per-item lengths).
-    Each starts with the template's <|bos|> (a conversation is never in pieces)."""
-    from pretrainer.data.tokenizers.chat_format import render_batch
-
-    return render_batch(conversations, tokenizer or _worker_tokenizer)
-
-
-def _encode_stream(
-    batches: Iterator[tuple[list[str], list[int]]],
-    tokenizer: Tokenizer,
-    tokenizer_dir: Path,
-    workers: int,
-    encode=_encode_batch,
-):
-    """-> ((tokens, mask or None, lengths), keys, document ends) per batch, in order."""
-    previous_ended = True  # whether the item before the next one ended its document (the next one starts one)
-
-    def starts(texts: list[str]) -> list[bool]:
-        nonlocal previous_ended
-        flags = [previous_ended] + [not isinstance(t, Piece) for t in texts[:-1]]
-        previous_ended = not isinstance(texts[-1], Piece)
-        return flags
-
-    if workers <= 1:
-        for texts, keys in batches:
-            yield encode(texts, starts(texts), tokenizer), keys, [not isinstance(t, Piece) for t in texts]
-        return
-    # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy mid-state
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_dir),)
-    ) as pool:
-        pending = deque()
-        for texts, keys in batches:
-            pending.append(
-                (pool.submit(encode, texts, starts(texts)), keys, [not isinstance(t, Piece) for t in texts])
-            )
-            if len(pending) >= 2 * workers:
-                future, keys, ends = pending.popleft()
-                yield future.result(), keys, ends
-        while pending:
-            future, keys, ends = pending.popleft()
-            yield future.result(), keys, ends
-
-
-class _SplitWriter:
-    """One split's token file and, for chat data, its loss-mask file (one byte per token, aligned)."""
-
-    def __init__(self, path: Path, dtype: np.dtype, with_mask: bool = False):
-        self.path, self.dtype = path, dtype
-        self.file = open(path, "wb")
-        self.sha = ChunkedSha256()
-        self.mask_path = path.with_suffix(".mask.bin") if with_mask else None
-        self.mask_file = open(self.mask_path, "wb") if with_mask else None
-        self.mask_sha = ChunkedSha256()
-        self.documents = self.tokens = self.trained_tokens = 0
-
-    def write(self, tokens: np.ndarray, documents: int = 1, mask: np.ndarray | None = None) -> None:
-        """Tokens of consecutive items, `documents` of which end here (a Piece continues), and their mask."""
-        data = tokens.astype(self.dtype).tobytes()
-        try:
-            self.file.write(data)
-        except OSError as e:  # a full disk: say which file
-            raise naming(e, self.path) from None
-        self.sha.update(data)
-        self.documents += documents
-        self.tokens += len(tokens)
-        if self.mask_file is not None:
-            mask_bytes = mask.astype(np.uint8).tobytes()
-            self.mask_file.write(mask_bytes)
-            self.mask_sha.update(mask_bytes)
-            self.trained_tokens += int(mask.sum())
-
-    def close(self) -> dict:
-        info = {
-            "file": self.path.name,
-            "documents": self.documents,
-            "tokens": self.tokens,
-            "sha256": self.sha.hexdigest(),
-            "chunk_sha256": self.sha.chunk_digests(),
-        }  # per CHUNK_BYTES: data.verify = sampled
-        for f in (self.file, self.mask_file):
-            if f is not None:
-                f.flush()
-                os.fsync(f.fileno())
-                f.close()
-        if self.mask_file is not None:
-            info.update(
-                mask_file=self.mask_path.name,
-                mask_sha256=self.mask_sha.hexdigest(),
-                mask_chunk_sha256=self.mask_sha.chunk_digests(),
-                trained_tokens=self.trained_tokens,
-            )
-        return info
-
-
 def is_prepared_dir(path: Path) -> bool:
     """A directory `prepare` wrote: its manifest names the splits and the tokenizer."""
     return {"splits", "tokenizer"} <= json_keys(Path(path) / "manifest.json")
@@ -377,7 +224,7 @@ def prepare(
             train_texts = (text for text, key in documents() if not is_val_document(seed, key, val_fraction))
             if chat:  # the BPE learns from what the messages say, not from their JSON
                 train_texts = ("\n".join(m["content"] for m in json.loads(t)) for t in train_texts)
-            tokenizer = tokenizer_from_spec(tokenizer_spec, _first_chars(train_texts, BPE_TRAIN_CHARS))
+            tokenizer = tokenizer_from_spec(tokenizer_spec, first_chars(train_texts, BPE_TRAIN_CHARS))
         else:
             tokenizer = tokenizer_from_spec(tokenizer_spec)
         if chat:
@@ -391,8 +238,8 @@ def prepare(
             0  # count once, on the encoding pass
         )
         writers = {
-            "train": _SplitWriter(tmp / "train.bin", dtype, chat),
-            "val": _SplitWriter(tmp / "val.bin", dtype, chat),
+            "train": SplitWriter(tmp / "train.bin", dtype, chat),
+            "val": SplitWriter(tmp / "val.bin", dtype, chat),
         }
         # Progress in file bytes read (corpus.bytes_read), the unit of total_bytes; a --max-docs run has no
         # known end.
@@ -406,9 +253,9 @@ def prepare(
         )
         doc_index, max_token = 0, 0
         keyed = documents()
-        encode = _render_chat_batch if chat else _encode_batch
-        for (flat, mask, lengths), keys, ends in _encode_stream(
-            _batches(iter(keyed)), tokenizer, tmp, workers, encode
+        encode = render_chat_batch if chat else encode_batch
+        for (flat, mask, lengths), keys, ends in encode_stream(
+            document_batches(iter(keyed)), tokenizer, tmp, workers, encode
         ):
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             splits = ["val" if is_val_document(seed, key, val_fraction) else "train" for key in keys]

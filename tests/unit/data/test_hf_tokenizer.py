@@ -222,11 +222,10 @@ def test_a_changed_tokenizer_json_is_refused(tmp_path, corpus):
 
 def test_a_streamed_document_gets_one_bos(tmp_path, monkeypatch):
     """A document read in pieces, its pieces spread over several batches: BOS before the first only."""
-    from pretrainer.data import prepare as prepare_module
-    from pretrainer.data import sources
+    from pretrainer.data import encoding, sources
 
     monkeypatch.setattr(sources, "PIECE_BYTES", 200)
-    monkeypatch.setattr(prepare_module, "BATCH_CHARS", 300)
+    monkeypatch.setattr(encoding, "BATCH_CHARS", 300)
     (tmp_path / "corpus").mkdir()
     big = "".join(DOCS[:30])
     (tmp_path / "corpus" / "big.txt").write_text(big)
