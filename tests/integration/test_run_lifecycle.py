@@ -48,7 +48,7 @@ def test_near_a_slurm_jobs_end_the_run_stops_and_asks_for_a_requeue(stdlib_data,
 
     run, hook = tmp_path / "run", tmp_path / "hook"
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 203))  # a few s of steps, then the margin
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 206))  # set-up, some steps, margin
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
     settings = {"train.max_steps": 100000, "eval.every": 0, "run.stop_margin_s": 200, "log.every": 100}
     cfg = tiny_config(stdlib_data, run, **settings)
