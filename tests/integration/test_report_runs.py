@@ -8,6 +8,7 @@ from support.report_helpers import modes, umask
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
 from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.core.ownership import OUTPUT_MARKER
 from pretrainer.train.loop import train
 
 
@@ -94,7 +95,7 @@ PLOTS = ["loss-curve.png", "gradnorm-curve.png", "lr.png", "evals.png", "through
 
 def test_export_writes_the_x1_report(finished_run, report):
     out = report
-    assert {p.name for p in out.iterdir()} == {
+    assert {p.name for p in out.iterdir()} - {OUTPUT_MARKER} == {
         "manifest.json",
         "metrics.csv",
         *PLOTS,

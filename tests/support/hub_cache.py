@@ -12,13 +12,20 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from fnmatch import fnmatch
 from pathlib import Path
+
+from pretrainer.analysis.publish import UPLOAD_IGNORE
 
 
 def publish_to_hub_cache(staged: Path, repo_id: str, repo_type: str, cache: Path) -> Path:
     """-> the snapshot directory."""
     repo = Path(cache) / f"{repo_type}s--{repo_id.replace('/', '--')}"
-    files = sorted(p for p in Path(staged).rglob("*") if p.is_file())
+    files = sorted(  # what upload() sends: its ignore patterns left out
+        p
+        for p in Path(staged).rglob("*")
+        if p.is_file() and not any(fnmatch(p.relative_to(staged).as_posix(), ig) for ig in UPLOAD_IGNORE)
+    )
     commit = hashlib.sha1(b"".join(p.read_bytes() for p in files)).hexdigest()
     snapshot = repo / "snapshots" / commit
     for source in files:

@@ -22,9 +22,13 @@ from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.config.schema import config_text
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_bytes
+from pretrainer.core.ownership import OUTPUT_MARKER, mark_output, remove_output
 from pretrainer.data.hub import CHECKSUMS, hidden, parse_hub_spec, write_checksums
 
 STAGING = ".hub-push"
+
+
+UPLOAD_IGNORE = [OUTPUT_MARKER]  # staged, never uploaded: the staging's own marker
 
 
 def push(
@@ -50,7 +54,7 @@ def push(
             f"{path}: neither a prepared data dir (manifest.json, from `pretrainer prepare`) nor a run dir "
             f"(checkpoints/); push takes one of those"
         )
-    files = sorted(p for p in staged.rglob("*") if p.is_file())
+    files = sorted(p for p in staged.rglob("*") if p.is_file() and not hidden(p, staged))  # as uploaded
     size = sum(p.stat().st_size for p in files)
     say(
         f"staged {len(files)} files ({size / 1e6:,.1f} MB) of a {repo_type} in {staged}, with README.md and "
@@ -70,9 +74,10 @@ def push(
 
 def _fresh_staging(path: Path) -> Path:
     staged = path / STAGING
-    if staged.exists():
-        shutil.rmtree(staged)  # a push that was interrupted: staged again from the source
+    if staged.exists() or staged.is_symlink():
+        remove_output(staged, "hub-push")  # a push that was interrupted: staged again from the source
     staged.mkdir()
+    mark_output(staged, "hub-push")
     return staged
 
 
@@ -151,7 +156,7 @@ def stage_run(run_dir: Path, repo_id: str, dtype: str) -> Path:
 
     run = open_run(run_dir)  # a run dir or one of its checkpoints: staged beside the run, not inside it
     staged = run.run_dir / STAGING  # export_hf replaces it whole
-    export_hf(run.cfg.model, run.load_weights(), run.tokenizer(), staged, dtype)
+    export_hf(run.cfg.model, run.load_weights(), run.tokenizer(), staged, dtype, kind="hub-push")
     atomic_write_bytes(staged / "README.md", model_card(run, repo_id, dtype).encode())
     write_checksums(staged)
     return staged
@@ -230,7 +235,13 @@ def upload(staged: Path, repo_id: str, repo_type: str, private: bool, revision: 
             api.create_branch(repo_id, repo_type=repo_type, branch=revision, exist_ok=True)
         large = getattr(api, "upload_large_folder", None)  # huggingface_hub < 1.0: its resumable upload
         if large is not None:
-            large(repo_id=repo_id, folder_path=str(staged), repo_type=repo_type, revision=revision)
+            large(
+                repo_id=repo_id,
+                folder_path=str(staged),
+                repo_type=repo_type,
+                revision=revision,
+                ignore_patterns=UPLOAD_IGNORE,
+            )
         else:  # with hf_xet: chunked, several commits for a large folder, resumed by running it again
             api.upload_folder(
                 repo_id=repo_id,
@@ -238,6 +249,7 @@ def upload(staged: Path, repo_id: str, repo_type: str, private: bool, revision: 
                 repo_type=repo_type,
                 revision=revision,
                 commit_message="pretrainer push",
+                ignore_patterns=UPLOAD_IGNORE,
                 delete_patterns="*",  # the repo mirrors what was staged: no stale file an earlier push left
             )
     except UserError:

@@ -38,6 +38,7 @@ from pretrainer.config.resolve import resolve_d_ff
 from pretrainer.config.schema import ModelConfig
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_file
+from pretrainer.core.ownership import GGUF_MARKER_KEY
 from pretrainer.data.tokenizers.bpe import BPE_PATTERN, GPT2_PATTERN, hf_tokenizer_files
 
 DTYPES = ("f16", "q8_0")
@@ -71,10 +72,12 @@ def export_gguf(
     cfg, weights = without_padding_rows(cfg, weights, tokenizer.vocab_size)
     tensors = gguf_tensors(cfg, weights)  # before the file: an unsupported model is refused first
     vocabulary = gguf_vocabulary(tokenizer, cfg.seq_len)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)  # as the other formats
     with atomic_file(Path(out)) as tmp:
         writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf_arch(cfg)])
         writer.add_type(gguf.GGUFType.MODEL)
         writer.add_name(name)
+        writer.add_string(GGUF_MARKER_KEY, "gguf")  # what `export --force` may replace (core/ownership.py)
         add_hyper_parameters(writer, cfg)
         file_type = gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.MOSTLY_Q8_0
         writer.add_file_type(file_type)

@@ -333,11 +333,19 @@ def without_padding_rows(
 
 
 def export_hf(
-    cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer, out: Path, dtype: str = "fp32"
+    cfg: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    tokenizer,
+    out: Path,
+    dtype: str = "fp32",
+    *,
+    kind: str = "hf",
 ) -> None:
+    """`out`: a transformers model directory, marked as a `kind` output (core/ownership.py: "hf", or
+    "hub-push" for a push's staging)."""
     torch_dtype = DTYPES[dtype]
     cfg, weights = without_padding_rows(cfg, weights, tokenizer.vocab_size)
-    with atomic_directory(Path(out)) as tmp:
+    with atomic_directory(Path(out), kind=kind) as tmp:
         hf_weights = {k: v.to(torch_dtype).contiguous() for k, v in to_hf_weights(cfg, weights).items()}
         save_safetensors(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
         config = hf_config(cfg, tokenizer.eot_id, str(torch_dtype).removeprefix("torch."), tokenizer.bos_id)

@@ -67,11 +67,11 @@ def pull_prepared(args: argparse.Namespace) -> None:
     if out is not None and out.exists():
         if not args.force:
             raise UserError(f"{out}: already exists; pass --force to replace it (once the pull is verified)")
-        from pretrainer.core.files import refuse_to_replace
-        from pretrainer.data.prepare import is_prepared_dir
+    if out is not None:
+        from pretrainer.core.ownership import check_replaceable
 
-        refuse_to_replace(out, is_prepared_dir, "a prepared data dir")  # --force never removes anything else
-    local = pull(spec, "dataset", local_dir=out)
+        check_replaceable(out, "data")  # --force never removes anything else
+    local = pull(spec, "dataset", local_dir=out, replace=args.force)
     checked = verify_data(open_data_dir(local), "full")
     print(
         f"pulled {spec} to {local}: every file matches checksums.sha256, and {checked['chunks_checked']} "

@@ -8,7 +8,8 @@ from pathlib import Path
 from pretrainer.cli.arguments import add_checkpoint_choice, add_generation_arguments
 from pretrainer.cli.output import print_to_stdout
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import check_output, json_keys, refuse_to_replace
+from pretrainer.core.files import check_output
+from pretrainer.core.ownership import check_replaceable
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -21,23 +22,8 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> None:
     evaluate_target(args.target, shorthands + overrides, args.out, args.limit)
 
 
-# what --force may replace, by --format: an export pretrainer wrote
-EXPORTS = {
-    "report": ("a report", lambda out: "final_weights" in json_keys(out / "manifest.json")),
-    "hf": (
-        "a Hugging Face export",
-        lambda out: (out / "config.json").is_file() and any(out.glob("*.safetensors")),
-    ),
-    "safetensors": ("a weights file", lambda out: out.is_file() and out.suffix == ".safetensors"),
-    "gguf": ("a GGUF file", lambda out: out.is_file() and out.suffix == ".gguf" and is_gguf(out)),
-}
 # the weights' dtypes each model format writes, its default first (the report keeps fp32 bytes)
 EXPORT_DTYPES = {"hf": ("fp32", "bf16"), "safetensors": ("fp32", "bf16"), "gguf": ("f16", "q8_0")}
-
-
-def is_gguf(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"  # the format's magic
 
 
 def export_dtype(fmt: str, dtype: str | None) -> str:
@@ -66,8 +52,7 @@ def cmd_export(args: argparse.Namespace) -> None:
             f"{out}: already exists; pass --force to replace it (only once the new export is complete), "
             f"or --out elsewhere"
         )
-    what, ours = EXPORTS[args.format]
-    refuse_to_replace(out, ours, what, keep=[run.checkpoint, run.run_dir])
+    check_replaceable(out, args.format, keep=[run.checkpoint, run.run_dir])
     check_output(out, "file" if args.format in ("safetensors", "gguf") else "directory")  # before the export
     if args.format == "report":
         manifest = export_report(run, out)

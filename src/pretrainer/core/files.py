@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrainer.core.errors import UserError
+from pretrainer.core.ownership import check_replaceable, mark_output
 
 
 def fsync_dir(path: Path) -> None:
@@ -165,23 +166,6 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def refuse_to_replace(out: Path, ours, what: str, keep=()) -> None:
-    """What --force may replace: only `what` this tool wrote (`ours(out)` recognises it, e.g. by its
-    manifest), never a directory that holds any of `keep` (the run, the data, the inputs) or the working
-    directory, and never a parent of one."""
-    target, held = Path(out).resolve(), [Path(path).resolve() for path in [*keep, Path.cwd()]]
-    if target in held:
-        raise UserError(f"{out}: --force would replace {target} itself; choose another --out")
-    for path in held:
-        if target in path.parents:
-            raise UserError(f"{out}: --force would replace {path}, which it holds; choose another --out")
-    if Path(out).exists() and not ours(Path(out)):
-        raise UserError(
-            f"{out}: exists and is not {what} pretrainer wrote, so --force does not replace it; choose "
-            f"another --out, or remove it yourself"
-        )
-
-
 def check_output(out: Path, kind: str = "file") -> None:
     """Before any work: `out` can be written as a `kind` ("file" or "directory"): not an existing
     directory where a file goes, and its nearest existing parent a writable directory (missing ones are
@@ -219,9 +203,14 @@ def pid_alive(pid: str) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_directory(out: Path) -> Iterator[Path]:
+def atomic_directory(out: Path, kind: str | None = None, replace: bool = True) -> Iterator[Path]:
     """Yield a temp directory beside `out`; when the block succeeds it replaces `out` (which only now
-    disappears, if it existed), when it fails it is removed and `out` is untouched."""
+    disappears, if it existed), when it fails it is removed and `out` is untouched.
+
+    kind: `out` is an output of that kind (core/ownership.py): marked as one, written while no other
+    process writes it (else one line), and an existing `out` replaced only if the ownership rule allows it
+    then, and only if `replace` (an `out` another process wrote meanwhile is never replaced). No kind: a
+    run's own directory (a checkpoint), which its run-dir lock owns."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -234,10 +223,24 @@ def atomic_directory(out: Path) -> Iterator[Path]:
     for stale in [tmp, *out.parent.glob(f".{out.name}.tmp-*")]:
         if stale == tmp or not pid_alive(stale.name.rsplit("-", 1)[-1]):  # left by a killed process
             shutil.rmtree(stale, ignore_errors=True)
+        elif kind is not None:
+            raise UserError(
+                f"{out}: another process (pid {stale.name.rsplit('-', 1)[-1]}) is writing it now; wait for "
+                f"it to end, or choose another --out"
+            )
     tmp.mkdir()
     try:
         yield tmp
-        if out.exists():
+        if kind is not None:
+            mark_output(tmp, kind)
+        if out.exists() or out.is_symlink():
+            if kind is not None and not replace:
+                raise UserError(
+                    f"{out}: another process wrote it while this one worked; it is kept and this output "
+                    f"discarded; pass --force to replace it, or choose another --out"
+                )
+            if kind is not None:
+                check_replaceable(out, kind)
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
             shutil.rmtree(old)

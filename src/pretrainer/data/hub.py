@@ -79,9 +79,9 @@ def verify_checksums(directory: Path, where: str) -> int:
     return len(lines)
 
 
-def pull(spec: str, repo_type: str, local_dir: Path | None = None) -> Path:
+def pull(spec: str, repo_type: str, local_dir: Path | None = None, replace: bool = False) -> Path:
     """The repo's snapshot in the hub cache, every file verified; with `local_dir`, then copied there
-    (whole, or not at all)."""
+    (whole, or not at all; `replace`: over a data dir pulled or prepared before)."""
     repo_id, revision = parse_hub_spec(spec)
     try:
         from huggingface_hub import snapshot_download
@@ -101,6 +101,7 @@ def pull(spec: str, repo_type: str, local_dir: Path | None = None) -> Path:
 
     from pretrainer.core.files import atomic_directory
 
-    with atomic_directory(Path(local_dir)) as tmp:  # the cache's links become files
+    # the cache's links become files
+    with atomic_directory(Path(local_dir), kind="data", replace=replace) as tmp:
         shutil.copytree(local, tmp, dirs_exist_ok=True)
     return Path(local_dir)

@@ -43,7 +43,8 @@ from tqdm import tqdm
 
 from pretrainer import __version__
 from pretrainer.core.errors import UserError
-from pretrainer.core.files import atomic_directory, atomic_write_json, json_keys, refuse_to_replace
+from pretrainer.core.files import atomic_directory, atomic_write_json
+from pretrainer.core.ownership import check_replaceable
 from pretrainer.data.encoding import (
     SplitWriter,
     document_batches,
@@ -141,11 +142,6 @@ class KeyedDocuments:
                     return  # before reading another document from the sources
 
 
-def is_prepared_dir(path: Path) -> bool:
-    """A directory `prepare` wrote: its manifest names the splits and the tokenizer."""
-    return {"splits", "tokenizer"} <= json_keys(Path(path) / "manifest.json")
-
-
 def prepare(
     corpus: Corpus,
     tokenizer_spec: str,
@@ -186,12 +182,8 @@ def prepare(
         raise UserError(
             f"{out}: output directory already exists; choose another --out or pass --force to replace it"
         )
-    refuse_to_replace(
-        out,
-        is_prepared_dir,
-        "a prepared data dir",
-        keep=[f.path for f in corpus.files] + ([tokenizer_from] if tokenizer_from else []),
-    )
+    inputs = [f.path for f in corpus.files] + ([tokenizer_from] if tokenizer_from else [])
+    check_replaceable(out, "data", keep=inputs)
     workers = workers or min(os.cpu_count() or 1, 8)
     if eot_token and (tokenizer_from or not tokenizer_spec.startswith("hf:")):
         raise UserError(
@@ -211,9 +203,8 @@ def prepare(
     if first is None:
         raise UserError(f"{', '.join(corpus.specs)}: empty corpus (no non-blank documents)")
 
-    with atomic_directory(
-        out
-    ) as tmp:  # renamed to `out` only when complete (--force: the old one goes only then)
+    # renamed to `out` only when complete (--force: the old one goes only then)
+    with atomic_directory(out, kind="data", replace=force) as tmp:
         started = time.time()
         if tokenizer_from:
             tokenizer = tokenizer_of(tokenizer_from)

@@ -11,6 +11,7 @@ import pytest
 from helpers import DOCS, split_documents
 from tqdm import tqdm
 
+from pretrainer.core.ownership import OUTPUT_MARKER
 from pretrainer.data.data_dir import open_data_dir
 from pretrainer.data.prepare import prepare, token_dtype
 from pretrainer.data.sources import Corpus
@@ -51,7 +52,7 @@ def test_data_dirs_from_before_the_hugging_face_tokenizer_files_still_open(
     out = tmp_path / "data"
     prepare(Corpus([str(jsonl_corpus)]), "bpe:300", out, val_fraction=0.2, seed=3, workers=1)
     manifest = json.loads((out / "manifest.json").read_text())
-    written = {p.name for p in out.iterdir()} - {"train.bin", "val.bin", "manifest.json"}
+    written = {p.name for p in out.iterdir()} - {"train.bin", "val.bin", "manifest.json", OUTPUT_MARKER}
     assert set(manifest["tokenizer"]["files"]) == written >= {"tokenizer.json", "tokenizer_config.json"}
     # The old layout: our metadata as tokenizer.json, no Hugging Face files, the old file list.
     (out / "tokenizer_config.json").unlink()

@@ -39,6 +39,7 @@ from pretrainer.core.files import (
     save_safetensors,
     sha256_file,
 )
+from pretrainer.core.ownership import FILE_MARKER_KEY
 from pretrainer.core.secrets import redact
 
 PACKAGES = ("torch", "numpy", "tiktoken", "safetensors", "mlflow", "pretrainer")
@@ -302,6 +303,7 @@ def export_weights(run, out: Path, dtype: str) -> None:
         "format": "pt",
         "pretrainer_model_config": json.dumps(to_dict(run.cfg)["model"], sort_keys=True),
         "tokenizer": json.dumps({"name": tokenizer.name, "sha256": tokenizer.sha256}, sort_keys=True),
+        FILE_MARKER_KEY: "safetensors",  # what `export --force` may replace (core/ownership.py)
     }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -346,7 +348,7 @@ def export_report(run, out: Path) -> dict:
     records = read_metrics(run_dir / "metrics.jsonl")
     if not records:
         raise UserError(f"{run_dir}/metrics.jsonl: no metrics; is this a run directory?")
-    with atomic_directory(Path(out)) as tmp:
+    with atomic_directory(Path(out), kind="report") as tmp:
         shutil.copyfile(checkpoint / "model.safetensors", tmp / "final.safetensors")
         weights_check = weights_round_trip(tmp / "final.safetensors", tmp / ".resave.safetensors")
         rows = write_metrics_csv(records, tmp / "metrics.csv")
