@@ -94,3 +94,22 @@ def test_a_second_trainer_on_a_run_dir_exits_with_one_line_and_the_first_trains_
         assert all(line.startswith("note: continuing with the saved config ") for line in others), said
     assert exit_hook_calls(tmp_path / "hook") == [("finished", 0, STEPS, str(run))]
     assert trained(run) == lone  # every loss, every checkpoint byte, and the exit record: the lone run's
+
+
+def test_removing_the_lock_file_mid_run_lets_no_second_trainer_in(lone, stdlib_data, tmp_path):
+    """`rm RUN/.lock` while a trainer runs, then a second trainer on the run: the run dir's own lock
+    still holds, so the second exits 2 with one line, the first puts the file back and trains on alone."""
+    run = tmp_path / "run"
+    args = tiny_overrides(stdlib_data, run, **SETTINGS)
+    first = fork_train(*args, log=tmp_path / "a")
+    wait_until_training(run, [first], after_step=0)
+    (run / ".lock").unlink()
+    second = fork_train(*args, log=tmp_path / "b")
+    second.join(240)
+    said = (tmp_path / "b").read_text()
+    errors = [line for line in said.splitlines() if line.startswith("error: ")]
+    assert second.exitcode == 2 and len(errors) == 1 and "in use by" in errors[0], said[-1500:]
+    wait_until_training(run, [first], after_step=max(losses(run)))  # .lock names the first trainer again
+    first.join(240)
+    assert first.exitcode == 0, (tmp_path / "a").read_text()[-1500:]
+    assert trained(run) == lone

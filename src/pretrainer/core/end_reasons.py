@@ -69,13 +69,15 @@ class EndReason:
         return self.code
 
 
-# the stops first, in the order they win at one step: no money left beats everything
+# the stops first, in the order they win at one step: a run dir that is another trainer's now beats
+# everything (nothing more may be written there), then no money left
 END_REASONS = (
-    EndReason("budget_halt", EXIT_BUDGET_SPENT, on_purpose=True, checkpoint=False, priority=1),
-    EndReason("budget_stop", EXIT_BUDGET_PROJECTED, on_purpose=True, checkpoint=True, priority=2),
-    EndReason("throughput_stop", EXIT_SLOW, on_purpose=True, checkpoint=True, priority=3),
-    EndReason("signal", exit_code_for_signal(signal.SIGTERM), on_purpose=True, checkpoint=True, priority=4),
-    EndReason("time_limit", EXIT_TIME_LIMIT, on_purpose=True, checkpoint=True, priority=5),
+    EndReason("run_dir_lost", EXIT_USER_ERROR, on_purpose=False, checkpoint=False, priority=1),
+    EndReason("budget_halt", EXIT_BUDGET_SPENT, on_purpose=True, checkpoint=False, priority=2),
+    EndReason("budget_stop", EXIT_BUDGET_PROJECTED, on_purpose=True, checkpoint=True, priority=3),
+    EndReason("throughput_stop", EXIT_SLOW, on_purpose=True, checkpoint=True, priority=4),
+    EndReason("signal", exit_code_for_signal(signal.SIGTERM), on_purpose=True, checkpoint=True, priority=5),
+    EndReason("time_limit", EXIT_TIME_LIMIT, on_purpose=True, checkpoint=True, priority=6),
     EndReason("finished", EXIT_OK, on_purpose=True, checkpoint=True),
     EndReason("error", EXIT_USER_ERROR, on_purpose=False, checkpoint=False),  # bad input: one line
     EndReason("write_fault", EXIT_WRITE_FAULT, on_purpose=False, checkpoint=False),

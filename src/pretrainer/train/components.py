@@ -17,12 +17,14 @@ from pretrainer.train.evaluation import Evaluation
 from pretrainer.train.norms import Norms
 from pretrainer.train.perf import SpeedMonitor
 from pretrainer.train.profiler import Profiler
+from pretrainer.train.run_dir_guard import RunDirGuard
 from pretrainer.train.spikes import SpikeGuard
 from pretrainer.train.stopping import Stopper
 from pretrainer.train.tracking import SequenceLog
 
 REGISTRY = {
     "alerts": Alerts.build,  # first: the others' events become alerts as they are logged
+    "run_dir": RunDirGuard.build,  # votes "run_dir_lost": another trainer has the run dir now
     "stopping": Stopper.build,  # signals, time limits, the budget: votes "budget", "signal", "time_limit"
     "spikes": SpikeGuard.build,  # votes "drop_batch"; the flagged steps on logging steps
     "norms": Norms.build,

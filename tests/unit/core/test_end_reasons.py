@@ -13,6 +13,7 @@ from pretrainer.core.errors import RunStopped, UserError, WriteFault
 # name -> (an exception that ends a run that way, exit code, tracker status, alert kind, checkpoint)
 EXPECTED = {
     "finished": (None, 0, "FINISHED", "finished", True),
+    "run_dir_lost": (RunStopped("RUN: moved", 2, "run_dir_lost"), 2, "FAILED", "died", False),
     "budget_halt": (RunStopped("spent", 5, "budget_halt"), 5, "KILLED", "stopped", False),
     "budget_stop": (RunStopped("projected", 4, "budget_stop"), 4, "KILLED", "stopped", True),
     "throughput_stop": (RunStopped("slow", 6, "throughput_stop"), 6, "KILLED", "stopped", True),
@@ -64,7 +65,8 @@ def test_a_keyboard_interrupt_is_a_signal_stop_with_130():
 
 
 def test_stops_at_the_same_step_the_one_with_the_lowest_priority_number_wins():
-    assert STOPS == ("budget_halt", "budget_stop", "throughput_stop", "signal", "time_limit")
+    assert STOPS == ("run_dir_lost", "budget_halt", "budget_stop", "throughput_stop", "signal", "time_limit")
+    assert first_stop(["budget_halt", "run_dir_lost"]).name == "run_dir_lost"
     assert first_stop(["time_limit", "signal"]).name == "signal"
     assert first_stop(["signal", "budget_halt", "throughput_stop"]).name == "budget_halt"
     assert first_stop(["throughput_stop", "budget_stop"]).name == "budget_stop"

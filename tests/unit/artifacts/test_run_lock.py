@@ -1,0 +1,57 @@
+"""One trainer per run dir (artifacts/run_lock.py): the lock outlives its file, and a trainer whose run
+dir was moved, or whose lock was taken, finds out before its next step."""
+
+import os
+
+import pytest
+
+from pretrainer.artifacts.run_lock import LOCK_FILE, RunDirLock
+from pretrainer.core.errors import UserError
+
+
+def test_the_run_dir_lock_outlives_its_file_and_notices_a_moved_run_dir(tmp_path):
+    run = tmp_path / "run"
+    first = RunDirLock(run)
+    first.acquire()
+    (run / LOCK_FILE).unlink()
+    with pytest.raises(UserError, match="in use by"):  # the directory's own lock
+        RunDirLock(run).acquire()
+    assert first.lost() is None and f"pid {os.getpid()}" in (run / LOCK_FILE).read_text()  # put back
+    (run / LOCK_FILE).unlink()
+    (run / LOCK_FILE).write_text("pid 1 on elsewhere\n")  # replaced by hand, unlocked
+    assert first.lost() is None and f"pid {os.getpid()}" in (run / LOCK_FILE).read_text()
+    run.rename(tmp_path / "moved")
+    run.mkdir()
+    assert "was moved or replaced" in first.lost()
+    first.abandon()
+    assert not first.held
+
+
+def test_where_directories_cannot_be_locked_a_taken_lock_file_is_noticed(tmp_path):
+    """On a file system without directory locks (the lock then is .lock's alone), a .lock removed and
+    taken by a second trainer: the first finds it before its next step."""
+    run = tmp_path / "run"
+    first = RunDirLock(run)
+    first.acquire()
+    first._release_dir()  # as acquire() leaves it where flock on a directory fails
+    (run / LOCK_FILE).unlink()
+    second = RunDirLock(run)
+    second.acquire()
+    assert f"pid {os.getpid()} on" in first.lost() and "removed or replaced" in first.lost()
+    second.close()
+
+
+def test_a_file_system_without_locks_is_one_line_with_the_fix_and_leaves_nothing(tmp_path, monkeypatch):
+    """flock failing with ENOLCK (NFS without its lock service): there is no such mount here, so the
+    call fails as it would there."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    run = tmp_path / "new" / "run"
+    with pytest.raises(UserError, match="does not support file locks.*choose a run.dir"):
+        RunDirLock(run).acquire()
+    assert list(tmp_path.iterdir()) == [], "no empty run dir, no .lock left"
