@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import DOCS, fork_cli, losses, tiny_overrides
+from helpers import DOCS, exit_hook, exit_hook_calls, fork_cli, losses, tiny_overrides
 
 
 @pytest.mark.parametrize("shape", [{"model.d_model": 1_000_000}, {"model.seq_len": 100_000_000}])
@@ -61,6 +61,26 @@ def test_a_checkpoint_of_another_run_never_rewrites_a_run_and_may_start_a_branch
     code, out, err = run_cli("train", f"--run.dir={branch}", f"--train.resume={foreign}")
     assert code == 0, out + err
     assert losses(branch) == {s: v for s, v in losses(first).items() if s > 10}
+
+
+def test_another_run_s_checkpoint_brings_no_shell_command(stdlib_data, tmp_path, run_cli):
+    """A shared or downloaded checkpoint continued in a new run dir: its run.on_exit is not taken (it
+    would run a stranger's command, with this environment); its own command line's is."""
+    theirs, mine, hook = tmp_path / "theirs", tmp_path / "mine", tmp_path / "hook"
+    short = {"train.max_steps": 10, "eval.every": 10, "run.on_exit": exit_hook(hook)}
+    assert run_cli("train", *tiny_overrides(stdlib_data, theirs, **short))[0] == 0
+    assert [call[0] for call in exit_hook_calls(hook)] == ["finished"]
+    checkpoint = theirs / "checkpoints" / "step-0000010"
+    branch = [f"--run.dir={mine}", f"--train.resume={checkpoint}", "--train.max_steps=12"]
+    code, out, err = run_cli("train", *branch)
+    assert code == 0 and f"note: not inherited from {checkpoint}: run.on_exit" in out, out + err
+    assert len(exit_hook_calls(hook)) == 1, "the other run's hook did not run again"
+    assert 'on_exit = ""' in (mine / "config.toml").read_text()
+    mine_too = tmp_path / "mine-too"
+    own = [f"--run.dir={mine_too}", f"--train.resume={checkpoint}", f"--run.on_exit={exit_hook(hook)}"]
+    code, out, err = run_cli("train", *own, "--train.max_steps=12")
+    assert code == 0 and "not inherited" not in out, out + err
+    assert exit_hook_calls(hook)[-1] == ("finished", 0, 12, str(mine_too))  # given by this launch: runs
 
 
 def test_a_run_dir_with_a_space_resumes_with_the_command_it_prints(stdlib_data, tmp_path, run_cli):
@@ -179,12 +199,14 @@ def test_a_manifest_path_outside_the_data_dir_is_refused(data_copy, tmp_path, ru
     assert code == 2 and "split file '../outside.txt' is not a file name inside" in err, out + err
 
 
-SECRETS = ("S3CRET-PW", "S3CRET-TOKEN", "S3CRET-B", "S3CRET-SIG")
+SECRETS = ("S3CRET-PW", "S3CRET-TOKEN", "S3CRET-B", "S3CRET-SIG", "S3CRET-FRAG", "S3CRET-HOOK")
 CREDENTIALS = [
     f"--mlflow.uri=http://alice:{SECRETS[0]}@127.0.0.1:9/?token={SECRETS[1]}",  # nothing listens: warned
-    f"--budget.file=https://bob:{SECRETS[2]}@example.invalid/budget.json?sig={SECRETS[3]}",
+    # a token as the user part alone, and one in a fragment
+    f"--budget.file=https://{SECRETS[2]}@example.invalid/budget.json?sig={SECRETS[3]}#{SECRETS[4]}",
     "--budget.cap_usd=100",
     "--budget.usd_per_gpu_hour=1",
+    f"--run.on_exit=curl -s https://hooks.invalid/services/{SECRETS[5]} || true",  # a shell command
 ]
 
 
@@ -211,14 +233,16 @@ def test_credentials_in_uris_reach_no_file_log_or_tracker(
         assert err.count("warning: mlflow failed") + out.count("warning: mlflow failed") == 1
         outputs += [out, err]
     assert losses(run) == losses(small_run), "tracking that failed changed nothing in training"
+    saved = (run / "config.toml").read_text()
+    assert "alice:***@127.0.0.1:9/?token=***" in saved and 'on_exit = "***"' in saved, saved
     code, out, err = run_cli("train", f"--run.dir={run}", "--train.max_steps=12")  # resumed from config.toml
-    assert code == 0 and "its credentials are never saved" in out + err, out + err
+    note = next(line for line in out.splitlines() if line.startswith(f"note: not inherited from {run}/"))
+    assert code == 0 and all(key in note for key in ("track.mlflow_uri", "budget.file", "run.on_exit")), out
     outputs += [out, err]
     for fmt in ("report", "hf"):
         code, out, err = run_cli("export", run, "--format", fmt)
         assert code == 0, out + err
         outputs += [out, err]
-    assert "alice:***@127.0.0.1:9/?token=***" in (run / "config.toml").read_text()
     # trackers that work: mlflow's params and artifacts in mlflow.db, W&B's offline run (W&B records the
     # process's command line unless told not to: here it holds the credentials, as a CLI process's would)
     tracked = tmp_path / "tracked"

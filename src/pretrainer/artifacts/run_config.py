@@ -4,13 +4,15 @@ retyped."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from pretrainer.config.load import apply_overrides, from_dict, load_config
 from pretrainer.config.resolve import horizon_keys_set
-from pretrainer.config.schema import Config
+from pretrainer.config.schema import NEVER_INHERITED, Config, flatten
 from pretrainer.core.errors import UserError
+from pretrainer.core.secrets import lost_secret
 
 
 def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
@@ -35,7 +37,14 @@ def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
     cfg.run.dir = str(run_dir)  # where it is now, if the run dir was moved
     if horizon_keys_set(cfg.train):
         cfg.train.max_steps = 0  # derived again from the run's horizon: the world size may differ
+    dropped = drop_uninheritable(cfg)
     cfg = apply_overrides(cfg, overrides)
+    dropped = [key for key in dropped if not flatten(cfg)[key]]  # not given again by this launch
+    if dropped and os.environ.get("RANK", "0") == "0":
+        print(
+            f"note: not inherited from {source}: {', '.join(dropped)} (shell commands and credentials come "
+            f"only from this launch's command line or config file); pass them again to use them"
+        )
     hub = cfg.data.dir.startswith("hf://")  # pulled again (or found in the hub cache) at launch
     if not hub and not Path(cfg.data.dir).is_absolute() and not Path(cfg.data.dir).is_dir():
         raise UserError(
@@ -43,6 +52,21 @@ def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
             f"from here; pass --data.dir=DIR"
         )
     return cfg
+
+
+def drop_uninheritable(cfg: Config) -> list[str]:
+    """A saved config (a run's config.toml, another run's checkpoint) never brings a shell command
+    (run.on_exit) or a URL whose credentials were masked when it was saved: each goes back to its
+    default. -> the dotted keys dropped."""
+    dropped = []
+    for section in dataclasses.fields(cfg):
+        values = getattr(cfg, section.name)
+        for field in dataclasses.fields(values):
+            key, value = f"{section.name}.{field.name.rstrip('_')}", getattr(values, field.name)
+            if isinstance(value, str) and value and (key in NEVER_INHERITED or lost_secret(value)):
+                setattr(values, field.name, getattr(type(values)(), field.name))
+                dropped.append(key)
+    return dropped
 
 
 def read_trainer_config(checkpoint: Path) -> Config:

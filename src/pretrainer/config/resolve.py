@@ -277,7 +277,7 @@ def absolute_paths(cfg: Config) -> Config:
     cfg = copy.deepcopy(cfg)
     # not resolve(): keep symlinks
     # a hub repo (hf://ORG/NAME) is not a path
-    absolute = lambda p: os.path.abspath(os.path.expanduser(p)) if p and not p.startswith("hf://") else p
+    absolute = lambda p: os.path.abspath(os.path.expanduser(p)) if p and "://" not in p else p
     cfg.data.dir, cfg.run.dir, cfg.budget.file = (
         absolute(cfg.data.dir),
         absolute(cfg.run.dir),

@@ -130,7 +130,8 @@ class RunConfig:
     on_exit: str = opt(
         "",
         "a shell command run once when the run ends for any reason (not on a requeue), by rank 0, after the "
-        "final checkpoint and exit.json; sees PRETRAINER_EXIT_REASON, _EXIT_CODE, _STEP, _RUN_DIR",
+        "final checkpoint and exit.json; sees PRETRAINER_EXIT_REASON, _EXIT_CODE, _STEP, _RUN_DIR. Never "
+        "saved (*** in config.toml, state.json, trackers) nor inherited: give it on every launch",
     )
     on_exit_timeout_s: float = opt(600.0, "run.on_exit is stopped after this many seconds", allowed="> 0")
 
@@ -565,7 +566,10 @@ SWITCH_KEYS = ("train.compile", "model.qkv_bias")
 # numbers a config may write as "auto", and the number that means it
 AUTO_NUMBERS = {"train.micro_batch": 0, "ckpt.every": -1, "optim.lr": 0, "optim.warmup_steps": -1}
 # values that are credentials as a whole: only their scheme and host are ever kept (core/secrets.py)
-SECRET_KEYS = ("alerts.webhook_url",)
+# masked whole in every file a run writes (config.toml, state.json, trackers, reports, exports, cards)
+SECRET_KEYS = ("alerts.webhook_url", "run.on_exit")
+# never taken from a saved config: a shell command runs only if this launch was given it
+NEVER_INHERITED = ("run.on_exit",)
 # the run's horizon: exactly one is set; resolve() derives train.max_steps from any of the others
 HORIZON_KEYS = ("train.max_steps", "train.max_tokens", "train.tokens_per_param", "train.epochs")
 

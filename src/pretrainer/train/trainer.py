@@ -26,7 +26,7 @@ from pretrainer.config.schema import Config, RunConfig
 from pretrainer.core.device import use_deterministic_kernels
 from pretrainer.core.end_reasons import BY_NAME, exit_status, first_stop
 from pretrainer.core.errors import EXIT_FILE_ENV, RunStopped
-from pretrainer.core.secrets import redact
+from pretrainer.core.secrets import lost_secret, redact, reveal
 from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
 from pretrainer.train.budget import launch_cost_check, resumed_step_s
@@ -332,7 +332,7 @@ def end_run(
             unused = run_log is None  # stopped before the first write: a new run dir goes again
             # only the trainer that owned the run dir: one that found it in use must not run the hook
             owned = lock.held
-            hook = run.on_exit if owned else ""
+            hook = reveal(run.on_exit) if owned and not lost_secret(run.on_exit) else ""
             afterwards = {"on_exit": hook, "on_exit_timeout_s": run.on_exit_timeout_s}
             if env.is_main:
                 into_run_dir = lock.held and not (unused and lock.created)

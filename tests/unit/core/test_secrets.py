@@ -19,7 +19,10 @@ from pretrainer.core.secrets import keep_secret, lost_secret, redact, reveal
         ("error at http://a:b@h and https://c:d@i", "error at http://a:***@h and https://c:***@i"),
         ("http://u:p@ss@host/x", "http://u:***@host/x"),  # a raw "@" in the password
         ("https://ghp_abcdefghijklmnopqrstuvwxyz0123@github.com/o/r", "https://***@github.com/o/r"),
-        ("ssh://git@github.com/o/r", "ssh://git@github.com/o/r"),  # a login name is not a secret
+        ("ssh://git@github.com/o/r", "ssh://***@github.com/o/r"),  # a user part alone may be a token
+        ("http://ghp_short@host/x", "http://***@host/x"),
+        ("https://host/x#tok3n", "https://host/x#***"),
+        ("runs/a#1", "runs/a#1"),  # a path, not a URI
     ],
 )
 def test_uri_credentials_are_redacted_and_nothing_else(uri, redacted):
