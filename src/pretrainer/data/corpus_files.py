@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import bz2
 import fnmatch
-import glob
 import gzip
 import io
 import lzma
@@ -165,6 +164,21 @@ def hf_files(spec: str) -> tuple[list[Path], dict]:
     }
 
 
+def glob_paths(spec: str) -> list[Path]:
+    """What glob.glob(spec, recursive=True) matches, but `**` never descends through a directory symlink
+    (pathlib's rule): glob.glob follows them, so a link loop (`a/up -> ..`) made it grow without bound.
+    Hidden names match only a pattern that names them, as in glob.glob."""
+    parts = Path(spec).parts
+    magic = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
+    anchor, pattern = Path(*parts[:magic]) if magic else Path(), "/".join(parts[magic:])
+    shown = pattern.startswith(".") or "/." in pattern
+    return sorted(
+        p
+        for p in anchor.glob(pattern)
+        if shown or not any(part.startswith(".") for part in p.relative_to(anchor).parts)
+    )
+
+
 def resolve_files(spec: str) -> list[CorpusFile]:
     if spec == "stdlib":
         return [CorpusFile(p, "py", spec) for p in stdlib_files()]
@@ -173,7 +187,7 @@ def resolve_files(spec: str) -> list[CorpusFile]:
         return [CorpusFile(p, "parquet", spec) for p in files]
     path = Path(spec)
     if any(ch in spec for ch in "*?["):
-        candidates = [Path(p) for p in sorted(glob.glob(spec, recursive=True))]
+        candidates = glob_paths(spec)
     elif path.is_dir():
         candidates = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p))
     elif path.is_file():

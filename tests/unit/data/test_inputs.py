@@ -461,3 +461,36 @@ def test_compressed_corpora_prepare_to_the_same_token_files_and_a_cut_one_is_one
     errors = [line for line in err.splitlines() if "error:" in line]
     assert code == 2 and len(errors) == 1 and str(cut) in errors[0] and "truncated" in errors[0]
     assert not (tmp_path / "cut-out").exists()
+
+
+def test_a_recursive_glob_never_descends_through_a_directory_link(tmp_path, monkeypatch):
+    """`loops/**/*.txt` over links back up the tree (a/up -> .., a/self -> loops): each file once, at
+    once (glob.glob followed the links without bound); the directory form was already safe."""
+    import signal
+
+    from pretrainer.data.corpus_files import resolve_files
+
+    (tmp_path / "loops" / "a" / ".hidden").mkdir(parents=True)
+    for name in ("loops/top.txt", "loops/a/x.txt", "loops/a/.hidden/h.txt", "loops/a/.dot.txt"):
+        (tmp_path / name).write_text("text\n")
+    (tmp_path / "loops" / "a" / "up").symlink_to("..")
+    (tmp_path / "loops" / "a" / "self").symlink_to(tmp_path / "loops")
+    monkeypatch.chdir(tmp_path)
+
+    def too_long(signum, frame):
+        raise TimeoutError("the glob is still growing after 10 s")
+
+    previous = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(10)
+    try:
+        for spec in ("loops/**/*.txt", str(tmp_path / "loops" / "**" / "*.txt"), "loops"):
+            found = sorted(
+                f.path.relative_to(tmp_path) if f.path.is_absolute() else f.path for f in resolve_files(spec)
+            )
+            expected = ["loops/a/x.txt", "loops/top.txt"] + (
+                ["loops/a/.dot.txt", "loops/a/.hidden/h.txt"] if spec == "loops" else []
+            )
+            assert [str(p) for p in found] == sorted(expected), spec
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
