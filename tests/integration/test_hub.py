@@ -88,3 +88,38 @@ def test_push_then_pull_a_data_dir_and_an_export_verifies_every_file(
     )
     assert result.returncode == 2 and result.stderr.count("error:") == 1 and "val.bin" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_links_out_of_a_snapshot_or_a_data_dir_are_never_followed(
+    stdlib_data, tmp_path, run_cli, offline_hub
+):
+    """A snapshot whose listed file links to a file outside the cache (its sha256 listed, so the
+    checksums alone pass), or whose directory links elsewhere: the pull is refused in one line and
+    copies nothing. A data dir holding a link out of it is not staged for a push."""
+    import hashlib
+
+    outside = tmp_path / "outside"
+    (outside / "etc").mkdir(parents=True)
+    (outside / "hostname").write_text("a machine's own file\n")
+    data = shutil.copytree(stdlib_data, tmp_path / "data")
+    assert run_cli("push", data, "me/d", "--dry-run")[0] == 0
+    snapshot = publish_to_hub_cache(data / ".hub-push", "me/d", "dataset", offline_hub)
+    listing = snapshot / "checksums.sha256"
+    lines = listing.read_text()
+    listing.unlink()  # a tampered listing, as a hostile repo would hold
+    digest = hashlib.sha256((outside / "hostname").read_bytes()).hexdigest()
+    listing.write_text(lines + f"{digest}  extra.txt\n")
+    (snapshot / "extra.txt").symlink_to(outside / "hostname")
+    pulled = tmp_path / "pulled"
+    code, out, err = run_cli("prepare", "--from-hub", "me/d", "--out", pulled)
+    assert code == 2 and err.count("\n") == 1 and "extra.txt links outside the repo's cache" in err, out + err
+    assert not pulled.exists()
+    (snapshot / "extra.txt").unlink()
+    listing.write_text(lines)
+    (snapshot / "sub").symlink_to(outside / "etc")
+    code, out, err = run_cli("prepare", "--from-hub", "me/d", "--out", pulled)
+    assert code == 2 and "sub links outside the repo's cache" in err and not pulled.exists(), out + err
+    # the push side: a link out of the data dir is not staged (its file would go up with the data)
+    (data / "notes.txt").symlink_to(outside / "hostname")
+    code, out, err = run_cli("push", data, "me/d", "--dry-run")
+    assert code == 2 and err.count("\n") == 1 and "notes.txt links outside the data dir" in err, out + err

@@ -23,7 +23,7 @@ from pretrainer.config.schema import config_text
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_bytes
 from pretrainer.core.ownership import OUTPUT_MARKER, mark_output, remove_output
-from pretrainer.data.hub import CHECKSUMS, hidden, parse_hub_spec, write_checksums
+from pretrainer.data.hub import CHECKSUMS, hidden, link_outside, parse_hub_spec, write_checksums
 
 STAGING = ".hub-push"
 
@@ -93,6 +93,12 @@ def stage_data_dir(data_dir: Path, repo_id: str) -> Path:
     from pretrainer.data.data_dir import open_data_dir
 
     open_data_dir(data_dir)  # a complete, consistent prepared dir, or one line saying why not
+    outside = link_outside(data_dir, data_dir)
+    if outside is not None:
+        raise UserError(
+            f"{data_dir}: {outside[0]} links outside the data dir (to {outside[1]}); push uploads only the "
+            f"data dir's own files: copy it in or remove the link"
+        )
     staged = _fresh_staging(data_dir)
     for source in sorted(p for p in data_dir.rglob("*") if p.is_file()):
         relative = source.relative_to(data_dir)

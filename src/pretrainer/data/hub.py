@@ -11,6 +11,7 @@ which then reads the local cache only).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pretrainer.core.errors import UserError
@@ -22,6 +23,21 @@ CHECKSUMS = "checksums.sha256"
 
 def is_hub_spec(spec: str) -> bool:
     return str(spec).startswith(HUB_PREFIX)
+
+
+def link_outside(root: Path, inside: Path) -> tuple[str, str] | None:
+    """The first symlink under `root` (a file's or a directory's, links not followed) whose target lies
+    outside `inside`: (its path under root, its target), or None. A hub snapshot's files link into its
+    repo's blobs; a link anywhere else would pull (or push) a file from outside the tree."""
+    inside = Path(inside).resolve()
+    for here, dirs, files in os.walk(root, followlinks=False):
+        for name in sorted(dirs + files):
+            path = Path(here) / name
+            if path.is_symlink():
+                target = path.resolve()
+                if target != inside and inside not in target.parents:
+                    return path.relative_to(root).as_posix(), str(target)
+    return None
 
 
 def parse_hub_spec(spec: str) -> tuple[str, str | None]:
@@ -58,6 +74,9 @@ def verify_checksums(directory: Path, where: str) -> int:
         raise UserError(
             f"{where}: no {CHECKSUMS}; not a repo `pretrainer push` wrote, so it cannot be verified"
         )
+    outside = link_outside(directory, directory.parents[1] if len(directory.parents) > 1 else directory)
+    if outside is not None:  # the snapshot's links point into its repo's cache folder, nowhere else
+        raise UserError(f"{where}: {outside[0]} links outside the repo's cache (to {outside[1]}); refused")
     lines = [line for line in listing.read_text().splitlines() if line.strip()]
     listed = {line.partition("  ")[2] for line in lines}
     present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
