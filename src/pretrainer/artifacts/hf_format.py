@@ -246,6 +246,21 @@ def unsupported(hf: dict) -> list[str]:
     return problems
 
 
+# the sizes of a Hugging Face config that must be positive integers (null: the default)
+SIZE_KEYS = {
+    "llama": (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+    ),
+    "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_inner"),
+}
+
+
 def model_config_from_hf(hf: dict, where: str) -> ModelConfig:
     """Our model config for a Hugging Face llama or gpt2 config; one error listing every setting it
     would not reproduce exactly (rather than an import whose logits silently differ)."""
@@ -255,6 +270,10 @@ def model_config_from_hf(hf: dict, where: str) -> ModelConfig:
     problems = unsupported(hf)
     if problems:
         raise UserError(f"{where}: cannot import exactly: {'; '.join(problems)}")
+    for key in SIZE_KEYS[kind]:  # "vocab_size": "big" was a traceback deep in the config's checks
+        value = hf.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UserError(f"{where}: {key} must be a positive integer, not {str(value)[:40]!r}; fix it")
     try:
         if kind == "llama":
             rope = hf.get("rope_parameters") or {}
@@ -294,7 +313,13 @@ def read_hf_config(directory: Path) -> ModelConfig:
         raise UserError(
             f"{config_path}: not found; --init.from=hf:DIR needs a local Hugging Face model directory"
         )
-    return model_config_from_hf(json.loads(config_path.read_text()), str(config_path))
+    try:
+        hf = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"{config_path}: not valid JSON ({type(e).__name__}); fix or replace it") from None
+    if not isinstance(hf, dict):
+        raise UserError(f"{config_path}: not a JSON object; fix or replace it")
+    return model_config_from_hf(hf, str(config_path))
 
 
 def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:

@@ -33,6 +33,7 @@ from pretrainer.cli.verbs_train import cmd_budget_check, cmd_postmortem, cmd_tra
 from pretrainer.core.end_reasons import COLLECTIVE_TIMEOUT_HINT, end_reason_of
 from pretrainer.core.errors import EXIT_USER_ERROR, RunStopped, UserError, missing_package_hint, write_fault
 from pretrainer.core.secrets import forget_secrets, redact
+from pretrainer.core.streams import Tolerant
 
 DOTTED_OVERRIDE = re.compile(r"^--[a-z][\w-]*\.[\w.-]+=")
 
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     extra = overrides + extra
     if extra and args.verb not in ("train", "eval", "plan", "budget-check", "config", "sweep"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    stdout = sys.stdout
+    if args.verb != "train" and not isinstance(stdout, Tolerant):  # train's console tee does the same
+        sys.stdout = Tolerant(stdout)
     try:
         return run_verb(args, extra, argv)
     except ModuleNotFoundError as e:
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print_to_stderr(ending_line(reason, e))
         return reason.exit_code(e)
+    finally:
+        sys.stdout = stdout
 
 
 def ending_line(reason, error: BaseException) -> str:

@@ -93,6 +93,7 @@ def cmd_sample(args: argparse.Namespace) -> None:
     # tokenizers)
     prefix = [tokenizer.bos_id] if tokenizer.bos_id is not None else [] if args.prompt else [tokenizer.eot_id]
     prompt_ids = prefix + tokenizer.encode(args.prompt)
+    refuse_what_cannot_sample(model, args.num_samples, len(prompt_ids), device)
     prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     with generation_precision(run, device):
@@ -112,6 +113,20 @@ def cmd_sample(args: argparse.Namespace) -> None:
     for i, row in enumerate(out.tolist()):
         text = tokenizer.decode(row[len(prefix) :]).replace(tokenizer.eot_name, f"\n{tokenizer.eot_name}\n")
         print(f"--- sample {i + 1} ---\n{text}")
+
+
+def refuse_what_cannot_sample(model, rows: int, prompt_len: int, device) -> None:
+    """--num-samples so many that their KV cache cannot fit: one line before allocating (100,000,000 rows
+    asked for 3.3 TB), as train refuses a shape that cannot fit."""
+    from pretrainer.model.generate import generation_bytes
+    from pretrainer.train.memory import device_memory_bytes
+
+    needed, has = generation_bytes(model, rows, prompt_len), device_memory_bytes(device)
+    if needed > has:
+        raise UserError(
+            f"--num-samples {rows:,}: sampling them at once needs about {needed / 1e9:,.1f} GB (the KV cache "
+            f"and logits of {rows:,} rows) and {device.type} has {has / 1e9:,.1f} GB; ask for fewer"
+        )
 
 
 def model_for_generation(args: argparse.Namespace):

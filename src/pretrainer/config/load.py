@@ -38,6 +38,8 @@ def _short_help(key: str) -> str:
 
 
 def _unknown_key(key: str, where: str) -> UserError:
+    if len(key) > 100:  # a pasted blob: no suggestions (their distance is quadratic), a cut name
+        return UserError(f"{where}: unknown config key '{key[:60]}...' ({len(key):,} characters)")
     close, sections = suggest(key, key_help()), to_dict(Config())
     typed_section = canonical_key(key).partition(".")[0]
     if close:
@@ -139,7 +141,7 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
         expected = (
             typ.__name__
             if typ is not list
-            else "[{dir, weight > 0}, ...] in TOML or DIR:WEIGHT,DIR:WEIGHT"
+            else "[{dir, weight}, ...] (a finite weight > 0) in TOML or DIR:WEIGHT,DIR:WEIGHT"
             if key == "data.mixture"
             else '["a", "b"] in TOML or a,b'
         )
@@ -170,7 +172,7 @@ def _mixture(value: Any) -> list[dict]:
         if not isinstance(item, dict) or set(item) != {"dir", "weight"} or not str(item["dir"]):
             raise ValueError(value)
         weight = float(item["weight"])
-        if not weight > 0:
+        if not 0 < weight < math.inf:
             raise ValueError(value)
         out.append({"dir": str(item["dir"]), "weight": weight})
     return out

@@ -67,7 +67,7 @@ class ModelConfig:
         "0 = none, as pretraining on more data than one epoch needs",
         allowed="[0, 1)",
     )
-    rope_theta: float = opt(10000.0, "RoPE base frequency (llama)", allowed="> 0")
+    rope_theta: float = opt(10000.0, "RoPE base frequency (llama)", allowed=">= 1")
     norm_eps: float = opt(1e-5, "epsilon of the RMSNorm / LayerNorm", allowed="> 0")
     init_std: float = opt(
         0.02,

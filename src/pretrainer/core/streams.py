@@ -35,3 +35,33 @@ def print_line(text: str, stream=None, last_words: bool = False) -> None:
             switch_off(stream.fileno())
         elif not last_words:
             raise
+
+
+class Tolerant:
+    """A text stream whose reader may go (`pretrainer eval RUN | head -1`): once a write or flush finds
+    it gone it is switched off and the command goes on to write its files (a BrokenPipeError there lost
+    eval's JSON). Anything else it passes to the stream it wraps."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as e:
+            self._gone(e)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as e:
+            self._gone(e)
+
+    def _gone(self, error: OSError) -> None:
+        if error.errno not in GONE:
+            raise error
+        switch_off(self.stream.fileno())
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)

@@ -6,6 +6,8 @@ import torch
 
 from pretrainer.model.transformer import Transformer
 
+GREEDY_BELOW = 1e-6  # a temperature this small samples the argmax anyway
+
 
 @torch.no_grad()
 def sample_next(
@@ -15,12 +17,13 @@ def sample_next(
     generator: torch.Generator | None,
     vocab_in_use: int | None = None,
 ) -> torch.Tensor:
-    """logits (B, vocab) -> next ids (B, 1). temperature 0 is greedy (argmax). vocab_in_use: the
+    """logits (B, vocab) -> next ids (B, 1). temperature 0 is greedy (argmax), and so is one below
+    GREEDY_BELOW (logits / T would overflow float32: no distribution is left to sample). vocab_in_use: the
     tokenizer's size; the rows above it (the model's vocabulary padded to a multiple of 128) are never
     chosen."""
     if vocab_in_use is not None and vocab_in_use < logits.size(-1):
         logits = logits[..., :vocab_in_use]
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
     if top_k and top_k < logits.size(-1):
@@ -28,6 +31,15 @@ def sample_next(
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)
+
+
+def generation_bytes(model: Transformer, batch: int, prompt_len: int) -> int:
+    """What generate() holds at its peak for `batch` rows, before it allocates anything: the KV cache
+    (seq_len positions a row) and the prefill's logits (fp32), twice over for what a forward pass keeps."""
+    attn, itemsize = model.layers[0].attn, model.wte.weight.element_size()
+    cache = 2 * model.cfg.n_layer * batch * attn.n_kv_head * model.cfg.seq_len * attn.head_dim * itemsize
+    logits = batch * min(prompt_len, model.cfg.seq_len) * model.cfg.vocab_size * 4
+    return cache + 2 * logits
 
 
 @torch.no_grad()

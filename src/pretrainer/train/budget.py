@@ -64,8 +64,8 @@ def parse_budget(raw: str, now: float, stale_after_s: float) -> tuple[Reading | 
         if missing:
             return None, f"malformed (missing {', '.join(missing)})"
         values = {f: float(data[f]) for f in FIELDS if f != "last_update_utc"}
-        if not all(math.isfinite(v) for v in values.values()):
-            return None, "malformed (non-finite numbers)"
+        if not all(math.isfinite(v) and v >= 0 for v in values.values()):  # -100 spent raised the cap
+            return None, "malformed (negative or non-finite numbers)"
         updated = datetime.fromisoformat(str(data["last_update_utc"]).replace("Z", "+00:00"))
         if updated.tzinfo is None:
             updated = updated.replace(tzinfo=timezone.utc)

@@ -4,7 +4,11 @@ scoring); step 0's once per run."""
 
 from __future__ import annotations
 
+import math
+
+from pretrainer.core.errors import UserError
 from pretrainer.train.component import Component, Step
+from pretrainer.train.spikes import NOT_FINITE_FIX
 
 
 class Evaluation(Component):
@@ -30,7 +34,7 @@ class Evaluation(Component):
 
     def at_start(self) -> None:
         """Step 0's: the untrained model's scores, once per run (not on resume)."""
-        self.evals.validate(self.trainer.wrapped, 0, 0)
+        self._validate(0, 0)
         if self.cfg.eval.tasks_every:
             self.evals.in_context(self.trainer.wrapped, self.trainer.model, 0, 0)
 
@@ -38,14 +42,22 @@ class Evaluation(Component):
         every, tasks_every, last = self.cfg.eval.every, self.cfg.eval.tasks_every, self.cfg.train.max_steps
         worked = False
         if (every and step.number % every == 0) or step.number == last:
-            self.evals.validate(
-                self.trainer.wrapped, step.number, step.tokens
-            )  # every rank, the same batches
+            self._validate(step.number, step.tokens)  # every rank, the same batches
             worked = True
         if tasks_every and (step.number % tasks_every == 0 or step.number == last):
             self.evals.in_context(self.trainer.wrapped, self.trainer.model, step.number, step.tokens)
             worked = True
         return worked
+
+    def _validate(self, step: int, tokens: int) -> None:
+        """A validation loss that is not finite stops the run as an error, on every rank alike (the loss
+        is agreed): the model computes nothing usable, and a checkpoint of it would be kept as good."""
+        loss = self.evals.validate(self.trainer.wrapped, step, tokens)
+        if not math.isfinite(loss):
+            when = (
+                "the model's outputs are not finite before any update" if step == 0 else "the model is broken"
+            )
+            raise UserError(f"step {step}: validation loss {loss}: {when}; {NOT_FINITE_FIX}")
 
     def state_dict(self) -> float | None:
         return self.evals.val_loss_at(self.trainer.state.step)  # what --checkpoint best ranks by

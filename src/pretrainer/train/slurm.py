@@ -25,6 +25,7 @@ class SlurmJob:
     job_id: str
     end_time: float | None  # epoch seconds when the job's time limit ends; None: no limit known
     restart_count: int  # SLURM_RESTART_COUNT: 0 on the first run, then 1, 2, ... after requeues
+    warnings: tuple[str, ...] = ()  # SLURM variables with values that mean nothing, said at the start
 
     @classmethod
     def from_env(cls, environ=None) -> SlurmJob | None:
@@ -35,7 +36,17 @@ class SlurmJob:
         end = environ.get("SLURM_JOB_END_TIME", "")
         end_time = float(end) if end.isdigit() and int(end) > 0 else queued_end_time(job_id)
         restarts = environ.get("SLURM_RESTART_COUNT", "0")
-        return cls(job_id, end_time, int(restarts) if restarts.isdigit() else 0)
+        warnings = []
+        if end and not end.isdigit():
+            warnings.append(
+                f"warning: SLURM_JOB_END_TIME = {end[:40]!r} is not epoch seconds; the job's end is "
+                + (f"{end_time:.0f} from squeue" if end_time else "unknown, so run.stop_margin_s cannot act")
+            )
+        if not restarts.isdigit():
+            warnings.append(
+                f"warning: SLURM_RESTART_COUNT = {restarts[:40]!r} is not a count; taken as 0 (a first run)"
+            )
+        return cls(job_id, end_time, int(restarts) if restarts.isdigit() else 0, tuple(warnings))
 
 
 def queued_end_time(job_id: str) -> float | None:

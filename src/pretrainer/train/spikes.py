@@ -38,6 +38,7 @@ steps before the flagged one, so a checkpoint written right after the damaging u
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ from pretrainer.train.distributed import DistEnv, broadcast_object
 from pretrainer.train.events import InvalidTokens, RolledBack, Spike, SpikeRegime
 from pretrainer.train.spike_drills import SpikeInjector
 from pretrainer.train.spike_monitor import SpikeMonitor
+
+NOT_FINITE_FIX = "check init.from's weights, model.rope_theta, model.init_std, optim.lr and train.precision"
 
 
 def utc(timestamp: float) -> str:
@@ -106,6 +109,7 @@ class SpikeGuard(Component):
     batch: np.ndarray | None = None  # the current step's token ids, rank 0 only
     batch_ids: np.ndarray | None = None  # the same on every rank (for reject)
     pending: list[Flagged] = field(default_factory=list)
+    not_finite_in_a_row: int = 0  # steps whose loss or gradient was not finite, up to the last read
     # a collective every rank runs before rank 0 picks a rollback's checkpoint (the loop: settle the writer)
     before_rollback: Callable[[], None] = lambda: None
 
@@ -287,9 +291,19 @@ class SpikeGuard(Component):
         )
 
     def flush(self) -> None:
-        """On a logging step: read the flagged steps since the last one (one sync) and log them."""
+        """On a logging step: read the flagged steps since the last one (one sync) and log them. Losses
+        or gradients not finite for max_consecutive steps in a row (10 if that is 0) stop the run as an
+        error: skipping each update cannot help a model that computes nothing finite."""
         for flagged in self.pending:
             loss, grad_norm, spiked, skipped, regime = flagged.values.tolist()
+            finite = math.isfinite(loss) and math.isfinite(grad_norm)
+            self.not_finite_in_a_row = 0 if finite else self.not_finite_in_a_row + 1
+            if self.not_finite_in_a_row >= (self.cfg.max_consecutive or 10):
+                self.pending.clear()
+                raise UserError(
+                    f"step {flagged.step}: loss {loss} and grad norm {grad_norm}: not finite for "
+                    f"{self.not_finite_in_a_row} steps in a row, each update skipped; {NOT_FINITE_FIX}"
+                )
             if regime:
                 self.log(
                     SpikeRegime(

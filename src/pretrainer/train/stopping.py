@@ -177,6 +177,8 @@ class Stopper(Component):
         cfg, env = trainer.cfg, trainer.env
         # None outside SLURM; read on rank 0 (its end time may need squeue) so every rank stops alike
         job = broadcast_object(SlurmJob.from_env() if env.is_main else None, env)
+        for warning in job.warnings if job is not None and env.is_main else ():
+            trainer.say(warning)
         stopper = cls(
             cfg.budget,
             env,

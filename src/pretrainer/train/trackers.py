@@ -46,6 +46,25 @@ def run_id_file(run_dir: Path, backend: str) -> tuple[Path, str]:
     return path, path.read_text().strip() if path.is_file() else ""
 
 
+def reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """An http(s) tracking server answers a TCP connection within timeout_s, or OSError (the tracker's
+    one warning, at once)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise OSError(
+            f"cannot connect to {parts.hostname}:{port} ({e.strerror or e}); start the server or fix "
+            f"track.mlflow_uri"
+        ) from None
+
+
 class MlflowTracker:
     """Through MlflowClient (no global mlflow state). The default store is sqlite inside the run dir.
     View with: mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlflow.db"""
@@ -78,6 +97,7 @@ class MlflowTracker:
         run_dir = Path(run_dir).resolve()
         self.events = int(time.time() * 1000)  # event tags' names stay unique across launches
         self.uri = uri or f"sqlite:///{run_dir / 'mlflow.db'}"
+        reachable(reveal(self.uri))  # before mlflow's 7 retries with backoff (257 s on a closed port)
         self.client = MlflowClient(tracking_uri=reveal(self.uri))  # the one place credentials are used
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = (

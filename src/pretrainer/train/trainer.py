@@ -335,7 +335,9 @@ def end_run(
             hook = reveal(run.on_exit) if owned and not lost_secret(run.on_exit) else ""
             afterwards = {"on_exit": hook, "on_exit_timeout_s": run.on_exit_timeout_s}
             if env.is_main:
-                into_run_dir = lock.held and not (unused and lock.created)
+                # a launch stopped before its first write (bad input, a foreign checkpoint) leaves the
+                # exit record of the run's last real end as it was
+                into_run_dir = lock.held and not unused
                 record = write_exit_record(
                     run_dir,
                     reason,

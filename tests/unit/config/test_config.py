@@ -270,7 +270,7 @@ def test_track_backends_from_toml_and_the_command_line_and_the_keys_they_replace
         ("--optim.lr=-1", "a finite number >= 0"),
         ("--optim.weight_decay=nan", "a finite number >= 0"),
         ("--model.init_std=inf", "a finite number > 0"),
-        ("--model.rope_theta=nan", "a finite number > 0"),
+        ("--model.rope_theta=nan", "a finite number >= 1"),
         ("--model.norm_eps=-1", "a finite number > 0"),
         ("--train.grad_clip=nan", "a finite number >= 0"),
         ("--train.grad_clip=-1", "a finite number >= 0"),

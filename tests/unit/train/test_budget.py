@@ -153,3 +153,12 @@ def test_a_resumed_launch_projects_with_its_measured_step_only_for_the_same_step
     assert measured_step_s(tmp_path, saved, 8, 1000) is None
     assert measured_step_s(tmp_path, saved, 1, 2000) is None
     assert measured_step_s(tmp_path / "nothing", saved, 1, 1000) is None
+
+
+def test_a_negative_or_non_finite_figure_is_malformed_not_a_bigger_cap():
+    """spent_usd: -100 raised the cap by $100 without a word."""
+    for spent in (-100, float("nan")):
+        figures = {"rate_usd_per_hr": 1.0, "hours_elapsed": 1.0, "projected_total_usd": 2.0}
+        raw = json.dumps({"spent_usd": spent, **figures, "last_update_utc": iso(T0)})
+        reading, problem = parse_budget(raw, T0, stale_after_s=600)
+        assert reading is None and problem == "malformed (negative or non-finite numbers)"

@@ -127,8 +127,8 @@ def number(text: str, where: str) -> float:
         value = float(raw[:-1] if scale != 1.0 else raw) * scale
     except ValueError:
         raise UserError(f"{where}: '{text}' is not a number (e.g. 2e6, 1.5M, 300k)") from None
-    if not value > 0:
-        raise UserError(f"{where}: '{text}' must be positive")
+    if not 0 < value < math.inf:
+        raise UserError(f"{where}: '{text}' must be a positive finite number (e.g. 2e6, 1.5M)")
     return value
 
 
@@ -264,6 +264,11 @@ def shape_for(base: Config, size: str, sweep: SweepConfig) -> Config:
     shape = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", size)
     if shape:
         n_layer, d_model = int(shape.group(1)), int(shape.group(2))
+        if n_layer < 1 or d_model < head_dim:
+            raise UserError(
+                f"sweep.sizes: '{size}': needs at least 1 layer and a width of at least the head dim "
+                f"{head_dim}; e.g. 2x{head_dim * 2}"
+            )
         if d_model % head_dim:
             raise UserError(
                 f"sweep.sizes: '{size}': width {d_model} is not a multiple of the head dim {head_dim}"

@@ -35,8 +35,13 @@ def read_points(source: Path, params: str) -> tuple[F.Points, Path]:
         )
     if params not in PARAMS_COLUMNS:
         raise UserError(f"fit: --params must be total or non_embedding, got '{params}'")
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise UserError(
+            f"{path}: not a CSV text file ({type(e).__name__}); give a sweep dir or its sweep.csv"
+        ) from None
     needed = ["run", PARAMS_COLUMNS[params], "tokens", "val_loss"]
     missing = [c for c in needed if rows and c not in rows[0]]
     if not rows or missing:
