@@ -73,7 +73,7 @@ def export_gguf(
     tensors = gguf_tensors(cfg, weights)  # before the file: an unsupported model is refused first
     vocabulary = gguf_vocabulary(tokenizer, cfg.seq_len)
     Path(out).parent.mkdir(parents=True, exist_ok=True)  # as the other formats
-    with atomic_file(Path(out)) as tmp:
+    with atomic_file(Path(out), kind="gguf") as tmp:
         writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf_arch(cfg)])
         writer.add_type(gguf.GGUFType.MODEL)
         writer.add_name(name)

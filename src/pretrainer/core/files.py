@@ -43,23 +43,27 @@ def nearest_existing(path: Path) -> Path:
     return path
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """`data` in `path`, or (disk full, a signal) `path` as it was and no temp file left."""
-    with atomic_file(path) as tmp:
+def atomic_write_bytes(path: Path, data: bytes, kind: str | None = None) -> None:
+    """`data` in `path`, or (disk full, a signal) `path` as it was and no temp file left. kind: as
+    atomic_file's."""
+    with atomic_file(path, kind) as tmp:
         tmp.write_bytes(data)
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[Path]:
+def atomic_file(path: Path, kind: str | None = None) -> Iterator[Path]:
     """Yield a temp path beside `path` for a writer that wants a file name (gguf's writer); when the
     block succeeds the file is fsynced and renamed onto `path`, when it fails it is removed and `path`
-    is as it was."""
+    is as it was. kind: `path` is an output of that kind (core/ownership.py), replaced only if the
+    ownership rule allows it then; no kind: one of a run's or a command's own files."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        if kind is not None and (path.exists() or path.is_symlink()):
+            check_replaceable(path, kind)
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):

@@ -307,10 +307,8 @@ def export_weights(run, out: Path, dtype: str) -> None:
     }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(
-        out,
-        save({k: v.to(DTYPES[dtype]).contiguous() for k, v in run.load_weights().items()}, metadata=metadata),
-    )
+    weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in run.load_weights().items()}
+    atomic_write_bytes(out, save(weights, metadata=metadata), kind="safetensors")
 
 
 def stage_lineage(state: dict) -> dict:
