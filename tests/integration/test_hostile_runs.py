@@ -52,6 +52,10 @@ def test_a_checkpoint_of_another_run_never_rewrites_a_run_and_may_start_a_branch
         assert "holds a run of its own" in err and "give a new --run.dir" in err
         assert snapshot(other) == before, "the refused launch changed nothing in the run it was pointed at"
         assert json.loads((other / "exit.json").read_text())["reason"] == "finished"  # the run's own end
+    # the run dir again, another model typed: refused, and the run's own exit record stays
+    code, out, err = run_cli("train", *tiny_overrides(stdlib_data, other, **short, **{"model.d_model": 64}))
+    assert code == 2 and "was trained with model.d_model = 32" in err, out + err
+    assert json.loads((other / "exit.json").read_text())["reason"] == "finished"
     # the run's own checkpoint from a backup copy (the same config): accepted, and it continues exactly
     backup = shutil.copytree(other / "checkpoints" / "step-0000010", tmp_path / "backup" / "step-0000010")
     expected = losses(other)

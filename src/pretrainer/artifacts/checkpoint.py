@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
 from pretrainer.core.device import tensor_bytes
-from pretrainer.core.errors import UserError, WriteFault, write_fault
+from pretrainer.core.errors import NotThisRun, UserError, WriteFault, write_fault
 from pretrainer.core.files import (
     atomic_directory,
     atomic_write_json,
@@ -345,7 +345,7 @@ def refuse_foreign_checkpoint(run_dir: Path, checkpoint: Path) -> None:
         return
     if _same_config(run_dir, checkpoint):
         return
-    raise UserError(
+    raise NotThisRun(
         f"{run_dir}: holds a run of its own, and train.resume = {checkpoint} belongs to another run; "
         f"to continue that run from there, give a new --run.dir (a branch starts at its step); "
         f"to continue {run_dir}, drop --train.resume"

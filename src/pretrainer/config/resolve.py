@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from pretrainer.config.load import from_dict
 from pretrainer.config.optimizers import OPTIMIZERS
 from pretrainer.config.schema import HORIZON_KEYS, Config, ModelConfig, diff_keys, flatten
-from pretrainer.core.errors import UserError
+from pretrainer.core.errors import NotThisRun, UserError
 from pretrainer.core.hardware import MATMUL_ALIGNMENT
 
 
@@ -326,7 +326,7 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
         if (k.startswith("model.") or k == "optim.name") and not (k == "model.seq_len" and extends_context)
     ]
     if model_keys:
-        raise UserError(
+        raise NotThisRun(
             f"{where}: was trained with "
             f"{', '.join(f'{k} = {old[k]!r} (this launch: {new[k]!r})' for k in model_keys)}. "
             f"To resume, drop those settings "

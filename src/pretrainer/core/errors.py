@@ -82,6 +82,11 @@ class UserError(Exception):
     pass
 
 
+class NotThisRun(UserError):
+    """A launch refused because it is not the run's own (another run's checkpoint, another model into a
+    run dir): the run's files, its exit.json included, stay as its last real end left them."""
+
+
 class WriteFault(Exception):
     """A write the machine refused (disk full, quota, read-only, a file where a directory goes): one
     line naming the path; whatever was saved before is intact (every write is a temp file + rename)."""

@@ -311,15 +311,16 @@ def gather_objects(value, env: DistEnv) -> list:
 def on_rank0(work: Callable[[], Any], env: DistEnv, where: str) -> Any:
     """work() on rank 0 only -> its result there, None elsewhere. A failure is raised on every rank as
     one UserError line, so no rank waits in a collective for one that gave up."""
-    result, problem = None, ""
+    result, problem, kind = None, "", UserError
     if env.is_main:
         try:
             result = work()
         except Exception as e:
             problem = str(e) if isinstance(e, UserError) else f"{where} ({type(e).__name__}: {e})"
-    problem = broadcast_object(problem, env)
+            kind = type(e) if isinstance(e, UserError) else UserError  # NotThisRun stays itself
+    problem, kind = broadcast_object((problem, kind), env)
     if problem:
-        raise UserError(problem)
+        raise kind(problem)
     return result
 
 

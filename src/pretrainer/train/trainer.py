@@ -25,7 +25,7 @@ from pretrainer.artifacts.run_lock import RunDirLock
 from pretrainer.config.schema import Config, RunConfig
 from pretrainer.core.device import use_deterministic_kernels
 from pretrainer.core.end_reasons import BY_NAME, exit_status, first_stop
-from pretrainer.core.errors import EXIT_FILE_ENV, RunStopped
+from pretrainer.core.errors import EXIT_FILE_ENV, NotThisRun, RunStopped
 from pretrainer.core.secrets import lost_secret, redact, reveal
 from pretrainer.optim.schedule import lr_at, set_lr
 from pretrainer.optim.sizes import optimizer_state_bytes
@@ -335,9 +335,9 @@ def end_run(
             hook = reveal(run.on_exit) if owned and not lost_secret(run.on_exit) else ""
             afterwards = {"on_exit": hook, "on_exit_timeout_s": run.on_exit_timeout_s}
             if env.is_main:
-                # a launch stopped before its first write (bad input, a foreign checkpoint) leaves the
-                # exit record of the run's last real end as it was
-                into_run_dir = lock.held and not unused
+                # a launch that was not this run's (NotThisRun) leaves the record of the run's last end
+                foreign = isinstance(failure, NotThisRun)
+                into_run_dir = lock.held and not (unused and lock.created) and not foreign
                 record = write_exit_record(
                     run_dir,
                     reason,
