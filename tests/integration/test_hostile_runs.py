@@ -246,20 +246,24 @@ def test_credentials_in_uris_reach_no_file_log_or_tracker(
     note = next(line for line in out.splitlines() if line.startswith(f"note: not inherited from {run}/"))
     assert code == 0 and all(key in note for key in ("track.mlflow_uri", "budget.file", "run.on_exit")), out
     outputs += [out, err]
-    for fmt in ("report", "hf"):
-        code, out, err = run_cli("export", run, "--format", fmt)
+    for argv in (["export", run, "--format", "report"], ["export", run, "--format", "hf"]):
+        code, out, err = run_cli(*argv)
         assert code == 0, out + err
         outputs += [out, err]
+    code, out, err = run_cli("push", run, "me/x", "--dry-run")  # the Hub card it stages
+    assert code == 0 and (run / ".hub-push" / "README.md").is_file(), out + err
+    outputs += [out, err]
     # trackers that work: mlflow's params and artifacts in mlflow.db, W&B's offline run (W&B records the
     # process's command line unless told not to: here it holds the credentials, as a CLI process's would)
     tracked = tmp_path / "tracked"
-    backends = {"train.max_steps": 3, "track.backends": "mlflow,wandb"}
+    backends = {"train.max_steps": 3, "track.backends": "mlflow,wandb,tensorboard"}
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr("sys.argv", ["pretrainer", "train", *CREDENTIALS[1:]])
     code, out, err = run_cli("train", *tiny_overrides(stdlib_data, tracked, **backends), *CREDENTIALS[1:])
     assert code == 0 and (tracked / "mlflow.db").is_file(), out + err
     assert "warning: mlflow" not in out + err and "warning: wandb" not in out + err, out + err
     assert any((tracked / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert any((tracked / "tensorboard").glob("events.out.tfevents.*")) and "warning: tensorboard" not in err
     assert_no_secret(tmp_path, *outputs, out, err)
 
 
