@@ -184,15 +184,6 @@ def check_output(out: Path, kind: str = "file") -> None:
         raise UserError(f"{out}: cannot write into {parent} (read-only or not yours); choose another --out")
 
 
-def json_keys(path: Path) -> set[str]:
-    """The top-level keys of a JSON object file; none for a missing or unreadable one."""
-    try:
-        found = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return set()
-    return set(found) if isinstance(found, dict) else set()
-
-
 def pid_alive(pid: str) -> bool:
     """Whether a process with this id runs on this machine (a non-number: assume it does)."""
     try:

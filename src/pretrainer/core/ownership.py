@@ -41,7 +41,8 @@ FILE_OUTPUTS = ("safetensors", "gguf")
 MARKER_NAMES = {False: f"{OUTPUT_MARKER} file", True: f"{FILE_MARKER_KEY} key in its metadata"}
 
 
-def _json_keys(path: Path) -> set[str]:
+def json_keys(path: Path) -> set[str]:
+    """The top-level keys of a JSON object file; none for a missing or unreadable one."""
     try:
         found = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -51,7 +52,7 @@ def _json_keys(path: Path) -> set[str]:
 
 def is_data_dir(path: Path) -> bool:
     """A directory `prepare` wrote: its manifest names the splits and the tokenizer."""
-    return {"splits", "tokenizer"} <= _json_keys(Path(path) / "manifest.json")
+    return {"splits", "tokenizer"} <= json_keys(Path(path) / "manifest.json")
 
 
 def is_run_dir(path: Path) -> bool:
@@ -70,7 +71,7 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 _LEGACY = {  # directory outputs written before OUTPUT_MARKER: their manifest, which only pretrainer writes
     "data": is_data_dir,
-    "report": lambda path: "final_weights" in _json_keys(path / "manifest.json"),
+    "report": lambda path: "final_weights" in json_keys(path / "manifest.json"),
 }
 
 
