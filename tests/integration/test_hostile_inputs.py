@@ -1,4 +1,4 @@
-"""Issue 44's second round of careless and hostile inputs: each is one `error:` line with exit 2 (or the
+"""Careless and hostile inputs, second round: each is one `error:` line with exit 2 (or the
 right behaviour), never a traceback, and a run that computes nothing finite is an error, not a finish."""
 
 from __future__ import annotations

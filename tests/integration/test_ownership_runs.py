@@ -1,4 +1,4 @@
-"""What `--force`, every export format and a second `prepare` may replace (issue 44, second round): only
+"""What `--force`, every export format and a second `prepare` may replace: only
 an output pretrainer marked as its own, never a checkpoint's file, a run inside a data dir, another
 tool's file, or what a link points at (the rule: src/pretrainer/core/ownership.py)."""
 

@@ -1,4 +1,4 @@
-"""Acceptance of issue 44: no writer in the package removes or replaces a path without passing the one
+"""No writer in the package removes or replaces a path without passing the one
 ownership check (core/ownership.py). Every call that removes or renames something is found in the
 source; each is one of the primitives that run the check, or a run's or a command's own files, listed
 here with why. A new one fails this test until it is routed through the check or listed."""
