@@ -165,6 +165,7 @@ def test_plan_measures_a_probe_and_a_finished_run_and_predicts_the_real_run(
         c["value"] > 0 for c in checks.values()
     )
     assert checks["matmul"]["ratio"] is None and checks["disk write"]["ratio"] > 0
+    assert checks["matmul"]["unit"] == "GFLOP/s" and checks["matmul"]["value"] > 1  # not "0.0 TFLOP/s"
     assert str(tmp_path) in plan["machine"]["checks"][2]["what"]  # the run dir's own disk
     with open(tmp_path / "real.log", "w") as log:  # its own peak RSS (VmHWM), not this process's
         code, peak = run_measuring_peak_rss(["train", *args], log, tmp_path)

@@ -79,6 +79,8 @@ def machine_check(run_dir: Path, device: str = "auto") -> dict:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     gpu = GPUS.get(gpu_from_device_name(name) or "") if dev.type == "cuda" else None
     tflops, gbps = matmul_tflops(dev), copy_gbps(dev)
+    # a CPU's rate in TFLOP/s printed as 0.0: GFLOP/s there
+    flops, flops_unit = (tflops, "TFLOP/s") if dev.type == "cuda" else (tflops * 1000, "GFLOP/s")
     try:
         disk, where = disk_write_mbps(run_dir)
     except OSError as e:  # a read-only or full disk: the run would fail at its first checkpoint
@@ -86,24 +88,24 @@ def machine_check(run_dir: Path, device: str = "auto") -> dict:
     checks = [
         {
             "what": "matmul",
-            "value": tflops,
-            "unit": "TFLOP/s",
+            "value": flops,
+            "unit": flops_unit,
             "reference": gpu.peak_bf16_tflops if gpu else None,
-            "reference_is": "dense bf16 peak",
+            "reference_is": "the dense bf16 peak",
         },
         {
             "what": "memory copy",
             "value": gbps,
             "unit": "GB/s",
             "reference": gpu.memory_tbps * 1000 if gpu else None,
-            "reference_is": "memory bandwidth",
+            "reference_is": "the memory bandwidth",
         },
         {
             "what": f"disk write ({where})",
             "value": disk,
             "unit": "MB/s",
             "reference": ASSUMED_WRITE_BYTES_PER_S / 1e6,
-            "reference_is": "what plan assumes for checkpoints",
+            "reference_is": "the rate plan assumes for checkpoints",
         },
     ]
     warnings = []
@@ -113,7 +115,7 @@ def machine_check(run_dir: Path, device: str = "auto") -> dict:
         if check["ratio"] is not None and check["ratio"] < FAR_BELOW:
             warnings.append(
                 f"machine check: {check['what']} {check['value']:,.1f} {check['unit']} is "
-                f"{check['ratio']:.0%} of the {check['reference_is']} ({reference:,.0f} {check['unit']}): "
+                f"{check['ratio']:.0%} of {check['reference_is']} ({reference:,.0f} {check['unit']}): "
                 + (
                     "a slow disk makes every checkpoint slower (plan --measure timed this one's)"
                     if check["what"].startswith("disk")
@@ -127,7 +129,7 @@ def format_check(check: dict) -> list[tuple[str, str]]:
     rows = []
     for c in check["checks"]:
         against = (
-            f" = {c['ratio']:.0%} of the {c['reference_is']} ({c['reference']:,.0f})"
+            f" = {c['ratio']:.0%} of {c['reference_is']} ({c['reference']:,.0f})"
             if c["ratio"] is not None
             else " (no reference for this device)"
         )

@@ -172,6 +172,12 @@ class TrainConfig:
         0, "stop early (checkpoint and exit) without changing the schedule; 0 = off", allowed=">= 0"
     )
     seed: int = opt(1337, "seed of the random init and the data order", allowed="[0, 4294967295]")
+    threads: int = opt(
+        0,
+        "CPU training: torch's threads per process (0: OMP_NUM_THREADS if set, else torch's default, one "
+        "per core); fewer than the cores other work leaves free makes each step wait for a busy core",
+        allowed=">= 0",
+    )
     resume: str = opt("auto", '"auto" (newest complete checkpoint in run.dir), "never", or a checkpoint path')
     compile: str = opt(
         "auto",
@@ -547,6 +553,7 @@ RESUME_FREE_KEYS = (
     "run.dir",
     "data.verify",
     "data.prefetch",
+    "train.threads",  # on CPU the sums split differently: the resume says it is close, not bit-exact
     "run.requeue_signals",
     "run.stop_margin_s",
     "run.on_exit",

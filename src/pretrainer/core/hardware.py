@@ -4,6 +4,8 @@ measured throughput."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 
 # GPU matmuls run at full rate when their sizes are multiples of this (tensor cores' tiles): the vocabulary is
@@ -110,3 +112,37 @@ INSTANCES = [
     Instance("lambda-8x-b200", "b200", 8, 4.99, "DDP story: Lambda, $39.92/h"),
     Instance("1x-rtx-4090", "rtx-4090", 1, 0.34, "REFERENCE_NUMBERS: low end, 2025-26"),
 ]
+
+
+# --- CPUs: the cores other processes keep busy ---
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a SLURM or taskset allocation)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cores_busy_elsewhere(seconds: float = 0.3) -> float | None:
+    """How many cores other processes kept busy over `seconds`, from Linux's /proc (this process's own
+    time left out); None where there is no /proc."""
+
+    def reading() -> tuple[int, int, int]:
+        with open("/proc/stat") as f:
+            jiffies = [int(v) for v in f.readline().split()[1:9]]
+        with open("/proc/self/stat") as f:
+            own = sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:15])  # utime .. cstime
+        return sum(jiffies), jiffies[3] + jiffies[4], own  # all, idle + iowait, this process's
+
+    try:
+        before = reading()
+        time.sleep(seconds)
+        after = reading()
+    except (OSError, ValueError, IndexError):
+        return None
+    total, idle, own = (b - a for a, b in zip(before, after))
+    if total <= 0:
+        return None
+    return max(0.0, (total - idle - own) / total * (os.cpu_count() or 1))

@@ -3,12 +3,15 @@ horizon, and likely mistakes (config/preflight.py)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from pretrainer.config.preflight import config_warnings, data_warnings
 from pretrainer.config.resolve import horizon_line, horizon_units, tokens_per_step
 from pretrainer.config.schema import Config
 from pretrainer.core.device import compiles
+from pretrainer.core.hardware import cores_busy_elsewhere, usable_cores
 from pretrainer.data.loader import SequenceLoader
 from pretrainer.model import count_parameters
 from pretrainer.train.distributed import DistEnv, strategy_name
@@ -84,7 +87,29 @@ def describe(
             f"{torch.get_num_threads()}: on CPU the sums split differently, so it continues close to, not "
             f"bit-exactly like, an uninterrupted run; set OMP_NUM_THREADS={saved_threads} to continue exactly"
         )
+    chosen = cfg.train.threads or "OMP_NUM_THREADS" in os.environ  # threads picked on purpose: no check
+    if env.device.type == "cpu" and env.is_main and not chosen:
+        crowded = crowded_cores_warning(torch.get_num_threads())
+        if crowded:
+            say(crowded)
     for warning in config_warnings(cfg) + data_warnings(
         cfg, data, env.world_size, resume.state if resume else None
     ):
         say(f"warning: {warning}")
+
+
+def crowded_cores_warning(threads: int) -> str:
+    """One line when other processes leave fewer free cores than torch has threads: each step then waits
+    for a busy core (a 2-core machine with one busy ran the quickstart 11x slower); "" otherwise."""
+    busy = cores_busy_elsewhere()
+    if busy is None:
+        return ""
+    cores = usable_cores()
+    free = max(1, round(cores - busy))
+    if cores - busy >= threads - 0.5:
+        return ""
+    return (
+        f"warning: other processes keep {busy:.1f} of this machine's {cores} cores busy and torch runs "
+        f"{threads} threads: each step waits for a busy core, often many times slower; while they run, "
+        f"pass --train.threads={free} (or set OMP_NUM_THREADS={free})"
+    )

@@ -246,6 +246,8 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
     against it, the init source and the world; the checkpoint to resume; the model (seeded,
     loaded, wrapped) and its optimizer; the loader; the evaluations; what the run will do, said."""
     device = env.device
+    if device.type == "cpu" and cfg.train.threads:  # before anything computes: the sums split by it
+        torch.set_num_threads(cfg.train.threads)
     # --- config resolved against the data, the init source and the world; the checkpoint to resume ---
     # a prepared dir, or several mixed by weight
     data = open_training_data(cfg.data.dir, cfg.data.mixture)
