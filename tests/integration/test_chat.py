@@ -31,12 +31,12 @@ def held_out_accuracy(model, tokenizer) -> float:
 
 
 def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(
-    text_data, chat_data, tmp_path, run_cli, monkeypatch
+    text_data, chat_data, tmp_path, run_cli, monkeypatch, capsys
 ):
     from safetensors.torch import load_file
 
     from pretrainer.artifacts.checkpoint import latest_checkpoint
-    from pretrainer.artifacts.runs import build_model, grow_vocabulary, open_run
+    from pretrainer.artifacts.runs import grow_vocabulary, open_run
 
     base, sft = tmp_path / "base", tmp_path / "sft"
     quiet = {"eval.every": 0, "ckpt.every": 0, "log.every": 100, **SMALL}
@@ -71,10 +71,17 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(
             },
         )
     )
+    assert f"pretrainer chat {sft}" in capsys.readouterr().out  # next: names chat after SFT
     run = open_run(sft)
     # the chat tokens (300 -> 307) fit in the base's padding rows (300 -> 384): no row is added
     assert run.cfg.model.vocab_size == base_run.cfg.model.vocab_size == 384 > chat_tokenizer.vocab_size
-    accuracy = held_out_accuracy(build_model(run.cfg, run.load_weights), run.tokenizer())
+    # scored the documented way: one held-out prompt per line piped into `chat`, line N answering line N
+    _, held_out = split_reversal()
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{question}\n" for question, _ in held_out)))
+    code, out, err = run_cli("chat", sft, "--temperature", "0", "--max-new-tokens", "12")
+    replies = out.splitlines()
+    assert code == 0 and len(replies) == len(held_out), err[-2000:]
+    accuracy = sum(reply.strip() == answer for reply, (_, answer) in zip(replies, held_out)) / len(held_out)
     assert accuracy >= 0.8, accuracy
     # the chain is traceable from the final run: the parent checkpoint and the hash of its weights
     parent = run.state["parent"]

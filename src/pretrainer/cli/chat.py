@@ -7,8 +7,11 @@
 The conversation is kept as token ids, exactly as generated (a reply is never re-encoded from its
 text), and the KV cache holds them: each turn feeds only the new user turn, so a long chat costs one
 token per forward pass. When the next turn would not fit the model's context (seq_len), the oldest
-turns are dropped and the rest is prefilled again. On a terminal: `/reset`, `/temp T`, `/quit`; with
-piped stdin each line is a user turn, answered on one line, and the command exits at the end.
+turns are dropped and the rest is prefilled again. On a terminal: `/reset`, `/temp T`, `/quit`. With
+piped stdin each line is a conversation of its own (a prompt to score), answered on one line, and the
+command exits at the end; `--conversation` makes the lines the turns of one conversation instead.
+
+    pretrainer chat runs/sft --temperature 0 < prompts.txt > answers.txt   # line N answers line N
 """
 
 from __future__ import annotations
@@ -128,9 +131,10 @@ class ChatSession:
             self.cache = None
 
 
-def run_chat(session: ChatSession, lines=None, out=sys.stdout) -> None:
+def run_chat(session: ChatSession, lines=None, out=sys.stdout, conversation: bool = False) -> None:
     """The terminal loop: a prompt and streamed replies on a terminal; with piped input (`lines`, or
-    stdin that is not a terminal) one answer line per input line, then return at the end."""
+    stdin that is not a terminal) one answer line per input line, each line a new conversation unless
+    `conversation` (then the lines are its turns), then return at the end."""
     interactive = lines is None and sys.stdin.isatty()
     if interactive:
         try:
@@ -171,6 +175,11 @@ def run_chat(session: ChatSession, lines=None, out=sys.stdout) -> None:
             continue
         if interactive:
             print("assistant> ", end="", file=out, flush=True)
-        for piece in session.reply(line):
-            print(piece, end="", file=out, flush=True)
-        print(file=out, flush=True)
+            for piece in session.reply(line):
+                print(piece, end="", file=out, flush=True)
+            print(file=out, flush=True)
+            continue
+        if not conversation:  # a script's prompts: each one alone, as it would be scored
+            session.reset()
+        reply = "".join(session.reply(line))
+        print(" ".join(reply.splitlines()), file=out, flush=True)  # line N answers line N

@@ -162,7 +162,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
         system=args.system,
     )
     with generation_precision(run, device):
-        run_chat(session)
+        run_chat(session, conversation=args.conversation)
 
 
 def cmd_serve_cost(args: argparse.Namespace) -> None:
@@ -294,11 +294,16 @@ def add_chat(verbs) -> None:
     p = verbs.add_parser(
         "chat",
         help="talk to a run fine-tuned on conversations (KV cache, history, streaming); "
-        "with piped stdin it answers each line and exits",
-        epilog='example: echo "What is 2+3?" | pretrainer chat runs/sft --max-new-tokens 20',
+        "with piped stdin it answers each line, a conversation of its own, on one line and exits",
+        epilog="example: pretrainer chat runs/sft --temperature 0 < prompts.txt > answers.txt",
     )
     add_generation_arguments(p, max_new_tokens=256, temperature=0.6)
     p.add_argument("--system", default="", help="a system message that starts the conversation")
+    p.add_argument(
+        "--conversation",
+        action="store_true",
+        help="with piped stdin: the lines are the turns of one conversation (default: each its own)",
+    )
 
 
 def add_serve_cost(verbs) -> None:

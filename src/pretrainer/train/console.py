@@ -177,22 +177,30 @@ def resume_command(cfg: Config, env: DistEnv) -> str:
     )
 
 
-def closing_lines(cfg: Config, env: DistEnv, step: int, tokens: int, wall_s: float) -> str:
-    """How the run ended, where its checkpoint is, and what to run next."""
+def closing_lines(
+    cfg: Config, env: DistEnv, step: int, tokens: int, wall_s: float, *, chat: bool = False
+) -> str:
+    """How the run ended, where its checkpoint is, and what to run next (`chat`: trained on chat data)."""
     how = "stopped early (train.stop_at_step)" if step < cfg.train.max_steps else "finished"
     return (
         f"{how} at step {step}: {tokens:,} tokens, {wall_s:.1f}s; checkpoint "
         f"{latest_checkpoint(Path(cfg.run.dir))}\n"
-        + next_commands(cfg, env, finished=step >= cfg.train.max_steps)
+        + next_commands(cfg, env, finished=step >= cfg.train.max_steps, chat=chat)
     )
 
 
-def next_commands(cfg: Config, env: DistEnv, finished: bool) -> str:
+def next_commands(cfg: Config, env: DistEnv, finished: bool, chat: bool = False) -> str:
     """The run's last lines: what to do with it next, with its real (absolute) path."""
     run = shlex.quote(cfg.run.dir)
     then = "" if finished else f"\n  {resume_command(cfg, env)}        # continue the run"
+    talk = (
+        f"\n  pretrainer chat {run}                   # talk to it (piped: one prompt per line)"
+        if chat
+        else ""
+    )
     return (
-        f'next:{then}\n  pretrainer sample {run} --prompt "..."   # generate text\n'
+        f"next:{then}{talk}"
+        f'\n  pretrainer sample {run} --prompt "..."   # generate text\n'
         f"  pretrainer eval {run}                   # val loss, bits per byte, tasks and probes of the "
         f"newest checkpoint\n"
         f"  pretrainer export {run}                 # report: manifest, metrics.csv, plots ({run}/report)\n"

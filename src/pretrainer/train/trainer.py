@@ -270,7 +270,12 @@ class Trainer:
         self.by_name["console"].close()  # the bar's last state, then the closing lines
         self.say(
             closing_lines(
-                self.cfg, self.env, self.state.step, self.state.tokens, time.time() - self.run_clock.started
+                self.cfg,
+                self.env,
+                self.state.step,
+                self.state.tokens,
+                time.time() - self.run_clock.started,
+                chat=bool(getattr(self.start.data, "is_chat", False)),
             )
         )
         return {
