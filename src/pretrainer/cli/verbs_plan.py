@@ -138,6 +138,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
         seed=args.seed,
         predict_params=[number(n, "--predict-params") for n in listed(args.predict_params)],
         predict_compute=[number(c, "--predict-compute") for c in listed(args.predict_compute or "")],
+        tokens=number(args.tokens, "--tokens") if args.tokens else None,
     )
     out = Path(args.out) if args.out else Path(fit["source"]).parent
     print_to_stdout(
@@ -381,6 +382,7 @@ def add_fit(verbs) -> None:
     )
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
+    p.add_argument("--tokens", help="fit only the runs that trained this many tokens (e.g. with --form n)")
 
 
 def add_config(verbs) -> None:

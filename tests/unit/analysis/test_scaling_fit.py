@@ -180,3 +180,25 @@ def test_sweep_refuses_a_plan_over_the_cap_a_changed_plan_and_a_changed_thread_c
     code, _, err = run_cli(*sweep_args(stdlib_data, tmp_path / "s3", "15k,100k", "10240"))
     assert code == 2 and "run l2-d64 trained with 2 CPU thread(s)" in err and "--sweep.cpu_threads=2" in err
     assert not (tmp_path / "s3" / "sweep.json").exists()  # refused before anything is written
+
+
+def test_a_three_by_two_sweep_says_what_to_add_and_form_n_never_pools_token_counts(tmp_path):
+    """3 sizes x 2 token budgets: "too few distinct runs; add runs" said nothing of what to add, and
+    --form n pooled both budgets into one L(N) while writing that the runs shared one token count."""
+    from pretrainer.analysis.scaling.report import fit_sweep
+
+    rng = np.random.default_rng(0)
+    params, tokens = np.repeat([1.5e5, 4e5, 1.1e6], 2), np.tile([102_400, 200_704], 3)
+    loss = F.predict_loss(law(HOFFMANN), params, tokens) * np.exp(rng.normal(0, 0.01, 6))
+    rows = ["run,params_total,params_non_embedding,tokens,val_loss"]
+    rows += [f"r{i},{n},{0.8 * n},{d},{v}" for i, (n, d, v) in enumerate(zip(params, tokens, loss))]
+    (tmp_path / "sweep.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(UserError, match=r"6 runs \(3 sizes at 2 token counts\).*add a third token count"):
+        fit_sweep(tmp_path, tmp_path / "auto", resamples=200)
+    with pytest.raises(UserError, match=r"trained 2 \(102,400, 200,704\); pass --tokens D"):
+        fit_sweep(tmp_path, tmp_path / "n", form="n", resamples=200)
+    fit = fit_sweep(tmp_path, tmp_path / "one", tokens=102_400, resamples=200)
+    assert fit["form"] == "n_power" and "(102,400)" in fit["fallback"]
+    assert "--form" not in fit["fallback"]  # a form asked for is not called a fallback
+    with pytest.raises(UserError, match="no run trained that many; the runs have 102,400, 200,704"):
+        fit_sweep(tmp_path, tmp_path / "none", tokens=5)

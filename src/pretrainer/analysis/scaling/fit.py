@@ -125,6 +125,17 @@ def choose_form(points: Points, wanted: str = "auto") -> tuple[str, str]:
         )
     if sizes >= 2 and budgets >= 2 and n <= 5:
         why.append(f"{n} runs for 5 constants")
+    counts = ", ".join(f"{t:,.0f}" for t in np.unique(points.tokens))
+    if wanted == "n" and budgets > 1:  # pooled, L(N) would mix token counts and call it one
+        raise UserError(
+            f"fit: --form n fits L(N) at one token count, and these runs trained {budgets} ({counts}); pass "
+            f"--tokens D to fit the runs of one of them, or --form nd for the full law L(N, D)"
+        )
+    if wanted == "d" and sizes > 1:
+        raise UserError(
+            f"fit: --form d fits L(D) at one size, and these runs have {sizes}; fit a CSV of one size's "
+            f"rows, or --form nd for the full law L(N, D)"
+        )
     if wanted == "nd":
         raise UserError(
             f"fit: {FORM_TEXT['nd']} is underdetermined: {'; '.join(why)}. Add runs at other token budgets "
@@ -143,9 +154,7 @@ def choose_form(points: Points, wanted: str = "auto") -> tuple[str, str]:
             f"spare); the sweep has {distinct} distinct {what} in {n} runs. Add runs"
             + (f" ({'; '.join(why)})" if why else "")
         )
-    if wanted != "auto" and (form == "n" and budgets > 1 or form == "d" and sizes > 1):
-        why.append(f"--form {form} asked for")
-    return form, "; ".join(why)
+    return form, "; ".join(why) if wanted == "auto" else ""  # a form asked for is no fallback
 
 
 def _design(points: Points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -222,9 +222,17 @@ def fit_sweep(
     seed: int = 0,
     predict_params: list[float] = (1e9,),
     predict_compute: list[float] = (),
+    tokens: float | None = None,
 ) -> dict:
-    """Fit the sweep's CSV; write fit.json, fit.md and the plots into `out` (default: next to the CSV)."""
+    """Fit the sweep's CSV; write fit.json, fit.md and the plots into `out` (default: next to the CSV).
+    tokens: fit only the runs that trained this many tokens."""
     points, csv_path = read_points(source, params)
+    if tokens is not None:
+        chosen = np.isclose(points.tokens, tokens, rtol=1e-9)
+        if not chosen.any():
+            counts = ", ".join(f"{t:,.0f}" for t in np.unique(points.tokens))
+            raise UserError(f"fit: --tokens {tokens:,.0f}: no run trained that many; the runs have {counts}")
+        points = points.take(np.flatnonzero(chosen))
     out = out or csv_path.parent
     if resamples < 1:
         raise UserError(
@@ -236,9 +244,19 @@ def fit_sweep(
     law = F.constants(theta, form)
     laws, skipped = F.bootstrap_laws(points, form, theta, resamples, seed)
     if len(laws) < resamples / 2:
+        sizes, budgets = len(np.unique(points.params)), len(np.unique(points.tokens))
+        more = (
+            "a third token count (sweep.tokens = [D1, D2, D3]): 3 sizes x 3 token counts or more"
+            if form == "nd"
+            else "more sizes"
+            if form.startswith("n")
+            else "more token counts"
+        )
         raise UserError(
-            f"fit: only {len(laws)} of {resamples} resamples could determine {F.FORM_TEXT[form]}: too few "
-            f"distinct runs for an interval; add runs"
+            f"fit: only {len(laws)} of {resamples} resamples could determine {F.FORM_TEXT[form]}: "
+            f"{len(points)} runs ({sizes} sizes at {budgets} token counts) leave its constants barely "
+            f"determined; add "
+            f"{more}" + (", or fit the runs of one token count alone with --tokens D" if budgets > 1 else "")
         )
     problems = undetermined(law, form)
     free = {
