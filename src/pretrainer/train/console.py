@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from pretrainer.artifacts.checkpoint import latest_checkpoint
@@ -27,6 +28,7 @@ class Console:
     def __init__(self):
         self.log: io.TextIOBase | None = None
         self.pending: list[str] = []
+        self.bar = None  # a progress bar on the terminal: cleared before a line is printed, then redrawn
         self.original = (sys.stdout, sys.stderr)
         sys.stdout, sys.stderr = _Tee(sys.stdout, 1, self), _Tee(sys.stderr, 2, self)
         self.terminal = _Tee(self.original[1], 2, None)
@@ -70,12 +72,17 @@ class _Tee(io.TextIOBase):
         self.stream, self.fd, self.console, self.gone = stream, fd, console, False
 
     def write(self, text: str) -> int:
+        bar = self.console.bar if self.console is not None else None
         if self.console is not None:
             self.console.record(text)
         if not self.gone:
             try:
+                if bar is not None and text:  # the line starts at column 0, not after the bar's text
+                    bar.clear()
                 self.stream.write(text)
                 self.stream.flush()
+                if bar is not None and text.endswith("\n"):
+                    bar.refresh()
             except OSError as e:
                 self._lost(e)
         return len(text)
@@ -110,8 +117,11 @@ class ProgressBar(Component):
 
     name = "console"
 
-    def __init__(self, bar, say, end_step: int, step_tokens: int):
+    def __init__(self, bar, say, end_step: int, step_tokens: int, console=None):
         self.bar, self.say, self.end_step, self.step_tokens = bar, say, end_step, step_tokens
+        self.console, self.started = console, None  # (time, step) of this launch's first step
+        if console is not None and not bar.disable:
+            console.bar = bar
 
     @classmethod
     def build(cls, trainer) -> ProgressBar:
@@ -127,17 +137,28 @@ class ProgressBar(Component):
             disable=True if not trainer.env.is_main else None,  # None: a bar on a terminal only
             file=trainer.console.terminal,
         )
-        return cls(bar, trainer.say, trainer.end_step, trainer.start.step_tokens)
+        return cls(bar, trainer.say, trainer.end_step, trainer.start.step_tokens, trainer.console)
 
     def after_step(self, step: Step) -> None:
         self.bar.n = step.number - 1  # a rollback takes the run back
         self.bar.update(1)
+        if self.started is None:
+            self.started = (time.perf_counter(), step.number)
 
     def after_log(self, step: Step) -> None:
         if step.record is not None:
-            self.say(step_line(step.record, self.end_step, self.step_tokens))
+            self.say(step_line(step.record, self.end_step, self.step_tokens, self.seconds_per_step(step)))
+
+    def seconds_per_step(self, step: Step) -> float | None:
+        """This launch's average since its first step, evaluations and checkpoints included: the last
+        interval's alone swung the ETA from 7 to 48 minutes. None until two steps are timed."""
+        if self.started is None or step.number <= self.started[1]:
+            return None
+        return (time.perf_counter() - self.started[0]) / (step.number - self.started[1])
 
     def close(self) -> None:
+        if self.console is not None:
+            self.console.bar = None
         self.bar.close()
 
 
@@ -149,9 +170,12 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def step_line(record: dict, end_step: int, tokens_per_step: int) -> str:
+def step_line(
+    record: dict, end_step: int, tokens_per_step: int, seconds_per_step: float | None = None
+) -> str:
     """One logged step in one line that reads well in a file: step/total, loss, lr, grad norm, tok/s,
-    MFU and $ when known, and the time left at the current speed."""
+    MFU and $ when known, and the time left: at `seconds_per_step` (the launch's average), else at the
+    interval's speed."""
     parts = [
         f"step {record['step']}/{end_step}",
         f"loss {record['loss']:.4f}",
@@ -163,7 +187,9 @@ def step_line(record: dict, end_step: int, tokens_per_step: int) -> str:
         parts.append(f"MFU {record['mfu']:.1%}")
     if "spent_usd" in record:
         parts.append(f"${record['spent_usd']:,.2f}")
-    if record["tokens_per_s"] > 0:
+    if seconds_per_step is not None:
+        parts.append(f"ETA {format_duration((end_step - record['step']) * seconds_per_step)}")
+    elif record["tokens_per_s"] > 0:
         parts.append(
             f"ETA {format_duration((end_step - record['step']) * tokens_per_step / record['tokens_per_s'])}"
         )
