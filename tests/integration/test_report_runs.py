@@ -176,3 +176,41 @@ def test_the_report_page_renders_in_a_real_browser_with_its_plots(finished_run, 
     broken = tmp_path / "broken.html"  # the check can fail: a plot that does not decode is a console error
     broken.write_text(page.replace("data:image/png;base64,iVBOR", "data:image/png;base64,XXXX", 1))
     assert any("did not load" in line for line in render(broken, tmp_path / "broken.png"))
+
+
+def test_an_interrupted_run_s_report_keeps_serve_cost_and_shows_what_was_measured_last(
+    stdlib_data, tmp_path, run_cli
+):
+    """A run stopped at step 5 whose in-loop validation ran at step 0 only, then `eval` and `serve-cost`:
+    the report's validation loss is eval's at step 5 (it showed step 0's as "final"), its page has the
+    evaluation and the probes, and `export --force` keeps serve-cost's files (it deleted them)."""
+    from pretrainer.analysis.report.export import TITLES
+    from pretrainer.analysis.report.html import EVENT_STYLES, events
+
+    run = tmp_path / "run"
+    settings = {"train.max_steps": 20, "eval.every": 10, "train.stop_at_step": 5, "eval.tasks_every": 5}
+    probes = tmp_path / "probes.txt"
+    probes.write_text("def main(\nimport os\n")
+    train(tiny_config(stdlib_data, run, **{**settings, "eval.probes": str(probes)}))
+    assert run_cli("eval", run, "--tasks", "none")[0] == 0
+    measured = json.loads((run / "eval-0000005.json").read_text())
+    serve = ["--variants", "fp32", "--batch-sizes", "1", "--repeats", "1", "--warmup", "0"]
+    assert run_cli("serve-cost", run, *serve, "--val-batches", "1", "--new-tokens", "4")[0] == 0
+    kept = {name: (run / "report" / name).read_bytes() for name in ("serve_cost.json", "serve_cost.md")}
+    code, out, err = run_cli("export", run, "--force")
+    assert code == 0, out + err
+    assert {name: (run / "report" / name).read_bytes() for name in kept} == kept
+    manifest = json.loads((run / "report" / "manifest.json").read_text())
+    assert manifest["final_val_step"] == 5 and manifest["final_val_loss"] == measured["val_loss"]
+    assert manifest["kept_from_other_verbs"] == sorted(kept)
+    page = (run / "report" / "index.html").read_text()
+    assert "validation loss (step 5, the last measured)" in page and f"{measured['val_loss']:,.4f}" in page
+    assert "<h2>Probes</h2>" in page and "greedy completion at step 5" in page
+    assert all(name in TITLES for name in manifest["plots"])  # each plot titled by what it shows
+    # events: each kind its own colour, a normal finish is no event, a spike says what was flagged
+    assert len({colour for colour, _ in EVENT_STYLES.values()}) == len(EVENT_STYLES)
+    records = [
+        {"step": 3, "spike": 1.0, "spike_loss": 9.5, "spike_grad_norm": 40.0, "skipped": 1.0},
+        {"step": 20, "alert": "finished", "message": "finished at step 20"},
+    ]
+    assert events(records) == [(3, "spike", "loss 9.500, grad norm 40.000, update skipped")]

@@ -100,6 +100,7 @@ def serve_cost(settings: ServeSettings) -> dict:
     from pretrainer.config.resolve import resolve
     from pretrainer.core.device import resolve_device
     from pretrainer.core.files import atomic_write_bytes, atomic_write_json
+    from pretrainer.core.ownership import mark_output
     from pretrainer.data.data_dir import open_training_data
     from pretrainer.eval.inloop import data_validation_batches
     from pretrainer.eval.loss import evaluate, token_bytes_tensor
@@ -299,7 +300,9 @@ def serve_cost(settings: ServeSettings) -> dict:
         "variants": results,
     }
     out = Path(settings.out) if settings.out else run.run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    if not out.exists():  # the run's report dir, made here first: `export` fills it, keeping these files
+        out.mkdir(parents=True)
+        mark_output(out, "report")
     text = format_tables(result)
     atomic_write_json(out / "serve_cost.json", result)
     atomic_write_bytes(out / "serve_cost.md", text.encode())

@@ -24,11 +24,12 @@ import csv
 import hashlib
 import importlib.metadata
 import io
+import json
 import platform
 import shutil
 from pathlib import Path
 
-from pretrainer.analysis.report.html import EVENT_COLOURS, events, write_html
+from pretrainer.analysis.report.html import EVENT_STYLES, events, write_html
 from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import (
@@ -155,6 +156,16 @@ def throughput_series(records: list[dict]) -> tuple[tuple[list[float], list[floa
     return ([t / unit_s for t in seconds], tokens_per_s), f"wall-clock {unit}"
 
 
+TITLES = {  # each plot's title says what it shows
+    "loss-curve.png": "training and validation loss",
+    "gradnorm-curve.png": "gradient norm (before clipping) and parameter norm",
+    "lr.png": "learning rate schedule",
+    "evals.png": "evaluations over training tokens",
+    "throughput.png": "throughput",
+    "mfu-cost.png": "MFU and $ spent over wall-clock time",
+}
+
+
 def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
     import matplotlib
 
@@ -181,18 +192,19 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
             {kind for _, kind, _ in marks}
         ):  # spikes, drills, rollbacks, alerts: one legend each
             steps = [step for step, k, _ in marks if k == kind]
+            colour, style = EVENT_STYLES.get(kind, ("grey", "--"))
             for i, step in enumerate(steps[:100]):
                 ax.axvline(
                     step,
-                    color=EVENT_COLOURS.get(kind, "grey"),
-                    alpha=0.45,
-                    linewidth=0.9,
-                    linestyle="--",
+                    color=colour,
+                    alpha=0.8,
+                    linewidth=1.1,
+                    linestyle=style,
                     label=kind if i == 0 else None,
                 )
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set_title(f"{TITLES[name]}: {title}")  # what the plot shows, then whose run
         if log_y:
             ax.set_yscale("log")
         if from_zero:  # throughput: small wobbles should look small; LR: warmup from 0 reads as such
@@ -243,7 +255,7 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
             ax.plot(xs, ys, "o-", linewidth=1.2, markersize=4)
             ax.set_ylabel(label, fontsize=8)
             ax.grid(alpha=0.3)
-        axes[0, 0].set_title(title)
+        axes[0, 0].set_title(f"{TITLES['evals.png']}: {title}")
         axes[-1, 0].set_xlabel("tokens")
         save(fig, "evals.png")
     throughput, time_label = throughput_series(records)
@@ -264,7 +276,7 @@ def write_plots(records: list[dict], out: Path, title: str) -> list[str]:
             ax.set_ylabel(label, fontsize=8)
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
-        axes[0, 0].set_title(title)
+        axes[0, 0].set_title(f"{TITLES['mfu-cost.png']}: {title}")
         axes[-1, 0].set_xlabel(f"wall-clock {unit}")
         save(fig, "mfu-cost.png")
     return written
@@ -337,6 +349,18 @@ def stage_lineage(state: dict) -> dict:
     )
 
 
+KEPT_ACROSS_EXPORTS = ("serve_cost.json", "serve_cost.md")  # written into RUN/report by serve-cost
+
+
+def json_object(path: Path) -> dict:
+    """A JSON object file's content; {} for a missing or unreadable one."""
+    try:
+        found = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def export_report(run, out: Path) -> dict:
     """`run`: a run dir, a checkpoint dir, or an already opened run (pretrainer.runs.OpenRun)."""
     from pretrainer.artifacts.runs import OpenRun, open_run
@@ -347,6 +371,10 @@ def export_report(run, out: Path) -> dict:
     if not records:
         raise UserError(f"{run_dir}/metrics.jsonl: no metrics; is this a run directory?")
     with atomic_directory(Path(out), kind="report") as tmp:
+        for name in KEPT_ACROSS_EXPORTS:  # what other verbs wrote there (12 minutes of serve-cost) stays
+            kept = Path(out) / name
+            if kept.is_file() and not kept.is_symlink():
+                shutil.copy2(kept, tmp / name)
         shutil.copyfile(checkpoint / "model.safetensors", tmp / "final.safetensors")
         weights_check = weights_round_trip(tmp / "final.safetensors", tmp / ".resave.safetensors")
         rows = write_metrics_csv(records, tmp / "metrics.csv")
@@ -358,6 +386,15 @@ def export_report(run, out: Path) -> dict:
         suite_scores = _series(records, "suite_score")[1]
         train_losses = [r for r in records if "loss" in r]
         val_losses = [r for r in records if "val_loss" in r]
+        # `pretrainer eval` of this checkpoint: measured at its step (the in-loop one may be older)
+        evaluated = json_object(run_dir / f"eval-{state['step']:07d}.json")
+        measured_after = []  # its row in the page's evaluations
+        if evaluated.get("step") == state["step"] and "val_loss" in evaluated:
+            val_losses.append(evaluated)
+            columns = ("step", "tokens", "val_loss", "val_bpb", "suite_score")
+            measured_after = [{k: evaluated[k] for k in columns if evaluated.get(k) is not None}]
+            if evaluated.get("suite_score") is not None:
+                suite_scores.append(evaluated["suite_score"])
         config_path = run_dir / "config.toml"
         mlflow_uri = None
         if (run_dir / "mlflow-run-id.txt").is_file():
@@ -400,6 +437,8 @@ def export_report(run, out: Path) -> dict:
             "final_train_loss": train_losses[-1]["loss"] if train_losses else None,
             "final_val_loss": val_losses[-1]["val_loss"] if val_losses else None,
             "final_val_bpb": val_losses[-1].get("val_bpb") if val_losses else None,
+            "final_val_step": val_losses[-1].get("step") if val_losses else None,  # where it was measured
+            "kept_from_other_verbs": sorted(p.name for p in tmp.iterdir() if p.name in KEPT_ACROSS_EXPORTS),
             "final_suite_score": suite_scores[-1] if suite_scores else None,
             "wall_time_s": state["elapsed_s"],
             "spent_usd": state.get("spent_usd"),
@@ -411,7 +450,7 @@ def export_report(run, out: Path) -> dict:
             "mlflow": mlflow_uri,
         }
         atomic_write_json(tmp / "manifest.json", manifest)
-        write_html(tmp, run, manifest, records)
+        write_html(tmp, run, manifest, records + measured_after, probes)
         if not weights_check["reload_resave_byte_identical"]:
             raise UserError(
                 f"{checkpoint}/model.safetensors: reloading and re-saving changed the bytes; report not "

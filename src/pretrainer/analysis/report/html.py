@@ -39,7 +39,14 @@ EVENT_KEYS = {
     "alert": "alert",
     "budget_problem": "budget",
 }
-EVENT_COLOURS = {"drill": "tab:purple", "spike": "tab:red", "rollback": "tab:orange", "alert": "tab:brown"}
+# each kind its own colour and line style (spikes and alerts were both a pale red), with a legend
+EVENT_STYLES = {
+    "drill": ("tab:purple", "-."),
+    "spike": ("tab:red", "--"),
+    "rollback": ("tab:orange", "-"),
+    "alert": ("tab:blue", ":"),
+}
+NOT_EVENTS = {"finished"}  # the end-of-run alert: how the run ended, said in the summary, not an event
 
 
 def events(records: list[dict]) -> list[tuple[int, str, str]]:
@@ -47,9 +54,14 @@ def events(records: list[dict]) -> list[tuple[int, str, str]]:
     out = []
     for r in records:
         kind = next((name for key, name in EVENT_KEYS.items() if r.get(key)), None)
-        if kind is not None and "step" in r:
-            detail = r.get("message") or r.get("alert") or r.get("inject_kind") or ""
-            out.append((int(r["step"]), kind, str(detail)))
+        if kind is None or "step" not in r or (kind == "alert" and r.get("alert") in NOT_EVENTS):
+            continue
+        detail = r.get("message") or r.get("alert") or r.get("inject_kind") or ""
+        if kind == "spike":  # what was flagged, and what was done
+            loss, norm = r.get("spike_loss", float("nan")), r.get("spike_grad_norm", float("nan"))
+            done = "update skipped" if r.get("skipped") else "logged only"
+            detail = f"loss {loss:.3f}, grad norm {norm:.3f}, {done}"
+        out.append((int(r["step"]), kind, str(detail)))
     return out
 
 
@@ -109,7 +121,7 @@ def ending(run_dir: Path) -> tuple[str, str]:
     return said, f"{resume} (resumes from its newest checkpoint)"
 
 
-def write_html(report_dir: Path, run, manifest: dict, records: list[dict]) -> None:
+def write_html(report_dir: Path, run, manifest: dict, records: list[dict], probes: list[dict] = ()) -> None:
     report_dir = Path(report_dir)
     run_dir = run.run_dir
     said, next_command = ending(run_dir)
@@ -118,7 +130,10 @@ def write_html(report_dir: Path, run, manifest: dict, records: list[dict]) -> No
         ("steps", _figure(manifest["steps"])),
         ("tokens", _figure(manifest["tokens"])),
         ("final train loss", _figure(manifest["final_train_loss"])),
-        ("final validation loss", _figure(manifest["final_val_loss"])),
+        (
+            f"validation loss (step {manifest.get('final_val_step')}, the last measured)",
+            _figure(manifest["final_val_loss"]),
+        ),
         ("validation bits per byte", _figure(manifest["final_val_bpb"])),
         ("task suite score", _figure(manifest["final_suite_score"])),
         ("wall time", f"{manifest['wall_time_s'] / 3600:.3f} h"),
@@ -144,6 +159,11 @@ def write_html(report_dir: Path, run, manifest: dict, records: list[dict]) -> No
         if "val_loss" in r or "suite_score" in r
     ]
     happened = events(records)
+    last = max((r["step"] for r in probes), default=None)  # each prompt's completion at the last probing
+    probed = {r["prompt"]: r["completion"] for r in probes if r["step"] == last}
+    probe_rows = [(prompt, completion) for prompt, completion in probed.items()]
+    heading = ("prompt", f"greedy completion at step {last}")
+    probes_table = _table(heading, probe_rows) if probe_rows else "<p>none (eval.tasks_every)</p>"
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -172,6 +192,8 @@ Next: <code>{html.escape(next_command)}</code></p>
 {plots}
 <h2>Evaluations</h2>
 {_table(("step", "tokens", "val loss", "val bits/byte", "suite score"), evals) if evals else "<p>none</p>"}
+<h2>Probes</h2>
+{probes_table}
 <h2>Events</h2>
 {_table(("step", "event", "detail"), happened) if happened else "<p>no spikes, drills, rollbacks, alerts</p>"}
 <h2>Config</h2>
