@@ -141,3 +141,15 @@ def test_a_reader_that_stops_early_loses_no_file(small_run, tmp_path, verb):
     assert child.wait(120) == 0 and "Traceback" not in err, err
     written = list(run.glob("eval-*.json")) if verb == "eval" else list(out.glob("serve_cost.*"))
     assert written, err
+
+
+def test_exit_json_names_the_checkpoint_by_its_absolute_path(stdlib_data, tmp_path, monkeypatch):
+    """A run dir given relatively: exit.json's checkpoint and run dir are absolute, as every saved path."""
+    monkeypatch.chdir(tmp_path)
+    assert (
+        main(["train", *map(str, tiny_overrides(stdlib_data, Path("rel-run"), **{"train.max_steps": 2}))])
+        == 0
+    )
+    record = json.loads((tmp_path / "rel-run" / "exit.json").read_text())
+    assert record["checkpoint"] == str(tmp_path / "rel-run" / "checkpoints" / "step-0000002")
+    assert record["run_dir"] == str(tmp_path / "rel-run")

@@ -24,6 +24,9 @@ def test_cpu_sweep_then_fit_writes_csv_plots_and_a_prediction_with_an_interval(
     code, out, err = run_cli(*sweep_args(stdlib_data, sweep, "15k,100k,300k", "5120,10240,20480"), *quick)
     assert code == 0, err
     assert "l1-d32-t5.12e03" in out and "15,456" in out  # the plan names the shapes and their exact counts
+    # each run's closing lines point at the sweep's own next step, not nine next: blocks of their own
+    said = f"next: the sweep goes on; once it ends, pretrainer fit {sweep}"
+    assert out.count("next:\n") == 1 and out.count(said) == 9  # the sweep's own next:, once
     rows = read_csv(sweep / "sweep.csv")
     assert len(rows) == 9 and {r["n_layer"] for r in rows} == {"1", "2", "3"}
     assert {int(r["tokens"]) for r in rows} == {5120, 10240, 20480}

@@ -149,7 +149,10 @@ def _coerce(key: str, value: Any, typ: type, where: str) -> Any:
 
 
 def _words(value: Any) -> list[str]:
-    """A list of words from TOML (["a", "b"]) or the command line ("a,b"); "none" alone is the empty list."""
+    """A list of words from TOML (["a", "b"]) or the command line ("a,b", or the TOML list itself:
+    '["a","b"]', parsed as TOML, never evaluated); "none" alone is the empty list."""
+    if isinstance(value, str) and value.strip().startswith("["):
+        value = tomllib.loads(f"value = {value}")["value"]  # a TOMLDecodeError is a ValueError
     if isinstance(value, str):
         value = [word.strip() for word in value.split(",") if word.strip()]
     if not isinstance(value, list) or not all(isinstance(word, str) for word in value):

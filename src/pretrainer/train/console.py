@@ -6,6 +6,7 @@ switched off while training goes on to its end and its final checkpoint."""
 from __future__ import annotations
 
 import io
+import os
 import shlex
 import sys
 import time
@@ -203,6 +204,9 @@ def resume_command(cfg: Config, env: DistEnv) -> str:
     )
 
 
+SWEEP_ENV = "PRETRAINER_SWEEP_DIR"  # set for a sweep's runs: the sweep says what to do next, once
+
+
 def closing_lines(
     cfg: Config, env: DistEnv, step: int, tokens: int, wall_s: float, *, chat: bool = False
 ) -> str:
@@ -211,7 +215,11 @@ def closing_lines(
     return (
         f"{how} at step {step}: {tokens:,} tokens, {wall_s:.1f}s; checkpoint "
         f"{latest_checkpoint(Path(cfg.run.dir))}\n"
-        + next_commands(cfg, env, finished=step >= cfg.train.max_steps, chat=chat)
+        + (
+            f"next: the sweep goes on; once it ends, pretrainer fit {shlex.quote(os.environ[SWEEP_ENV])}"
+            if os.environ.get(SWEEP_ENV)
+            else next_commands(cfg, env, finished=step >= cfg.train.max_steps, chat=chat)
+        )
     )
 
 

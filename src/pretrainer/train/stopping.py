@@ -145,6 +145,8 @@ def write_exit_record(
     the run, kept out of the run dir). "requeued": the stop asked for the SLURM job's requeue.
     Atomic: a reader sees the old record or the new one."""
     checkpoint = latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
+    # absolute, as every saved path: a relative one means nothing to a reader in another directory
+    run_dir, checkpoint = Path(run_dir).absolute(), checkpoint.absolute() if checkpoint else None
     record = {
         "reason": reason,
         "exit_code": exit_code,

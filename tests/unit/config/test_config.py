@@ -342,3 +342,14 @@ def test_context_extension_is_refused_for_a_mixture_in_one_line(tmp_path):
     saved = to_dict(load_config(None, [*single, "--model.seq_len=64"]))
     changed = resume_changes(load_config(None, [*single, "--model.seq_len=128"]), saved, tmp_path, "")
     assert changed == ["model.seq_len: 64 -> 128"]
+
+
+def test_a_toml_list_typed_on_the_command_line_is_the_list():
+    """The config file's own syntax on the command line was refused; it is parsed as TOML."""
+    from pretrainer.config.load import load_config
+
+    cfg = load_config(None, ['--track.backends=["mlflow", "tensorboard"]'])
+    assert cfg.track.backends == ["mlflow", "tensorboard"]
+    assert load_config(None, ["--track.backends=mlflow,tensorboard"]).track.backends == cfg.track.backends
+    with pytest.raises(UserError, match="'track.backends' must be"):
+        load_config(None, ['--track.backends=["mlflow",'])

@@ -47,6 +47,7 @@ from pretrainer.analysis.scaling.sweep_plan import (
 )
 from pretrainer.config.schema import Config
 from pretrainer.core.errors import RunStopped, UserError, exit_code_for_signal
+from pretrainer.train.console import SWEEP_ENV
 
 
 def run_sweep(sweep: SweepConfig, base: Config, say=print) -> int:
@@ -122,7 +123,7 @@ def run_one_by_one(
     for run in pending:
         say(f"sweep: run {run.name} ({runs.index(run) + 1} of {len(runs)}): {run.cfg.run.dir}")
         try:
-            with torch_threads(sweep.cpu_threads if on_cpu(run.cfg) else None):
+            with torch_threads(sweep.cpu_threads if on_cpu(run.cfg) else None), in_sweep(sweep_dir):
                 train(with_remaining_cap(run, base, spent()))
         except RunStopped as stop:
             say(f"sweep: stopped in run {run.name} ({stop}); the same command continues the sweep")
@@ -229,6 +230,7 @@ def run_parallel(
                 log = open(sweep_dir / "logs" / f"{run.name}.log", "a")
                 env = {
                     **os.environ,
+                    SWEEP_ENV: str(sweep_dir),  # its closing lines point at the sweep, not a next: block
                     **(
                         {"CUDA_VISIBLE_DEVICES": str(slot)}
                         if base.train.device != "cpu"
@@ -275,3 +277,17 @@ def run_parallel(
     if stop_code:
         say(f"sweep: stopped (exit {stop_code}); the same command continues the sweep")
     return stop_code
+
+
+@contextlib.contextmanager
+def in_sweep(sweep_dir: Path):
+    """A run trained in this process as one of the sweep's: its closing lines point at the sweep."""
+    before = os.environ.get(SWEEP_ENV)
+    os.environ[SWEEP_ENV] = str(sweep_dir)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SWEEP_ENV, None)
+        else:
+            os.environ[SWEEP_ENV] = before
