@@ -5,7 +5,9 @@ into events when they are at most GAP steps apart; invalid-token rejections are 
 event is classified by the first rule in RULES that holds, with the evidence for it.
 
 Outcome: the pre-spike trend is a straight line fitted to the last TREND logged losses before the
-event; the run has recovered at the first later step whose loss is within 1% of that line.
+event; the run has recovered at the first later step whose loss is within 1% of that line, or back
+at the level it had before the event (the median of its last 3 logged losses: a curving loss falls
+away from a straight line's reach, and still recovers).
 """
 
 from __future__ import annotations
@@ -126,10 +128,12 @@ def classify(event: Event, records: list[dict], cfg) -> None:
         f"top-token share {top:.0%}, below the corruption threshold {top_threshold:.0%} "
         f"(this run's typical {typical_top:.0%})"
     )
-    lr_rows = [
+    lr_rows = [  # the flagged steps' own records carry their LR; logged steps nearby too
         r
         for r in records[: event.last + 1]
-        if "lr" in r and "loss" in r and event.steps[0] - 2 <= r["step"] <= event.steps[-1]
+        if "lr" in r
+        and ("loss" in r or r.get("spike"))
+        and event.steps[0] - 2 <= r["step"] <= event.steps[-1]
     ]
     ratios_lr = [(r["step"], r["lr"], lr_at(r["step"] - 1, cfg.optim, cfg.train.max_steps)) for r in lr_rows]
     high = [(s, used, planned) for s, used, planned in ratios_lr if planned > 0 and used > 1.5 * planned]
@@ -156,8 +160,10 @@ def classify(event: Event, records: list[dict], cfg) -> None:
             else f"flagged batch: {rare:.0%} rare tokens"
         )
         return
-    event_ratio = max((r.get("update_to_param", 0.0) for r in event_records), default=0.0)
-    if ratios and event_ratio >= 5 * float(np.median(ratios)):
+    measured = [r["update_to_param"] for r in event_records if "update_to_param" in r]
+    event_ratio = max(measured) if measured else None  # a flagged step between logging steps has none
+    said_ratio = f"{event_ratio:.3g}" if event_ratio is not None else "not logged at the event"
+    if ratios and event_ratio is not None and event_ratio >= 5 * float(np.median(ratios)):
         event.classification, event.rule = (
             "Adam second-moment blow-up",
             "update/param >= 5x its median with normal batch and LR",
@@ -168,7 +174,7 @@ def classify(event: Event, records: list[dict], cfg) -> None:
         return
     event.classification, event.rule = "unclassified", "no rule matched"
     event.evidence.append(
-        f"batch: {rare:.0%} rare tokens, log-prob {log_prob:.2f}; update/param {event_ratio:.3g}"
+        f"batch: {rare:.0%} rare tokens, log-prob {log_prob:.2f}; update/param {said_ratio}"
     )
 
 
@@ -179,10 +185,14 @@ def outcome(event: Event, records: list[dict]) -> str:
     if len(before) < 3:
         return "not enough logged steps before the event to define a trend"
     slope, intercept = np.polyfit([s for s, _ in before], [loss for _, loss in before], 1)
+    level = float(np.median([loss for _, loss in before[-3:]]))
     for s, loss in after:
-        if loss <= (slope * s + intercept) * 1.01:
+        if loss <= (slope * s + intercept) * 1.01 or loss <= level * 1.01:
+            back_to = (
+                "the pre-spike trend" if loss <= (slope * s + intercept) * 1.01 else "its pre-spike level"
+            )
             return (
-                f"recovered: loss back within 1% of the pre-spike trend at step {s}, "
+                f"recovered: loss back within 1% of {back_to} at step {s}, "
                 f"{s - event.steps[-1]} steps after the last flagged step"
             )
     return f"did not recover within the run (last logged step {after[-1][0] if after else event.steps[-1]})"
@@ -264,6 +274,13 @@ def write_figure(event: Event, records: list[dict], unigram: dict | None, path: 
     twin = ax.twinx()
     twin.plot(steps, [r.get("grad_norm", np.nan) for r in rows], "-", color="C1", label="grad norm")
     twin.set_ylabel("grad norm")
+    # the flagged steps themselves (between logging steps they are in no logged row): drawn where they
+    # fall, so the spike is on the figure and inside both axes
+    for n, spike in enumerate(event.spikes):
+        x = _position(spike["step"], [r["step"] for r in rows])
+        label = "flagged step" if n == 0 else None
+        ax.plot([x], [spike.get("spike_loss", np.nan)], "v", color="C3", markersize=8, label=label)
+        twin.plot([x], [spike.get("spike_grad_norm", np.nan)], "x", color="C3", markersize=8)
     ax.legend(loc="upper left")
     twin.legend(loc="upper right")
     ax.set_title(f"spike {event.index}: {event.classification}")
@@ -291,6 +308,18 @@ def write_figure(event: Event, records: list[dict], unigram: dict | None, path: 
         ax.set_title("batch tokens vs the training distribution")
         ax.legend()
     save_figure(fig, path)
+
+
+def _position(step: int, logged: list[int]) -> float:
+    """Where `step` falls on a figure whose x positions are the logged rows (file order): between the
+    last row at or before it and the next one."""
+    before = [i for i, s in enumerate(logged) if s <= step]
+    if not before:
+        return 0.0
+    i = before[-1]
+    if i + 1 < len(logged) and logged[i + 1] > logged[i]:
+        return i + (step - logged[i]) / (logged[i + 1] - logged[i])
+    return float(i)
 
 
 def detector_coverage(records: list[dict], cfg) -> str:
