@@ -47,3 +47,28 @@ def test_log_lines_start_at_column_0_beside_the_progress_bar(stdlib_data, tmp_pa
     for line in lines:
         before = drawn[line.start() - 1]
         assert before in "\r\n", repr(drawn[max(0, line.start() - 80) : line.start() + 30])
+
+
+def test_eval_shows_its_progress_on_a_terminal_and_nothing_in_a_pipe(stdlib_data, tmp_path):
+    """`eval` over a task suite printed nothing for 20 minutes: on a terminal it draws a bar (items,
+    the task at hand), and its lines still start at column 0; piped, its output holds no bar."""
+    import json
+
+    from helpers import tiny_config
+
+    from pretrainer.train.loop import train
+
+    run = tmp_path / "run"
+    train(tiny_config(stdlib_data, run, **{"train.max_steps": 2, "eval.every": 0}))
+    tasks = tmp_path / "toy.jsonl"
+    items = [
+        {"type": "mc", "context": f"def f{i}(x):\n    return", "choices": [" x", " 1"], "gold": 0}
+        for i in range(6)
+    ]
+    tasks.write_text("".join(json.dumps(item) + "\n" for item in items))
+    argv = [sys.executable, "-m", "pretrainer", "eval", str(run), "--tasks", str(tasks), "--eval.batches=1"]
+    drawn = run_on_a_terminal(argv, 120)
+    assert re.search(r"eval tasks: +\d+%.*\d+/6", drawn), drawn[-2000:]
+    assert re.search(r"[\r\n]suite score", drawn), drawn[-2000:]
+    piped = subprocess.run(argv, capture_output=True, text=True)
+    assert piped.returncode == 0 and "eval tasks" not in piped.stdout + piped.stderr

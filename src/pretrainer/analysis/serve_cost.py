@@ -101,6 +101,7 @@ def serve_cost(settings: ServeSettings) -> dict:
     from pretrainer.core.device import resolve_device
     from pretrainer.core.files import atomic_write_bytes, atomic_write_json
     from pretrainer.core.ownership import mark_output
+    from pretrainer.core.streams import progress
     from pretrainer.data.data_dir import open_training_data
     from pretrainer.eval.inloop import data_validation_batches
     from pretrainer.eval.loss import evaluate, token_bytes_tensor
@@ -176,7 +177,10 @@ def serve_cost(settings: ServeSettings) -> dict:
     # untimed: every variant's load_s is then a warm-cache load
     build_model(cfg, run.load_weights, str(run.checkpoint))
     results, baseline, baseline_top1 = [], None, None
-    for variant in variants:
+    bar = progress(len(variants), "serve-cost", "variant")  # minutes of measurement: not in silence
+    for index, variant in enumerate(variants):
+        bar.n = index
+        bar.set_postfix_str(variant)
         entry = {
             "variant": variant,
             "status": "ok",
@@ -192,7 +196,7 @@ def serve_cost(settings: ServeSettings) -> dict:
         except Exception as e:
             message = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             entry.update(status="skipped", reason=f"{type(e).__name__}: {message}")
-            print(f"  {variant}: skipped ({entry['reason']})", flush=True)
+            bar.write(f"  {variant}: skipped ({entry['reason']})")  # above the bar, never into it
             continue
         entry["speed"] = []
         for batch in settings.batch_sizes:
@@ -223,15 +227,16 @@ def serve_cost(settings: ServeSettings) -> dict:
             if key in quality:
                 quality[f"delta_{key}"] = quality[key] - base_quality[key]
         entry["quality"] = quality
-        print(
+        bar.write(
             f"  {variant}: {entry['weights']['total_bytes'] / 2**20:.2f} MiB of weights, decode "
             f"{entry['speed'][-1]['decode_tokens_per_s']:,.0f} tokens/s at batch {settings.batch_sizes[-1]}, "
-            f"val loss {quality['val_loss']:.4f}",
-            flush=True,
+            f"val loss {quality['val_loss']:.4f}"
         )
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    bar.n = len(variants)
+    bar.close()
 
     if settings.baseline:  # an open-weights model of the user's, measured the same way in this process
         from pretrainer.analysis.serve_baseline import measure_baseline

@@ -65,3 +65,12 @@ class Tolerant:
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
+
+
+def progress(total: int, desc: str, unit: str):
+    """A progress bar on a terminal (stderr; none in a file or pipe, so never a log line), in the
+    training bar's style, for work that takes more than a few seconds: eval's tasks, serve-cost's
+    variants. Use as a context manager; .update(n), .set_postfix_str(what)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=1.0, disable=None)

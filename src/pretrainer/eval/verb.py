@@ -27,6 +27,7 @@ from pretrainer.config.schema import Config, ModelConfig, canonical_key
 from pretrainer.core.device import autocast_dtype, resolve_device
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json, check_output
+from pretrainer.core.streams import progress
 from pretrainer.data.data_dir import open_training_data
 from pretrainer.eval.inloop import data_validation_batches
 from pretrainer.eval.loss import evaluate, token_bytes_tensor
@@ -150,7 +151,12 @@ def evaluate_target(
         scorer = continuation_scorer(
             model, cfg.model.seq_len, device, amp_dtype, cfg.train.micro_batch * cfg.model.seq_len
         )
-        results = [score_task(task, scorer, data.tokenizer) for task in tasks]
+        results = []
+        with progress(sum(len(task.items) for task in tasks), "eval tasks", "item") as bar:
+            for task in tasks:  # the suite took 20 minutes on CPU in silence
+                bar.set_postfix_str(task.name)
+                results.append(score_task(task, scorer, data.tokenizer))
+                bar.update(len(task.items))
         result.update(
             tasks=results, suite_score=suite_score(results), tasks_eval_s=time.perf_counter() - started
         )
