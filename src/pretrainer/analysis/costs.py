@@ -99,15 +99,17 @@ def format_bill(bill: dict, usd_per_gpu_hour: float) -> list[tuple[str, str]]:
     rows.append(("  total", f"${bill['total_usd']:,.2f}{cap}"))
     limit = bill["max_usd_per_gpu_hour"]
     if limit is not None:
-        verdict = "GO" if bill["go"] else "NO-GO"
-        over = "" if bill["go"] else " (the total is over the cap)" if usd_per_gpu_hour <= limit else ""
-        rows.append(
-            (
-                "go/no-go",
-                f"{verdict}: ${usd_per_gpu_hour:g}/GPU-hour against a limit of ${limit:,.2f} "
-                f"({bill['max_source']}){over}; do not launch above it",
+        price = f"${usd_per_gpu_hour:g}/GPU-hour against a limit of ${limit:,.2f} ({bill['max_source']})"
+        if bill["go"]:
+            said = f"GO: {price}; do not launch above it"
+        elif usd_per_gpu_hour > limit:
+            said = f"NO-GO: the price is over the limit: {price}"
+        else:  # the price is fine: the cap is why ("NO-GO: $1.1/GPU-hour against a limit of $1.40")
+            said = (
+                f"NO-GO: the total ${bill['total_usd']:,.2f} is over the ${bill['cap_usd']:,.2f} cap "
+                f"(budget.cap_usd); the price is within its limit ({price})"
             )
-        )
+        rows.append(("go/no-go", said))
     return rows
 
 

@@ -141,6 +141,7 @@ def make_plan(
             "board_power_w": watts,
         },
         "strategy": cfg.parallel.strategy,
+        "device": cfg.train.device,  # "cpu": no CUDA context in its memory line
         "optimizer": cfg.optim.name,
         "lr_schedule": {
             "lr": cfg.optim.lr,

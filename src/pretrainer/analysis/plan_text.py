@@ -62,14 +62,23 @@ def format_plan(plan: dict) -> str:
     ]
     if plan.get("time_source") == "measured":
         t_ = plan["measured"]
-        part = lambda s: "not measured (0)" if s is None else f"{s:,.2f} s"  # noqa: E731
+
+        def part(count: int, what: str, seconds: float | None) -> str:
+            if seconds is None:  # "3 evaluations x not measured (0)" read as a broken sum
+                return f"{count} {what} (0 s counted: the measured run had none to time)" if count else ""
+            return f"{count} {what} x {seconds:,.2f} s"
+
+        parts = [
+            f"start-up {t_['startup_s']:,.1f} s",
+            f"{plan['steps']:,} steps x {t_['step_s']:.4f} s",
+            part(plan["evaluations"], "evaluations", t_["eval_s"]),
+            part(plan["checkpoints"], "checkpoints", t_["checkpoint_s"]),
+        ]
         rows += [
             (
                 "wall time (measured)",
-                f"{plan['wall_hours'] * 3600:,.1f} s = {plan['wall_hours']:,.3f} h: start-up "
-                f"{t_['startup_s']:,.1f} s + {plan['steps']:,} steps x {t_['step_s']:.4f} s + "
-                f"{plan['evaluations']} evaluations x {part(t_['eval_s'])} + {plan['checkpoints']} "
-                f"checkpoints x {part(t_['checkpoint_s'])}",
+                f"{plan['wall_hours'] * 3600:,.1f} s = {plan['wall_hours']:,.3f} h: "
+                + " + ".join(p for p in parts if p),
             ),
             (
                 "  measured on",
@@ -104,7 +113,13 @@ def format_plan(plan: dict) -> str:
                 ("energy", f"{plan['energy_kwh']:,.1f} kWh at {g['board_power_w']:g} W board power per GPU")
             )
     else:
-        rows.append(("wall time, cost", "give --gpu NAME (or --peak-tflops) to estimate"))
+        rows.append(
+            (
+                "wall time, cost",
+                "plan --measure times a few real steps on this machine (a CPU too); or give --gpu NAME (or "
+                "--peak-tflops) to estimate for a GPU",
+            )
+        )
     if "checkpointing" in plan:
         rows += checkpoint_rows(plan["checkpointing"], plan.get("usd_per_gpu_hour"), g["count"])
     if "bill" in plan:
@@ -116,7 +131,8 @@ def format_plan(plan: dict) -> str:
             "memory per GPU",
             f"weights {gib(m['weights'])}, gradients {gib(m['gradients'])} (DDP buckets: views, +0), "
             f"{plan['optimizer']} "
-            f"state {gib(m['optimizer'])} ({plan['strategy']}), CUDA context {gib(m['cuda_overhead'])}",
+            f"state {gib(m['optimizer'])} ({plan['strategy']})"
+            + (f", CUDA context {gib(m['cuda_overhead'])}" if plan.get("device") != "cpu" else ""),
         ),
         (
             "  bf16 weights, loss",

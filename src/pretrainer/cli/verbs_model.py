@@ -313,7 +313,7 @@ def add_serve_cost(verbs) -> None:
         help="what the model costs to serve: fp32/bf16 vs int8/int4 weight-only (torchao): "
         "load time, weight memory, prefill/decode tokens/s, $ per 1M tokens, quality cost",
         epilog="example: pretrainer serve-cost runs/tiny --usd-per-hour 0.10 --batch-sizes 1,8,32; writes "
-        "RUN_DIR/report/serve_cost.json and serve_cost.md (needs pip install 'pretrainer[lowbit]')",
+        "RUN_DIR/report/serve_cost.json and serve_cost.md (torchao: pip install -e '.[lowbit]')",
     )
     p.add_argument(
         "run",

@@ -261,7 +261,7 @@ class OptimConfig:
     name: str = opt(
         "muon",
         '"adamw" (fused, fp32 moments: 8 bytes per parameter), "adamw8bit" or "adamw4bit" (torchao\'s '
-        "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install 'pretrainer[lowbit]'), or "
+        "block-wise quantised moments, ~2 or ~1 bytes per parameter; pip install -e '.[lowbit]'), or "
         '"muon" (Muon for the hidden matrices, 4 bytes per parameter; AdamW for embeddings, head, norms)',
         allowed=tuple(OPTIMIZERS),
     )

@@ -161,7 +161,9 @@ def import_torchao(purpose: str):
         import torchao.optim
         import torchao.quantization  # noqa: F401 (submodules the callers use)
     except ImportError:
-        raise UserError(f"{purpose} needs torchao: pip install 'pretrainer[lowbit]'") from None
+        raise UserError(
+            f"{purpose} needs torchao: pip install torchao (from the checkout: pip install -e '.[lowbit]')"
+        ) from None
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)

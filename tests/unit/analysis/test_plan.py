@@ -348,3 +348,20 @@ def test_target_loss_plans_the_tokens_the_law_says_and_ranks_instances_by_their_
     assert costs == sorted(costs)  # ranked by what reaching the loss costs
     code, _, err = run_cli("plan", CONFIGS / "x1-lab00.toml", "--target-loss", "1.9")
     assert code == 2 and "floor" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_go_no_go_line_names_its_real_reason():
+    """NO-GO because of the cap read "NO-GO: $1.1/GPU-hour against a limit of $1.40"."""
+    from pretrainer.analysis.costs import format_bill
+
+    bill = {"lines": [], "cap_usd": 10.0, "total_usd": 12.0, "max_usd_per_gpu_hour": 1.4, "max_source": "lab"}
+    said = lambda price, go: dict(format_bill({**bill, "go": go}, price))["go/no-go"]  # noqa: E731
+    assert said(1.1, False).startswith("NO-GO: the total $12.00 is over the $10.00 cap")
+    assert said(2.0, False).startswith("NO-GO: the price is over the limit: $2/GPU-hour")
+    assert said(1.1, True).startswith("GO: $1.1/GPU-hour against a limit of $1.40")
+
+
+def test_plan_on_a_cpu_config_points_at_measure_and_counts_no_cuda_context(run_cli):
+    code, out, err = run_cli("plan", "configs/tiny-cpu.toml", "--train.device=cpu", "--model.vocab_size=4096")
+    assert code == 0, err
+    assert "plan --measure times a few real steps on this machine" in out and "CUDA context" not in out
