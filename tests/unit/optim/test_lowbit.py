@@ -109,5 +109,5 @@ def test_without_torchao_the_error_is_one_line(monkeypatch):
     cfg = resolve(
         load_config(None, ["--model.vocab_size=256", "--optim.name=adamw8bit", "--train.max_steps=9"])
     )
-    with pytest.raises(UserError, match=r"pip install 'pretrainer\[lowbit\]'"):
+    with pytest.raises(UserError, match=r"pip install -e '\.\[lowbit\]'"):
         build_optimizer(Transformer(cfg.model), cfg.optim, "cpu")
