@@ -354,3 +354,25 @@ def test_module_map_lists_every_module():
         if n > 1
     ]
     fail_if(problems, f"{rel(ARCHITECTURE)}: the '{MAP_HEADING}' block against the modules of {rel(PACKAGE)}")
+
+
+def test_quoted_quickstart_figures_are_the_measured_ones_of_today_s_recipe():
+    """Every <!-- figure:NAME --> span in README and docs quotes docs/figures.json, and figures.json was
+    measured with today's quickstart recipe (configs/tiny-cpu.toml and every default): a changed recipe
+    or a hand-edited figure fails here until `make docs-figures` measures them again."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("docs_figures", ROOT / "scripts" / "docs_figures.py")
+    figures_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures_script)
+    record = json.loads((ROOT / "docs" / "figures.json").read_text())
+    assert record["recipe_sha256"] == figures_script.recipe_sha256(), (
+        "the quickstart's recipe changed since docs/figures.json was measured: run `make docs-figures`"
+    )
+    quoted = figures_script.quoted()
+    assert {name for _, name, _ in quoted} >= {"quickstart.val_loss_start", "quickstart.val_loss_end"}
+    wrong = [
+        f"{rel(page)}: {name} = {value}" for page, name, value in quoted if record["figures"][name] != value
+    ]
+    assert not wrong, f"{wrong}: not docs/figures.json's; run `make docs-figures`"
