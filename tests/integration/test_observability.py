@@ -88,9 +88,8 @@ def test_tokens_per_s_after_an_eval_or_a_checkpoint_on_a_non_logging_step_is_not
 ):
     """log.every = 10, eval.every = ckpt.every = 15: the interval after step 15's evaluation and
     checkpoint counts the tokens since them over the time since them (it divided the interval's
-    tokens by the time after the pause: 2.26x the median)."""
-    import statistics
-
+    tokens by the time after the pause: 2.26x its neighbours). Each such interval is held against the
+    intervals beside it, so a machine whose load changes mid-run (another process) does not fail it."""
     run = tmp_path / "run"
     cadence = {
         "log.every": 10,
@@ -100,10 +99,10 @@ def test_tokens_per_s_after_an_eval_or_a_checkpoint_on_a_non_logging_step_is_not
         "train.micro_batch": 32,
     }
     train(tiny_config(stdlib_data, run, **{"train.max_steps": 60, **cadence}))
-    rates = [r["tokens_per_s"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r][
-        1:
-    ]  # after warm-up
-    assert max(rates) <= 1.5 * statistics.median(rates), rates
+    rates = {r["step"]: r["tokens_per_s"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
+    for after_pause in (20, 50):  # the intervals holding step 15's and step 45's evaluation and checkpoint
+        beside = max(rates[after_pause - 10], rates[after_pause + 10])
+        assert rates[after_pause] <= 1.5 * beside, rates
 
 
 def test_the_profiler_traces_its_window_of_a_real_run(stdlib_data, tmp_path):
