@@ -15,7 +15,8 @@ from pretrainer.core.errors import UserError
 
 
 def test_a_rolled_back_run_has_unique_rows_and_plots_forward(stdlib_data, tmp_path):
-    from pretrainer.analysis.report.export import _series, write_metrics_csv
+    from pretrainer.analysis.report.export import write_metrics_csv
+    from pretrainer.analysis.report.plots import metric_series
     from pretrainer.train.loop import train
 
     run = tmp_path / "run"
@@ -43,7 +44,7 @@ def test_a_rolled_back_run_has_unique_rows_and_plots_forward(stdlib_data, tmp_pa
     final = [(r["step"], r["kind"], r["name"]) for r in rows if r["kind"] in ("step", "eval")]
     assert len(final) == len(set(final))  # one value per step and name on the final trajectory
     assert {r["kind"] for r in rows} == {"step", "eval", "event", "rolled_back"}
-    steps, _ = _series(records, "loss")
+    steps, _ = metric_series(records, "loss")
     assert steps == list(range(1, 61))  # not drawn backwards after the rollback
 
 

@@ -184,8 +184,8 @@ def test_an_interrupted_run_s_report_keeps_serve_cost_and_shows_what_was_measure
     """A run stopped at step 5 whose in-loop validation ran at step 0 only, then `eval` and `serve-cost`:
     the report's validation loss is eval's at step 5 (it showed step 0's as "final"), its page has the
     evaluation and the probes, and `export --force` keeps serve-cost's files (it deleted them)."""
-    from pretrainer.analysis.report.export import TITLES
     from pretrainer.analysis.report.html import EVENT_STYLES, events
+    from pretrainer.analysis.report.plots import TITLES
 
     run = tmp_path / "run"
     settings = {"train.max_steps": 20, "eval.every": 10, "train.stop_at_step": 5, "eval.tasks_every": 5}

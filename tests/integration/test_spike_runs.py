@@ -297,6 +297,6 @@ def test_a_spike_between_logging_steps_is_explained_from_its_own_record(stdlib_d
     assert "update/param 0 " not in text and "update/param 0\n" not in text
     assert "**Outcome:** recovered" in text, text
     assert (run / "spike-1.png").is_file()
-    from pretrainer.analysis.report.postmortem import _position
+    from pretrainer.analysis.report.spike_figure import step_position
 
-    assert _position(43, [30, 40, 50, 60]) == pytest.approx(1.3)  # where step 43 falls among logged rows
+    assert step_position(43, [30, 40, 50, 60]) == pytest.approx(1.3)  # where step 43 falls among logged rows

@@ -2,7 +2,7 @@ import pytest
 import torch
 from support.report_helpers import modes, umask
 
-from pretrainer.analysis.report.export import throughput_series, time_unit, write_plots
+from pretrainer.analysis.report.plots import throughput_series, time_unit, write_plots
 from pretrainer.artifacts.checkpoint import save_checkpoint
 
 

@@ -125,7 +125,7 @@ def test_non_finite_values_stay_numbers_in_metrics_and_csv(tmp_path):
 
 
 def test_steps_abandoned_by_a_rollback_are_not_plotted_even_if_never_rerun():
-    from pretrainer.analysis.report.export import _series, record_kinds
+    from pretrainer.analysis.report.plots import metric_series, record_kinds
 
     records = [{"step": s, "loss": 5.0 - 0.1 * s} for s in range(1, 6)] + [
         {"step": 5, "rollback": 1.0, "to_step": 2},
@@ -142,7 +142,7 @@ def test_steps_abandoned_by_a_rollback_are_not_plotted_even_if_never_rerun():
         "step",
         "event",
     ]
-    assert _series(records, "loss") == ([1, 2, 3], [4.9, 4.8, 9.0])
+    assert metric_series(records, "loss") == ([1, 2, 3], [4.9, 4.8, 9.0])
 
 
 # --- 4: post-mortem rules are relative to the run's own statistics ---
