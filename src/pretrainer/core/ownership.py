@@ -41,13 +41,19 @@ FILE_OUTPUTS = ("safetensors", "gguf")
 MARKER_NAMES = {False: f"{OUTPUT_MARKER} file", True: f"{FILE_MARKER_KEY} key in its metadata"}
 
 
-def json_keys(path: Path) -> set[str]:
-    """The top-level keys of a JSON object file; none for a missing or unreadable one."""
+def json_object(path: Path) -> dict:
+    """A JSON object file's content (a manifest, a marker, an eval record); {} for a missing or
+    unreadable one."""
     try:
         found = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return set()
-    return set(found) if isinstance(found, dict) else set()
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def json_keys(path: Path) -> set[str]:
+    """The top-level keys of a JSON object file; none for a missing or unreadable one."""
+    return set(json_object(path))
 
 
 def is_data_dir(path: Path) -> bool:
@@ -116,10 +122,7 @@ def owned(path: Path, kind: str) -> bool:
 
 
 def _read_marker(path: Path) -> str | None:
-    try:
-        found = json.loads(path.read_text(encoding="utf-8")).get("output")
-    except (OSError, ValueError, AttributeError):
-        return None
+    found = json_object(path).get("output")
     return found if isinstance(found, str) else None
 
 

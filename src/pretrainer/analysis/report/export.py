@@ -40,7 +40,7 @@ from pretrainer.core.files import (
     save_safetensors,
     sha256_file,
 )
-from pretrainer.core.ownership import FILE_MARKER_KEY
+from pretrainer.core.ownership import FILE_MARKER_KEY, json_object
 from pretrainer.core.secrets import redact
 
 PACKAGES = ("torch", "numpy", "tiktoken", "safetensors", "mlflow", "pretrainer")
@@ -104,7 +104,6 @@ def write_probes_table(probes: list[dict], path: Path) -> None:
 def export_weights(run, out: Path, dtype: str) -> None:
     """One safetensors file of the run's newest weights, with the model config and the tokenizer's
     id in its metadata (`pretrainer export RUN --format safetensors`)."""
-    import json
 
     from safetensors.torch import save
 
@@ -151,15 +150,6 @@ def stage_lineage(state: dict) -> dict:
 
 
 KEPT_ACROSS_EXPORTS = ("serve_cost.json", "serve_cost.md")  # written into RUN/report by serve-cost
-
-
-def json_object(path: Path) -> dict:
-    """A JSON object file's content; {} for a missing or unreadable one."""
-    try:
-        found = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
 
 
 def export_report(run, out: Path) -> dict:
