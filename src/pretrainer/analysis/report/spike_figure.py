@@ -5,20 +5,16 @@ distribution."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pretrainer.core.files import save_figure
 
-if TYPE_CHECKING:  # the post-mortem imports this module; only the annotation names its Event
-    from pretrainer.analysis.report.postmortem import Event
-
-
 WINDOW = 30  # steps shown either side of an event in its figure
 
 
-def write_figure(event: Event, records: list[dict], unigram: dict | None, path: Path) -> None:
+def write_figure(event, records: list[dict], unigram: dict | None, path: Path) -> None:
+    """`event`: a post-mortem Event (analysis/report/postmortem.py, which imports this module)."""
     import matplotlib
 
     matplotlib.use("Agg")
