@@ -39,6 +39,7 @@ from pretrainer.config.schema import ModelConfig
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_file
 from pretrainer.core.ownership import GGUF_MARKER_KEY
+from pretrainer.core.streams import weights_bar
 from pretrainer.data.tokenizers.bpe import BPE_PATTERN, GPT2_PATTERN, hf_tokenizer_files
 
 DTYPES = ("f16", "q8_0")
@@ -83,9 +84,12 @@ def export_gguf(
         writer.add_file_type(file_type)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         add_vocabulary(writer, vocabulary)
-        for tensor_name, tensor in tensors.items():
-            data, qtype = encoded(tensor_name, tensor, dtype)
-            writer.add_tensor(tensor_name, data, raw_dtype=qtype)
+        with weights_bar(tensors, f"export gguf ({dtype})") as bar:
+            for tensor_name, tensor in tensors.items():
+                data, qtype = encoded(tensor_name, tensor, dtype)
+                writer.add_tensor(tensor_name, data, raw_dtype=qtype)
+                bar.update(tensor.nelement() * tensor.element_size())
+            bar.set_postfix_str(f"writing {Path(out).name}")
         try:
             writer.write_header_to_file()
             writer.write_kv_data_to_file()

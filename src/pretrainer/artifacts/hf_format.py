@@ -27,6 +27,7 @@ from pretrainer.config.resolve import resolve_d_ff
 from pretrainer.config.schema import ModelConfig
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_directory, save_safetensors
+from pretrainer.core.streams import weights_bar
 from pretrainer.data.tokenizers.bpe import hf_tokenizer_files
 
 # --- weights ---
@@ -371,8 +372,13 @@ def export_hf(
     torch_dtype = DTYPES[dtype]
     cfg, weights = without_padding_rows(cfg, weights, tokenizer.vocab_size)
     with atomic_directory(Path(out), kind=kind) as tmp:
-        hf_weights = {k: v.to(torch_dtype).contiguous() for k, v in to_hf_weights(cfg, weights).items()}
-        save_safetensors(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        theirs, hf_weights = to_hf_weights(cfg, weights), {}
+        with weights_bar(theirs, f"export {kind} ({dtype})") as bar:
+            for key, tensor in theirs.items():
+                hf_weights[key] = tensor.to(torch_dtype).contiguous()
+                bar.update(tensor.nelement() * tensor.element_size())
+            bar.set_postfix_str("writing model.safetensors")
+            save_safetensors(hf_weights, tmp / "model.safetensors", metadata={"format": "pt"})
         config = hf_config(cfg, tokenizer.eot_id, str(torch_dtype).removeprefix("torch."), tokenizer.bos_id)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         stops = tokenizer.eot_id

@@ -37,6 +37,24 @@ def read_metrics(path: Path, note=None) -> list[dict]:
     return records
 
 
+def last_step(path: Path, tail_bytes: int = 1 << 16) -> int:
+    """The highest step among the last records of a metrics.jsonl (0 for none): how far a run another
+    process trains has got, read from the file's end only, cheaply and while it is being written."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(max(0, file.seek(0, 2) - tail_bytes))
+            lines = file.read().splitlines()
+    except OSError:
+        return 0
+    steps = [0]
+    for line in lines[1:] if len(lines) > 1 else lines:  # the first may start mid-record
+        try:
+            steps.append(int(json.loads(line).get("step", 0)))
+        except (ValueError, TypeError, AttributeError):  # a torn last line, a record without a step
+            continue
+    return max(steps)
+
+
 def run_timings(run_dir: Path) -> dict:
     """The parts of a run's wall time, measured from its metrics (analysis/calibration.py says how each
     is read), and the run's own total: what plan --from-run and --measure plan from, and what a resumed

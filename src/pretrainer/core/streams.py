@@ -67,10 +67,51 @@ class Tolerant:
         return getattr(self.stream, name)
 
 
-def progress(total: int, desc: str, unit: str):
-    """A progress bar on a terminal (stderr; none in a file or pipe, so never a log line), in the
-    training bar's style, for work that takes more than a few seconds: eval's tasks, serve-cost's
-    variants. Use as a context manager; .update(n), .set_postfix_str(what)."""
+def progress(
+    total: int,
+    desc: str,
+    unit: str,
+    *,
+    file=None,
+    unit_scale: bool = False,
+    initial: int = 0,
+    quiet: bool = False,
+):
+    """A progress bar on a terminal (`file`, stderr by default; none in a file or pipe, so never a log
+    line), in the training bar's style, for work that takes more than a few seconds: eval's tasks,
+    serve-cost's variants, a parallel sweep, a large export (`quiet`: none at all). Use as a context
+    manager; .update(n), .set_postfix_str(what)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=1.0, disable=None)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=unit_scale,
+        initial=initial,
+        file=file,
+        dynamic_ncols=True,
+        mininterval=1.0,
+        disable=True if quiet else None,
+    )
+
+
+BAR_FROM_BYTES = 256 << 20  # weights below this convert and write in a few seconds: no bar
+
+
+def weights_bar(tensors: dict, desc: str):
+    """A bar over converting `tensors` (their bytes), for large weights on a terminal only."""
+    total = sum(tensor.nelement() * tensor.element_size() for tensor in tensors.values())
+    return progress(total, desc, "B", unit_scale=True, quiet=total < BAR_FROM_BYTES)
+
+
+def beside_bars(say, file=None):
+    """`say`, with any progress bar on its terminal (`file`; stdout and stderr count as one) cleared
+    before the line and redrawn after it, so a line never lands on a bar's row."""
+    from tqdm import tqdm
+
+    def said(line: str) -> None:
+        with tqdm.external_write_mode(file=file):
+            say(line)
+
+    return said

@@ -45,8 +45,10 @@ from pretrainer.analysis.scaling.sweep_plan import (
     write_csv,
     write_plan_files,
 )
+from pretrainer.artifacts.metrics import last_step
 from pretrainer.config.schema import Config
 from pretrainer.core.errors import RunStopped, UserError, exit_code_for_signal
+from pretrainer.core.streams import beside_bars, progress
 from pretrainer.train.console import SWEEP_ENV
 
 
@@ -210,6 +212,7 @@ def run_parallel(
                 f"visible (or set --train.device=cpu)"
             )
     (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
+    bar, say = SweepProgress(runs), beside_bars(say)  # the children's own bars go to their logs
     running: dict[int, tuple[RunSpec, subprocess.Popen]] = {}
     queue, stop_code, received = list(pending), 0, []
 
@@ -258,6 +261,7 @@ def run_parallel(
                     f"(log: {sweep_dir}/logs/{run.name}.log)"
                 )
             time.sleep(0.2)
+            bar.update([run.name for run, _ in running.values()])
             for slot, (run, child) in list(running.items()):
                 code = child.poll()
                 if code is None:
@@ -272,11 +276,40 @@ def run_parallel(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        bar.close()
     if received and not stop_code:
         stop_code = exit_code_for_signal(received[0])
     if stop_code:
         say(f"sweep: stopped (exit {stop_code}); the same command continues the sweep")
     return stop_code
+
+
+class SweepProgress:
+    """A parallel sweep's bar on the terminal (none in a file or pipe): the steps its runs have trained,
+    all runs together, read from each run's metrics.jsonl at most once a second, and which are running.
+    Steps trained before the first reading (kept runs, resumed ones) are its start, not its rate."""
+
+    def __init__(self, runs: list[RunSpec], file=None):
+        self.runs, self.file, self.bar, self.read_at = runs, file, None, 0.0
+
+    def update(self, running: list[str]) -> None:
+        if time.monotonic() - self.read_at < 1.0:
+            return
+        self.read_at = time.monotonic()
+        done = sum(
+            min(last_step(Path(run.cfg.run.dir) / "metrics.jsonl"), run.cfg.train.max_steps)
+            for run in self.runs
+        )
+        if self.bar is None:
+            total = sum(run.cfg.train.max_steps for run in self.runs)
+            self.bar = progress(total, "sweep", "step", file=self.file, initial=done)
+        self.bar.n = done
+        self.bar.set_postfix_str(f"running {', '.join(running)}" if running else "", refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 @contextlib.contextmanager
