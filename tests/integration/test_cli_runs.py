@@ -181,12 +181,13 @@ def test_eval_runs_in_context_tasks_and_writes_the_results(stopped_run, tmp_path
     assert saved["tasks"][0]["num_fewshot"] == 1 and len(saved["probes"]) == 7
     assert {"val_loss", "val_bpb", "suite_score"} <= saved.keys()
     code, out, _ = run_cli(
-        "eval", stopped_run, "--tasks", tasks, "--limit", "2", "--eval.batches=1", "--eval.probe_tokens=2"
-    )
-    assert (
-        code == 0
-        and json.loads(sorted(stopped_run.glob("eval-*.json"))[-1].read_text())["tasks"][0]["items"] == 2
-    )
+        "eval", stopped_run, "--tasks", tasks, "--limit", "2", "--eval.batches=1", "--eval.probe_tokens=2",
+        "--eval.probes=code",
+    )  # fmt: skip
+    saved = json.loads(sorted(stopped_run.glob("eval-*.json"))[-1].read_text())
+    assert code == 0 and saved["tasks"][0]["items"] == 2
+    # a model of code is asked about code: the built-in code set, no capital of France
+    assert len(saved["probes"]) == 4 and "class Error(Exception):\\n ->" in out and "France" not in out
     (tmp_path / "bad.jsonl").write_text('{"type": "mc", "context": "x", "choices": [" a"], "gold": 0}\n')
     code, _, err = run_cli("eval", stopped_run, "--tasks", tmp_path / "bad.jsonl")
     assert code == 2 and "bad.jsonl:1: needs a list of at least 2 non-empty choices" in err

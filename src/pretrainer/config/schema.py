@@ -330,8 +330,8 @@ class EvalConfig:
     )
     probes: str = opt(
         "",
-        'prompts completed greedily at each tasks_every: a file, one per line; "" = built-in '
-        "(world knowledge, sentences, code)",
+        'prompts completed greedily at each tasks_every: "text" (world knowledge, sentences) or "code", '
+        'built in; "" = both; else a file, one per line',
     )
     probe_tokens: int = opt(24, "tokens each probe's completion may run to", allowed="> 0")
 

@@ -1,6 +1,7 @@
 """Prompt probes: a few prompts completed greedily, to watch knowledge appear as a run trains.
 
-    prompts = read_probes("")                      # the built-in list (or a file: one prompt per line)
+    prompts = read_probes("")                      # the built-in mix ("text", "code": a built-in set; else a
+                                                   # file: one prompt per line)
     rows = run_probes(model, tokenizer, prompts, max_new_tokens=24, device=device, amp_dtype=amp_dtype)
     # rows: [{"prompt", "completion"}, ...]
 
@@ -16,26 +17,36 @@ import torch
 from pretrainer.core.device import autocast
 from pretrainer.core.errors import UserError
 
-# world knowledge, sentence completion, code: what a small model learns first and last
-DEFAULT_PROBES = [
-    "The capital of France is",
-    "The chemical symbol for gold is",
-    "Water freezes at a temperature of",
-    "Once upon a time, there was a little",
-    "The opposite of hot is",
-    "def fibonacci(n):\\n",
-    "import numpy as np\\n",
-]
+# world knowledge and sentence completion (what a small model learns first and last), and code; a
+# model trained on code only is asked about code ("code": the quickstart's stdlib corpus)
+PROBE_SETS = {
+    "text": [
+        "The capital of France is",
+        "The chemical symbol for gold is",
+        "Water freezes at a temperature of",
+        "Once upon a time, there was a little",
+        "The opposite of hot is",
+    ],
+    "code": [
+        "import os\\n",
+        "class Error(Exception):\\n",
+        "    def __init__(self",
+        "if __name__ == ",
+    ],
+}
+MIXED = PROBE_SETS["text"] + ["def fibonacci(n):\\n", "import numpy as np\\n"]  # "": a corpus of both
 
 
 def read_probes(path: str) -> list[str]:
-    """The prompts in `path` (one per line, \\n for a newline), or the built-in list for ""."""
-    if not path:
-        lines = DEFAULT_PROBES
+    """The prompts in `path` (one per line, \\n for a newline), a built-in set by name ("text", "code";
+    a file of that name is ./text), or the built-in mix for ""."""
+    if not path or path in PROBE_SETS:
+        lines = PROBE_SETS.get(path, MIXED)
     else:
         if not Path(path).is_file():
             raise UserError(
-                f'eval.probes: {path}: file not found (one prompt per line; "" = the built-in prompts)'
+                f'eval.probes: {path}: file not found (one prompt per line; "text" or "code" = a built-in '
+                f'set; "" = both)'
             )
         lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
         if not lines:

@@ -394,3 +394,18 @@ def test_a_bad_task_item_is_a_one_line_error_naming_its_line(tmp_path, line, pro
         load_tasks([str(path)])
     with pytest.raises(UserError, match="items per task must be >= 0"):
         load_tasks([str(path)], limit=-1)
+
+
+def test_probes_are_a_built_in_set_by_name_or_a_file(tmp_path, monkeypatch):
+    from pretrainer.core.errors import UserError
+    from pretrainer.eval.probes import read_probes
+
+    assert "The capital of France is" in read_probes("") and "def fibonacci(n):\n" in read_probes("")
+    code = read_probes("code")
+    assert "class Error(Exception):\n" in code and not any("France" in p for p in code)
+    assert not any("def " in p or "import" in p for p in read_probes("text"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "code").write_text("mine\\n\n")
+    assert read_probes("./code") == ["mine\n"]  # a file of a set's name
+    with pytest.raises(UserError, match='"text" or "code" = a built-in set'):
+        read_probes("cod")
