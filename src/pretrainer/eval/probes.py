@@ -27,12 +27,7 @@ PROBE_SETS = {
         "Once upon a time, there was a little",
         "The opposite of hot is",
     ],
-    "code": [
-        "import os\\n",
-        "class Error(Exception):\\n",
-        "    def __init__(self",
-        "if __name__ == ",
-    ],
+    "code": ["import os\\n", "class Error(Exception):\\n", "    def __init__(self", "if __name__ == "],
 }
 MIXED = PROBE_SETS["text"] + ["def fibonacci(n):\\n", "import numpy as np\\n"]  # "": a corpus of both
 
