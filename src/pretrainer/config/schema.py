@@ -296,6 +296,16 @@ class OptimConfig:
         "Muon's Nesterov momentum (optim.name = muon), warmed up from 0.85 over 300 steps",
         allowed="[0, 1)",
     )
+    muon_orthogonaliser: str = opt(
+        "newton_schulz",
+        'how Muon orthogonalises its update: "newton_schulz" (the quintic, 5 steps) or "polar_express" '
+        "(Amsel et al. 2025: a coefficient set per step, as nanochat)",
+        allowed=("newton_schulz", "polar_express"),
+    )
+    cautious_weight_decay: bool = opt(
+        False,
+        "Muon decays only the weights whose update has the same sign (cautious weight decay, as nanochat)",
+    )
 
 
 @dataclass

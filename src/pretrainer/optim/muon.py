@@ -43,6 +43,17 @@ from torch import nn
 # the quintic's coefficients (Keller Jordan's; torch.optim.Muon's defaults) and its steps
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
+# optim.muon_orthogonaliser = "polar_express": one quintic per step (Amsel et al. 2025, "The Polar
+# Express", computed for 5 steps, safety factor 2e-2, cushion 2; the values nanochat uses), after
+# dividing by 1.01 x the Frobenius norm
+POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+ORTHOGONALISERS = {"newton_schulz": (NS_COEFFICIENTS,) * NS_STEPS, "polar_express": POLAR_EXPRESS}
 MOMENTUM_WARMUP = (0.85, 300)  # Muon's momentum starts here and reaches optim.muon_momentum after N steps
 MAX_STACK_ELEMENTS = 1 << 26  # the most values the step stacks into one batch (256 MiB in fp32)
 
@@ -61,13 +72,12 @@ def with_muon_group(groups: list[dict], model: nn.Module, weight_decay: float) -
     return [{"params": muon, "weight_decay": weight_decay, "muon": True}, *rest]
 
 
-def orthogonalise(m: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
-    """About U V^T of M = U S V^T by the quintic Newton-Schulz iteration, on the wide orientation (fewer
-    rows than columns: the Gram matrix is the smaller one). M is one matrix or a stack of matrices of
-    one shape (k x A x B), each orthogonalised on its own (batched matmuls: the same numbers as one at a
-    time). bf16 on CUDA (as the speedrun), float32 elsewhere (CPUs without fast bf16 matmuls). ->
-    float32."""
-    a, b, c = NS_COEFFICIENTS
+def orthogonalise(m: torch.Tensor, steps: int = NS_STEPS, method: str = "newton_schulz") -> torch.Tensor:
+    """About U V^T of M = U S V^T by a quintic iteration (`method`: ORTHOGONALISERS' coefficients), on
+    the wide orientation (fewer rows than columns: the Gram matrix is the smaller one). M is one matrix
+    or a stack of matrices of one shape (k x A x B), each orthogonalised on its own (batched matmuls: the
+    same numbers as one at a time). bf16 on CUDA (as the speedrun), float32 elsewhere (CPUs without fast
+    bf16 matmuls). -> float32."""
     x = m.to(torch.bfloat16 if m.is_cuda else torch.float32)
     single = x.dim() == 2
     if single:
@@ -75,8 +85,12 @@ def orthogonalise(m: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
     tall = x.size(1) > x.size(2)
     if tall:
         x = x.mT
-    x = x / torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True).clamp(min=1e-7)  # spectral norm <= 1
-    for _ in range(steps):
+    norm = torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True)
+    if method == "newton_schulz":
+        x = x / norm.clamp(min=1e-7)  # spectral norm <= 1
+    else:  # its coefficients assume a margin below 1
+        x = x / (norm * 1.01 + 1e-6)
+    for a, b, c in ORTHOGONALISERS[method][:steps]:
         gram = torch.bmm(x, x.mT)
         x = a * x + torch.bmm(b * gram + torch.bmm(c * gram, gram), x)
     x = (x.mT if tall else x).float()
@@ -128,9 +142,18 @@ class MuonAdamW(torch.optim.Optimizer):
     of about 50 per tensor."""
 
     def __init__(
-        self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float, momentum: float
+        self,
+        groups: list[dict],
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        momentum: float,
+        *,
+        orthogonaliser: str = "newton_schulz",
+        cautious_weight_decay: bool = False,
     ):
         defaults = {"lr": lr, "betas": betas, "eps": eps, "momentum": momentum, "muon": False, "steps": 0}
+        self.orthogonaliser, self.cautious_weight_decay = orthogonaliser, cautious_weight_decay
         super().__init__(groups, defaults)
         self.found_inf: torch.Tensor | None = None
         # the last step's squared update norms: one tensor per bucket, and where each parameter's is
@@ -192,15 +215,21 @@ class MuonAdamW(torch.optim.Optimizer):
             torch._foreach_copy_(bufs, momentum.unbind(0))
             nesterov = grads.add(momentum, alpha=mu)
             if hasattr(ps[0], "full_tensor"):  # FSDP2: this rank's rows of each matrix
-                full = orthogonalise(torch.stack([_gather(n, p) for n, p in zip(nesterov.unbind(0), ps)]))
+                full = orthogonalise(
+                    torch.stack([_gather(n, p) for n, p in zip(nesterov.unbind(0), ps)]),
+                    method=self.orthogonaliser,
+                )
                 # every rank has the whole update: each keeps its own rows (no communication)
                 full = _stack([_own_rows(f, p) for f, p in zip(full.unbind(0), ps)])
             else:
-                full = orthogonalise(nesterov)
+                full = orthogonalise(nesterov, method=self.orthogonaliser)
             scaled_lr = lr * 0.2 * math.sqrt(max(ps[0].shape[0], ps[0].shape[1]))
             update = full.to(ps[0].dtype).mul_(scaled_lr)
             weights = [_local(p) for p in ps]
-            if wd:  # decoupled weight decay, on the weights before the step
+            if wd and self.cautious_weight_decay:  # only where the step moves the weight towards 0 too
+                stacked = _stack(weights)
+                update.add_(stacked * (update * stacked >= 0), alpha=lr * wd)
+            elif wd:  # decoupled weight decay, on the weights before the step
                 update.add_(_stack(weights), alpha=lr * wd)
             if kept is not None:
                 update = torch.where(kept, update, 0.0)  # p - 0 is p, bit for bit; a NaN never lands
@@ -298,11 +327,24 @@ def optimizer_flops_per_step(model: nn.Module) -> int:
 
 def build(groups: list[dict], model: nn.Module, cfg, *, entry, compile_step: bool) -> MuonAdamW:
     groups = with_muon_group(groups, model, cfg.weight_decay)
-    return MuonAdamW(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps, cfg.muon_momentum)
+    return MuonAdamW(
+        groups,
+        cfg.lr,
+        (cfg.beta1, cfg.beta2),
+        cfg.eps,
+        cfg.muon_momentum,
+        orthogonaliser=cfg.muon_orthogonaliser,
+        cautious_weight_decay=cfg.cautious_weight_decay,
+    )
 
 
 def implementation(optimizer: torch.optim.Optimizer) -> str:
-    return "optim/muon.MuonAdamW: Muon (Newton-Schulz, 5 steps) for the hidden matrices, AdamW for the rest"
+    method = {"newton_schulz": "Newton-Schulz", "polar_express": "Polar Express"}[optimizer.orthogonaliser]
+    cautious = ", cautious weight decay" if optimizer.cautious_weight_decay else ""
+    return (
+        f"optim/muon.MuonAdamW: Muon ({method}, 5 steps{cautious}) for the hidden matrices, AdamW for the "
+        "rest"
+    )
 
 
 def update_norm(optimizer: MuonAdamW, skipped: torch.Tensor | None = None) -> torch.Tensor:
