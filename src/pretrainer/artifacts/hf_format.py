@@ -72,6 +72,14 @@ _GPT2_GLOBAL = [
 def to_hf_weights(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our state dict (tied aliases already left out) -> Hugging Face names and layouts."""
     out = {}
+    switches = [
+        name for name, on in (("model.qk_norm", cfg.qk_norm), ("model.mlp = relu2", cfg.mlp == "relu2")) if on
+    ]
+    if switches:  # GGUF maps through these names too: one refusal for both
+        raise UserError(
+            f"{' and '.join(switches)}: neither Hugging Face's Llama/GPT-2 nor llama.cpp computes it, so "
+            "this model is not exported; pretrainer's own sample, chat, eval and serve-cost run it"
+        )
     if cfg.arch == "llama" and cfg.qkv_bias == "true":
         raise UserError(
             "Hugging Face Llama's attention_bias puts a bias on the output projection too; export a llama "

@@ -27,7 +27,7 @@ from pretrainer.core.hardware import MATMUL_ALIGNMENT
 def resolve_d_ff(m: ModelConfig) -> int:
     if m.d_ff:
         return m.d_ff
-    if m.arch == "gpt2":
+    if m.arch == "gpt2" or m.mlp == "relu2":
         return 4 * m.d_model
     return 64 * math.ceil(8 * m.d_model / 3 / 64)  # SwiGLU keeps ~4*d^2*2 MLP params with three matrices
 
@@ -55,6 +55,10 @@ def model_shape(m: ModelConfig) -> dict[str, Any]:
         shape["rope_theta"] = m.rope_theta
     else:
         shape["seq_len"] = m.seq_len  # the learned position table's size
+    if m.qk_norm:  # only when on: checkpoints written before the switch existed keep their shape
+        shape["qk_norm"] = True
+    if m.mlp != "auto":
+        shape["mlp"] = m.mlp
     return shape
 
 

@@ -68,6 +68,17 @@ class ModelConfig:
         allowed="[0, 1)",
     )
     rope_theta: float = opt(10000.0, "RoPE base frequency (llama)", allowed=">= 1")
+    qk_norm: bool = opt(
+        False,
+        "RMS-normalise each head's queries and keys (no weights) after RoPE (QK-norm, as nanochat); "
+        "no Hugging Face or GGUF export",
+    )
+    mlp: str = opt(
+        "auto",
+        '"auto" (llama: SwiGLU, gpt2: GELU) or "relu2" (ReLU squared, not gated, d_ff 4 x d_model '
+        "unless set: nanochat's); relu2 has no Hugging Face or GGUF export",
+        allowed=("auto", "relu2"),
+    )
     norm_eps: float = opt(1e-5, "epsilon of the RMSNorm / LayerNorm", allowed="> 0")
     init_std: float = opt(
         0.02,

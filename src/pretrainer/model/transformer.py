@@ -88,6 +88,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, cfg.d_model, bias=bias)
         self.dropout = cfg.dropout  # of the attention probabilities, while training
+        self.qk_norm = cfg.qk_norm
         # grouped-query attention read natively by SDPA (enable_gqa: no K/V copies). On CUDA only the flash
         # kernel supports it; where flash is ruled out the trainer's probe (train/perf.py) turns this off,
         # so the efficient kernel runs on repeated K/V instead of the math kernel's T x T scores.
@@ -110,6 +111,8 @@ class Attention(nn.Module):
         start = cache.pos if cache is not None else 0
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         gqa = self.n_kv_head != self.n_head  # each kv head serves n_head/n_kv_head query heads
@@ -179,8 +182,11 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d_ff = resolve_d_ff(cfg)
-        self.arch = cfg.arch
-        if cfg.arch == "llama":
+        self.kind = "relu2" if cfg.mlp == "relu2" else cfg.arch
+        if self.kind == "relu2":
+            self.up_proj = nn.Linear(cfg.d_model, d_ff, bias=cfg.arch == "gpt2")
+            self.down_proj = nn.Linear(d_ff, cfg.d_model, bias=cfg.arch == "gpt2")
+        elif cfg.arch == "llama":
             self.gate_proj = nn.Linear(cfg.d_model, d_ff, bias=False)
             self.up_proj = nn.Linear(cfg.d_model, d_ff, bias=False)
             self.down_proj = nn.Linear(d_ff, cfg.d_model, bias=False)
@@ -189,8 +195,10 @@ class MLP(nn.Module):
             self.down_proj = nn.Linear(d_ff, cfg.d_model, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.arch == "llama":
+        if self.kind == "llama":
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.kind == "relu2":
+            return self.down_proj(F.relu(self.up_proj(x)).square())
         return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
 
 
