@@ -313,6 +313,12 @@ class OptimConfig:
         "(Amsel et al. 2025: a coefficient set per step, as nanochat)",
         allowed=("newton_schulz", "polar_express"),
     )
+    embedding_lr_scale: float = opt(
+        1.0,
+        "the embeddings' (and a tied head's) learning rate as a multiple of optim.lr, in AdamW's part "
+        "(nanochat gives its embeddings ~100x its matrices' rate)",
+        allowed="> 0",
+    )
     cautious_weight_decay: bool = opt(
         False,
         "Muon decays only the weights whose update has the same sign (cautious weight decay, as nanochat)",

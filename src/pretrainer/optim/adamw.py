@@ -16,14 +16,24 @@ from pretrainer.config.schema import OptimConfig
 from pretrainer.optim.sizes import _plain
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, embedding_lr_scale: float = 1.0) -> list[dict]:
+    """Decayed matrices, then the rest (norms, biases, embeddings). embedding_lr_scale != 1: the
+    embeddings (a tied head with them) in a third group whose lr is that multiple of the schedule's
+    (optim/schedule.set_lr reads "lr_scale"); at 1 there is no third group, as before the switch, so
+    optimizer states saved then still load."""
     embedding_params = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
+    decay, no_decay, embeddings = [], [], []
     for _, p in model.named_parameters():  # tied weights appear once
         if not p.requires_grad:
             continue
-        (decay if p.dim() >= 2 and id(p) not in embedding_params else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if id(p) in embedding_params and embedding_lr_scale != 1.0:
+            embeddings.append(p)
+        else:
+            (decay if p.dim() >= 2 and id(p) not in embedding_params else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if embeddings:
+        groups.append({"params": embeddings, "weight_decay": 0.0, "lr_scale": embedding_lr_scale})
+    return groups
 
 
 @torch.no_grad()

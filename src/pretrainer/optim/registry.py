@@ -56,7 +56,7 @@ def build_optimizer(
     if cfg.lr <= 0:  # optim.lr = auto is a number only once config/resolve.py has seen the model
         raise ValueError("optim.lr is auto (0): build the optimizer from a resolved config")
     entry = optimizer_entry(cfg.name)
-    groups = param_groups(model, cfg.weight_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.embedding_lr_scale)
     compile_step = compile_step or device_type == "cuda"
     optimizer = optimizer_module(entry).build(groups, model, cfg, entry=entry, compile_step=compile_step)
     optimizer.kind = entry

@@ -11,13 +11,14 @@ from pretrainer.config.schema import OptimConfig
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """The schedule's lr into every group; torchao keeps lr as a tensor (a new float would recompile its
-    step)."""
+    """The schedule's lr into every group, times the group's "lr_scale" (optim.embedding_lr_scale);
+    torchao keeps lr as a tensor (a new float would recompile its step)."""
     for group in optimizer.param_groups:
+        group_lr = lr * group["lr_scale"] if "lr_scale" in group else lr
         if isinstance(group["lr"], torch.Tensor):
-            group["lr"].fill_(lr)
+            group["lr"].fill_(group_lr)
         else:
-            group["lr"] = lr
+            group["lr"] = group_lr
 
 
 def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:

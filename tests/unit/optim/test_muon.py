@@ -311,3 +311,22 @@ def test_the_step_issues_operators_per_shape_not_per_tensor():
     (all_6, top_6), (reference_all_6, reference_top_6) = counts[6]
     assert top_2 == top_6 < 400 < reference_top_2 < reference_top_6, counts
     assert all_6 < reference_all_6 / 5, counts
+
+
+@pytest.mark.parametrize("name", ["muon", "adamw"])
+def test_embedding_lr_scale_gives_the_embeddings_their_own_rate_and_nothing_else_changes(name):
+    """optim.embedding_lr_scale: the token embedding (tied head) in a group of its own whose lr is the
+    schedule's times the scale; at 1 the groups are as before the switch (old optimizer states load)."""
+    from pretrainer.optim.schedule import set_lr
+
+    _, model = tiny("llama", f"--optim.name={name}")
+    plain = build_optimizer(model, tiny("llama", f"--optim.name={name}")[0].optim, "cpu")
+    cfg, _ = tiny("llama", f"--optim.name={name}", "--optim.embedding_lr_scale=10")
+    scaled = build_optimizer(model, cfg.optim, "cpu")
+    assert len(scaled.param_groups) == len(plain.param_groups) + 1
+    set_lr(scaled, 1e-3)
+    embedding = model.wte.weight
+    for group in scaled.param_groups:
+        has_embedding = any(p is embedding for p in group["params"])
+        assert group["lr"] == pytest.approx(1e-2 if has_embedding else 1e-3)
+        assert not has_embedding or group["params"] == [embedding]
