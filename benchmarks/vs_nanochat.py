@@ -2,6 +2,7 @@
 its own tokenizer, scored by one evaluator in bits per byte over every byte of the same validation text.
 
     git clone https://github.com/karpathy/nanochat NANOCHAT      # its code is run, never copied here
+    pip install -e '.[dev]'                  # what nanochat's scripts import: wandb, jinja2, pyyaml, ...
     python benchmarks/vs_nanochat.py --data data/stdlib-bpe4k --nanochat NANOCHAT --work WORK
         [--sizes 256x4,384x6] [--horizons 150,300] [--cache WORK/nanochat.json]
         [--sides ours,shipped,reference] [--optim.name=adamw ...]   # ours: any config override
