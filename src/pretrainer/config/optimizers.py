@@ -23,6 +23,8 @@ class OptimizerEntry:
     # figures, optim.warmup_steps = auto this fraction of train.max_steps
     lr_at_width_128: float
     warmup_fraction: float
+    # optim.embedding_lr_scale = auto (docs/benchmarks.md, "Quality per token against nanochat")
+    embedding_lr_scale: float = 1.0
     moment_bits: int = 32  # bits per stored moment value (Muon: its AdamW half's)
     fsdp: bool = True  # False: parallel.strategy = ddp only (quantised moments are not re-sharded here)
     hidden_momentum_only: bool = False  # Muon: its hidden matrices keep one momentum buffer, no moments
@@ -38,7 +40,13 @@ OPTIMIZERS = {
         OptimizerEntry("adamw8bit", "pretrainer.optim.lowbit", 2.5e-3, 0.10, moment_bits=8, fsdp=False),
         OptimizerEntry("adamw4bit", "pretrainer.optim.lowbit", 2.5e-3, 0.10, moment_bits=4, fsdp=False),
         OptimizerEntry(
-            "muon", "pretrainer.optim.muon", 5e-3, 0.05, hidden_momentum_only=True, extra_flops=True
+            "muon",
+            "pretrainer.optim.muon",
+            5e-3,
+            0.05,
+            embedding_lr_scale=10.0,
+            hidden_momentum_only=True,
+            extra_flops=True,
         ),
     )
 }

@@ -184,11 +184,13 @@ def auto_lr(d_model: int, optimizer: str = "muon") -> float:
 
 
 def resolve_optim(cfg: Config) -> None:
-    """optim.lr and optim.warmup_steps = auto -> the default recipe's, for this width and horizon (a
-    saved, resolved config holds the numbers)."""
+    """optim.lr, optim.warmup_steps and optim.embedding_lr_scale = auto -> the default recipe's, for this
+    optimizer, width and horizon (a saved, resolved config holds the numbers)."""
     o = cfg.optim
     if o.lr == 0:
         o.lr = auto_lr(cfg.model.d_model, o.name)
+    if o.embedding_lr_scale == 0:
+        o.embedding_lr_scale = OPTIMIZERS[o.name].embedding_lr_scale
     if o.warmup_steps < 0 and cfg.train.max_steps:
         o.warmup_steps = round(OPTIMIZERS[o.name].warmup_fraction * cfg.train.max_steps)
 
@@ -308,6 +310,9 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
     # checkpoints written before data.packing existed: they packed by concatenation
     if saved_cfg.data.packing == "auto":
         saved_cfg.data.packing = "concat"
+    # checkpoints written before optim.embedding_lr_scale existed: their embeddings trained at optim.lr
+    if "embedding_lr_scale" not in saved.get("optim", {}):
+        saved_cfg.optim.embedding_lr_scale = 1.0
     saved_vocab = saved_cfg.model.vocab_size
     if cfg.model.vocab_size != saved_vocab and cfg.model.vocab_size == padded_vocab_size(saved_vocab):
         cfg.model.vocab_size = saved_vocab  # trained before vocabularies were padded: it keeps its own rows
@@ -329,6 +334,15 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
         for k in changed
         if (k.startswith("model.") or k == "optim.name") and not (k == "model.seq_len" and extends_context)
     ]
+    # the embeddings in a parameter group of their own or not: the optimizer state's layout differs
+    scale = "optim.embedding_lr_scale"
+    if scale in changed and (old[scale] == 1.0) != (new[scale] == 1.0):
+        raise NotThisRun(
+            f"{where}: was trained with {scale} = {old[scale]!r} (this launch: {new[scale]!r}), and its "
+            f"optimizer state keeps the embeddings in {'the' if old[scale] == 1.0 else 'a'} "
+            f"{'common' if old[scale] == 1.0 else 'separate'} parameter group; resume with "
+            f"--{scale}={old[scale]!r}"
+        )
     if model_keys:
         raise NotThisRun(
             f"{where}: was trained with "

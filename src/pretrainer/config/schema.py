@@ -284,7 +284,10 @@ class OptimConfig:
         allowed=">= 0",
     )
     schedule: str = opt(
-        "cosine", '"cosine", "wsd" (warmup-stable-decay) or "constant"', allowed=("cosine", "wsd", "constant")
+        "wsd",
+        '"wsd" (warmup, constant, then a linear warm-down over the last optim.decay_fraction: the default '
+        'recipe), "cosine" or "constant"',
+        allowed=("cosine", "wsd", "constant"),
     )
     warmup_steps: int = opt(
         -1,
@@ -292,9 +295,11 @@ class OptimConfig:
         "muon, 10% with the AdamW optimizers",
         allowed=">= -1",
     )
-    min_lr_ratio: float = opt(0.1, "floor of the decay, as a fraction of lr", allowed="[0, 1]")
+    min_lr_ratio: float = opt(0.05, "floor of the decay, as a fraction of lr", allowed="[0, 1]")
     decay_fraction: float = opt(
-        0.2, "wsd only: the last fraction of max_steps spent decaying", allowed="(0, 1]"
+        0.65,
+        "wsd only: the last fraction of max_steps spent decaying (nanochat's warm-down)",
+        allowed="(0, 1]",
     )
     weight_decay: float = opt(
         0.1, "applied to matrices only, never to norms, biases or embeddings", allowed=">= 0"
@@ -314,10 +319,10 @@ class OptimConfig:
         allowed=("newton_schulz", "polar_express"),
     )
     embedding_lr_scale: float = opt(
-        1.0,
-        "the embeddings' (and a tied head's) learning rate as a multiple of optim.lr, in AdamW's part "
-        "(nanochat gives its embeddings ~100x its matrices' rate)",
-        allowed="> 0",
+        0.0,
+        "the embeddings' (and a tied head's) learning rate as a multiple of optim.lr, in AdamW's part; "
+        '"auto" (= 0): the default recipe\'s, 10 with Muon, 1 with the AdamW optimizers',
+        allowed=">= 0",
     )
     cautious_weight_decay: bool = opt(
         False,
@@ -598,7 +603,13 @@ RENAMED_KEYS = {"mlflow.uri": "track.mlflow_uri", "mlflow.experiment": "track.ex
 # words that also read as booleans: true/false/yes/no/on/off/1/0 and a bare --flag give "true"/"false"
 SWITCH_KEYS = ("train.compile", "model.qkv_bias")
 # numbers a config may write as "auto", and the number that means it
-AUTO_NUMBERS = {"train.micro_batch": 0, "ckpt.every": -1, "optim.lr": 0, "optim.warmup_steps": -1}
+AUTO_NUMBERS = {
+    "train.micro_batch": 0,
+    "ckpt.every": -1,
+    "optim.lr": 0,
+    "optim.warmup_steps": -1,
+    "optim.embedding_lr_scale": 0,
+}
 # values that are credentials as a whole: only their scheme and host are ever kept (core/secrets.py)
 # masked whole in every file a run writes (config.toml, state.json, trackers, reports, exports, cards)
 SECRET_KEYS = ("alerts.webhook_url", "run.on_exit")

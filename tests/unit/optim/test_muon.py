@@ -320,7 +320,9 @@ def test_embedding_lr_scale_gives_the_embeddings_their_own_rate_and_nothing_else
     from pretrainer.optim.schedule import set_lr
 
     _, model = tiny("llama", f"--optim.name={name}")
-    plain = build_optimizer(model, tiny("llama", f"--optim.name={name}")[0].optim, "cpu")
+    plain = build_optimizer(
+        model, tiny("llama", f"--optim.name={name}", "--optim.embedding_lr_scale=1")[0].optim, "cpu"
+    )
     cfg, _ = tiny("llama", f"--optim.name={name}", "--optim.embedding_lr_scale=10")
     scaled = build_optimizer(model, cfg.optim, "cpu")
     assert len(scaled.param_groups) == len(plain.param_groups) + 1
@@ -330,3 +332,21 @@ def test_embedding_lr_scale_gives_the_embeddings_their_own_rate_and_nothing_else
         has_embedding = any(p is embedding for p in group["params"])
         assert group["lr"] == pytest.approx(1e-2 if has_embedding else 1e-3)
         assert not has_embedding or group["params"] == [embedding]
+
+
+def test_the_recipe_s_embedding_lr_scale_is_muon_s_10_and_an_older_checkpoint_resumes_only_at_1(tmp_path):
+    """optim.embedding_lr_scale = auto: 10 with Muon (the nanochat ablations), 1 with AdamW. A checkpoint
+    saved before the key existed trained its embeddings in the common group: resuming it at another scale
+    would not load its optimizer state, so it is refused with the flag that resumes it."""
+    from pretrainer.config.resolve import resume_changes
+    from pretrainer.config.schema import to_dict
+    from pretrainer.core.errors import NotThisRun
+
+    muon, _ = tiny("llama")
+    assert muon.optim.embedding_lr_scale == 10.0
+    assert tiny("llama", "--optim.name=adamw")[0].optim.embedding_lr_scale == 1.0
+    old = to_dict(tiny("llama", "--optim.embedding_lr_scale=1")[0])
+    del old["optim"]["embedding_lr_scale"]
+    with pytest.raises(NotThisRun, match="resume with --optim.embedding_lr_scale=1.0"):
+        resume_changes(muon, old, tmp_path, "pretrainer train ...")
+    assert resume_changes(tiny("llama", "--optim.embedding_lr_scale=1")[0], old, tmp_path, "") == []
