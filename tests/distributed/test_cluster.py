@@ -67,6 +67,12 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
+def logged_step(run: Path) -> int:
+    """The highest step with a logged loss so far (0: none yet)."""
+    records = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
+    return max((r["step"] for r in records if "loss" in r), default=0)
+
+
 def wait_for_step(run: Path, step: int, proc, timeout: float = 120) -> None:
     """Until the run has logged `step` (proc: a Popen or a forked multiprocessing.Process)."""
     running = proc.is_alive if hasattr(proc, "is_alive") else lambda: proc.poll() is None
@@ -143,15 +149,26 @@ def test_hup_usr2_and_int_under_nproc_checkpoint_once_and_resume_bit_exactly(str
     sent = {"SIGHUP": "launcher", "SIGUSR2": "workers", "SIGINT": "all"}
     runs = {name: tmp_path / name for name in sent}
     procs = {name: start(*nproc_args(stdlib_data, run)) for name, run in runs.items()}
-    for name, proc in procs.items():
-        wait_for_step(runs[name], 10, proc)
-        tree = process_tree(proc.pid)  # the launcher, torchrun, the workers
-        workers = [pid for pid in tree if pid not in (proc.pid, *children_of(proc.pid))]
-        targets = {"launcher": [proc.pid], "workers": workers, "all": tree}[sent[name]]
-        assert targets, tree
-        for pid in targets:  # one may be gone since the snapshot (under load its parent was signalled first)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, getattr(signal, name))
+    # each run is signalled as soon as it logs step 10, all three watched at once: waiting for one run
+    # after another let a later one reach its last step first under load (it finished, exit 0)
+    pending, deadline = dict(procs), time.time() + 120
+    while pending and time.time() < deadline:
+        for name, proc in list(pending.items()):
+            assert proc.poll() is None, f"{name}: the run ended before step 10"
+            if logged_step(runs[name]) < 10:
+                continue
+            tree = process_tree(proc.pid)  # the launcher, torchrun, the workers
+            workers = [pid for pid in tree if pid not in (proc.pid, *children_of(proc.pid))]
+            targets = {"launcher": [proc.pid], "workers": workers, "all": tree}[sent[name]]
+            assert targets, tree
+            for (
+                pid
+            ) in targets:  # one may be gone since the snapshot (under load its parent was signalled first)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, getattr(signal, name))
+            del pending[name]
+        time.sleep(0.05)
+    assert not pending, f"step 10 not reached in 120 s: {sorted(pending)}"
     for name, proc in procs.items():
         code, out = finish(proc)
         signum = getattr(signal, name)
