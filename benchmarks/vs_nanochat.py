@@ -42,33 +42,18 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vs_nanogpt import SideFailed, run_side  # noqa: E402 (one way to run a side and report its failure)
+
 MICRO_BATCH, SEQ_LEN, STRIDE = 16, 256, 128
 TOKENS_PER_STEP = MICRO_BATCH * SEQ_LEN
 B_REF = 2**19  # nanochat's reference batch (tokens): its learning rates are tuned there
 NANOCHAT_LRS = {"matrix-lr": 0.02, "embedding-lr": 0.3, "unembedding-lr": 0.008, "scalar-lr": 0.5}
-
-
-class SideFailed(Exception):
-    """One side's process failed: its exit code and the end of what it printed."""
-
-    def __init__(self, side: str, result: subprocess.CompletedProcess):
-        tail = (result.stdout[-2500:] + "\n" + result.stderr[-2500:]).strip()
-        super().__init__(
-            f"{side} failed (exit {result.returncode}): {shlex.join(map(str, result.args))[:300]}\n{tail}"
-        )
-
-
-def run(side: str, command: list, **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(c) for c in command], capture_output=True, text=True, **kwargs)
-    if result.returncode != 0:
-        raise SideFailed(side, result)
-    return result
 
 
 # --- the documents ---
@@ -168,8 +153,9 @@ def window(ids: list[int], scored_from: int) -> tuple[list[int], list[int], list
 
 
 def train_ours(
-    data: Path, d_model: int, n_layer: int, horizon: int, overrides: list[str], run_dir: Path
+    data: Path, val: list[str], d_model: int, n_layer: int, horizon: int, overrides: list[str], run_dir: Path
 ) -> dict:
+    """`pretrainer train` at this shape and horizon, then its checkpoint scored on the val documents."""
     run_args = [
         f"--data.dir={data}",
         f"--run.dir={run_dir}",
@@ -188,13 +174,12 @@ def train_ours(
         "--train.device=cpu",
         *overrides,
     ]
-    run("pretrainer", [sys.executable, "-m", "pretrainer", "train", *run_args])
+    run_side("pretrainer", [sys.executable, "-m", "pretrainer", "train", *run_args])
     from pretrainer.artifacts.runs import build_model, open_run
     from pretrainer.data.data_dir import open_data_dir
 
     opened, tokenizer = open_run(run_dir), open_data_dir(data).tokenizer
     model = build_model(opened.cfg, opened.load_weights).eval()
-    _, val = split_documents(data)
     return full_text_bpb(
         lambda x: model(x)[0],
         tokenizer.encode,
@@ -229,7 +214,7 @@ def train_nanochat(checkout: Path, base: Path, d_model: int, n_layer: int, horiz
         f"--model-tag={tag}",
         *([f"--{name}={lr / scale}" for name, lr in NANOCHAT_LRS.items()] if lrs == "reference" else []),
     ]
-    run(f"nanochat ({lrs})", command, cwd=checkout, env=env)
+    run_side(f"nanochat ({lrs})", command, cwd=checkout, env=env)
     return score_nanochat(checkout, base, tag, horizon)
 
 
@@ -285,7 +270,7 @@ def main() -> None:
     if any(side != "ours" for side in sides) and not (base / "tokenizer").exists():
         write_nanochat_data(train, val, base, args.piece_chars)
         env = {**os.environ, "NANOCHAT_BASE_DIR": str(base)}
-        run("nanochat tokenizer", [sys.executable, "-m", "scripts.tok_train", f"--vocab-size={vocab}"],
+        run_side("nanochat tokenizer", [sys.executable, "-m", "scripts.tok_train", f"--vocab-size={vocab}"],
             cwd=checkout, env=env)  # fmt: skip
     rows = []
     for size in args.sizes.split(","):
@@ -301,7 +286,7 @@ def main() -> None:
                 row[lrs] = cache.get(key, {}).get("bpb")
             if "ours" in sides:
                 run_dir = work / "ours" / f"{size}-{horizon}"
-                row["ours"] = train_ours(data, d_model, n_layer, horizon, overrides, run_dir)["bpb"]
+                row["ours"] = train_ours(data, val, d_model, n_layer, horizon, overrides, run_dir)["bpb"]
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("\n| size | steps | tokens | pretrainer | nanochat shipped | nanochat, LRs at its reference batch "

@@ -89,15 +89,12 @@ def nanogpt_val_losses(
         "device": device,
         "dtype": "float32" if device == "cpu" else "bfloat16",
     }
-    result = subprocess.run(
+    result = run_side(
+        "nanoGPT",
         [sys.executable, "train.py", *[f"--{k}={v}" for k, v in settings.items()]],
         cwd=workdir,
-        capture_output=True,
-        text=True,
         env={**os.environ, "OMP_NUM_THREADS": "2"},
     )
-    if result.returncode != 0:
-        raise SideFailed("nanoGPT", result)
     found = re.findall(r"^step (\d+): train loss \S+, val loss ([\d.]+)", result.stdout, re.MULTILINE)
     return {int(step): float(loss) for step, loss in found}
 
@@ -133,11 +130,7 @@ def pretrainer_val_losses(
         f"--train.device={device}",
         *overrides,
     ]
-    result = subprocess.run(
-        [sys.executable, "-m", "pretrainer", "train", *args], capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        raise SideFailed("pretrainer", result)
+    run_side("pretrainer", [sys.executable, "-m", "pretrainer", "train", *args])
     return {r["step"]: r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if "val_loss" in r}
 
 
@@ -149,6 +142,14 @@ class SideFailed(Exception):
         super().__init__(
             f"{side} failed (exit {result.returncode}): {shlex.join(map(str, result.args))[:300]}\n{tail}"
         )
+
+
+def run_side(side: str, command: list, **kwargs) -> subprocess.CompletedProcess:
+    """One side's process (its output captured); SideFailed when it fails (also vs_nanochat.py's)."""
+    result = subprocess.run([str(c) for c in command], capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        raise SideFailed(side, result)
+    return result
 
 
 def first_reach(curve: dict[int, float], target: float) -> float | None:

@@ -3,25 +3,21 @@ of a log line (it printed `...2.88s/step]s` then `tep 10/360 | loss ...`), at 80
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
 import re
-import struct
 import subprocess
 import sys
-import termios
 
 import pytest
 from helpers import tiny_overrides
+from support.pty_terminal import terminal
 
 
 def run_on_a_terminal(argv: list[str], columns: int) -> str:
     """`argv` with stdin, stdout and stderr on one pty of `columns` columns -> everything it drew."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    child = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
-    os.close(slave)
+    master, tty = terminal(columns)
+    child = subprocess.Popen(argv, stdin=tty, stdout=tty, stderr=tty, close_fds=True)
+    tty.close()
     drawn = b""
     while True:
         try:
