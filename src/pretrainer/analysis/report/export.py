@@ -43,16 +43,27 @@ from pretrainer.core.files import (
 from pretrainer.core.ownership import FILE_MARKER_KEY, json_object
 from pretrainer.core.secrets import redact
 
-PACKAGES = ("torch", "numpy", "tiktoken", "safetensors", "mlflow", "pretrainer")
+# each package by the distributions that install it (mlflow-skinny: the same module, the tests' install)
+PACKAGES = {
+    "torch": ("torch",),
+    "numpy": ("numpy",),
+    "tiktoken": ("tiktoken",),
+    "safetensors": ("safetensors",),
+    "mlflow": ("mlflow", "mlflow-skinny"),
+    "pretrainer": ("pretrainer",),
+}
 
 
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "not installed"
+    for name, distributions in PACKAGES.items():
+        versions[name] = "not installed"
+        for distribution in distributions:
+            try:
+                versions[name] = importlib.metadata.version(distribution)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
     return versions
 
 
