@@ -2,7 +2,10 @@
 alternating optimizers (adamw, muon, adamw, muon, ...) so that both see the same machine state.
 
     python benchmarks/optimizer_speed.py --data data/stdlib-bpe4k [--names adamw,muon] [--steps 60]
-        [--warmup 10] [--repeats 3]
+        [--warmup 10] [--repeats 3] [--variant 'NAME=OVERRIDES' ...]
+
+--variant (repeatable) compares recipes instead of optimizers: each is a name and the config overrides
+that make it (e.g. --variant 'before=--model.qk_norm=false' --variant 'now='), alternating the same way.
 
 Each run trains W + N steps (log.every = 5, no evaluation in the window, no checkpoint before the end);
 tokens/s is the metrics.jsonl records after step W: their tokens over the time they cover. The table
@@ -39,8 +42,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES (space-separated)")
     args = parser.parse_args()
-    names = args.names.split(",")
+    variants = {name: [f"--optim.name={name}"] for name in args.names.split(",")}
+    if args.variant:
+        variants = {v.split("=", 1)[0]: v.split("=", 1)[1].split() for v in args.variant if "=" in v}
+        if len(variants) != len(args.variant):
+            parser.error("--variant takes NAME=OVERRIDES")
+    names = list(variants)
     speeds: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
@@ -49,7 +58,7 @@ def main() -> None:
                 overrides = [
                     f"--data.dir={args.data}",
                     f"--run.dir={run}",
-                    f"--optim.name={name}",
+                    *variants[name],
                     f"--train.max_steps={args.warmup + args.steps}",
                     "--log.every=5",
                     "--eval.every=0",
@@ -60,7 +69,10 @@ def main() -> None:
                 train(load_config(args.config, overrides))
                 speeds[name].append(tokens_per_s(run, args.warmup))
     base = statistics.median(speeds[names[0]])
-    print(f"| optimizer | tokens/s (median of {args.repeats}) | spread | vs {names[0]} |")
+    print(
+        f"| {'variant' if args.variant else 'optimizer'} | tokens/s (median of {args.repeats}) | spread "
+        f"| vs {names[0]} |"
+    )
     print("|---|---|---|---|")
     for name in names:
         median = statistics.median(speeds[name])
