@@ -9,6 +9,8 @@ embeddings toward the origin, with no regularising benefit (GPT-3, nanoGPT, OLMo
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -62,6 +64,11 @@ def adamw_update_norm(optimizer: torch.optim.Optimizer, skipped: torch.Tensor | 
             denominator = (_plain(state["exp_avg_sq"]) / (1 - beta2**step)).sqrt_().add_(eps)
             update = (_plain(state["exp_avg"]) / (1 - beta1**step)).div_(denominator)
             del denominator
+            if beta1**2 < beta2:  # no applied element exceeds Adam's bound; dequantised 8-/4-bit moments can
+                # (a second moment rounded toward 0 in a block of large ones): clamped to it
+                bound = (1 - beta1) / math.sqrt((1 - beta2) * (1 - beta1**2 / beta2))
+                bound = bound * (1 - beta2**step) ** 0.5 / (1 - beta1**step)  # a device tensor: no sync
+                update.clamp_(-bound, bound)
             if weight_decay:
                 update.add_(p.detach(), alpha=weight_decay)
             squares = update.float().pow(2).sum() * (lr / (1 - lr * weight_decay)) ** 2
