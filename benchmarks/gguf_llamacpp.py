@@ -4,14 +4,15 @@
     python benchmarks/gguf_llamacpp.py --data data/stdlib-bpe4k --runs runs/gguf \
         --llama-python /tmp/llama/bin/python
 
-Runs RUNS/llama and RUNS/gpt2 (configs/tiny-cpu.toml, the quickstart's, with arch gpt2 for the second;
-trained here first where missing) are exported as f16 and q8_0 with the CLI. For each prompt both get
-the same prompt ids and decode greedily: ours with model/generate.py at temperature 0 on the CPU in
-float32 (what `pretrainer sample --temperature 0 --device cpu` runs), llama.cpp with llama-cpp-python's
-Llama.generate at temp 0 (its greedy sampler). Reported per prompt: how many of the 32 tokens agree
-before the first difference; the largest gap between llama.cpp's logits and ours along our
-continuation (both fed the same ids: teacher-forced); and at a first difference, how far apart the
-two candidates were in our logits (a near tie that rounding flips, or a real disagreement).
+Runs RUNS/llama, RUNS/qwen3 and RUNS/gpt2 (configs/tiny-cpu.toml, the quickstart's: without QK-norm, as
+it is, and with arch gpt2; trained here first where missing) are exported as f16 and q8_0 with the CLI.
+For each prompt both get the same prompt ids and decode greedily: ours with model/generate.py at
+temperature 0 on the CPU in float32 (what `pretrainer sample --temperature 0 --device cpu` runs),
+llama.cpp with llama-cpp-python's Llama.generate at temp 0 (its greedy sampler). Reported per prompt:
+how many of the 32 tokens agree before the first difference; the largest gap between llama.cpp's logits
+and ours along our continuation (both fed the same ids: teacher-forced); and at a first difference, how
+far apart the two candidates were in our logits (a near tie that rounding flips, or a real
+disagreement).
 
 Then the tokenizers: llama.cpp's tokenize(text) against ours on standard-library files, for each kind
 the export writes a different tokenizer.ggml.pre for: our bpe:N (llama-bpe), GPT-2's (gpt-2) and an hf:
@@ -102,7 +103,11 @@ def cli(*args: str) -> None:
 
 def trained(run: Path, family: str, data: Path) -> Path:
     if not (run / "checkpoints").is_dir():
-        shape = ["--model.arch=gpt2", "--model.n_kv_head=0"] if family == "gpt2" else []
+        shape = {  # qwen3: the default llama (model.qk_norm = auto: on) exports as llama.cpp's qwen3
+            "gpt2": ["--model.arch=gpt2", "--model.n_kv_head=0"],
+            "llama": ["--model.qk_norm=false"],
+            "qwen3": [],
+        }[family]
         settings = [f"--data.dir={data}", f"--run.dir={run}", "--track.backends=none", *shape]
         cli("train", "configs/tiny-cpu.toml", *settings)
     return run
@@ -225,7 +230,7 @@ def main() -> None:
     rows, jobs, expected = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for family in ("llama", "gpt2"):
+        for family in ("llama", "qwen3", "gpt2"):
             run = trained(args.runs.resolve() / family, family, args.data.resolve())
             prompts, n_ctx, tokenizer = our_continuations(run, args.new_tokens)
             for dtype in ("f16", "q8_0"):

@@ -124,8 +124,9 @@ def test_export_gguf_writes_one_llama_cpp_file(stopped_run, run_cli, capsys):
     assert code == 0, err
     assert out.endswith(f"as gguf (f16) to {stopped_run / 'model-f16.gguf'}\n")
     reader = gguf.GGUFReader(stopped_run / "model-f16.gguf")
-    # token_embd, output_norm and 9 per layer (tied: no output.weight)
-    assert reader.fields["general.architecture"].contents() == "llama" and len(reader.tensors) == 2 + 2 * 9
+    # the default llama (QK-norm) is llama.cpp's qwen3: token_embd, output_norm and 11 per layer (9 and the
+    # q and k norms; tied: no output.weight)
+    assert reader.fields["general.architecture"].contents() == "qwen3" and len(reader.tensors) == 2 + 2 * 11
     for dtype in ("bf16", "q4_k"):  # a dtype of another format, one of none
         try:
             code, _, err = run_cli("export", stopped_run, "--format", "gguf", "--dtype", dtype)

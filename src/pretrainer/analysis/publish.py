@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.resolve import uses_qk_norm
 from pretrainer.config.schema import config_text
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_bytes
@@ -188,6 +189,7 @@ def model_card(run, repo_id: str, dtype: str) -> str:
 
     plan_rows = plan_against_actual(run)
     tokenizer = dataset.get("tokenizer", {})
+    qk_norm = " with QK-norm (in transformers: Qwen3)" if m.arch == "llama" and uses_qk_norm(m) else ""
     return f"""---
 library_name: transformers
 tags:
@@ -196,8 +198,9 @@ tags:
 ---
 # {repo_id}
 
-A {m.arch}-style decoder ({m.n_layer} layers, d_model {m.d_model}, {m.n_head} heads, context {m.seq_len})
-pretrained from scratch with pretrainer: checkpoint `{run.checkpoint.name}`, weights in {dtype}.
+A {m.arch}-style decoder{qk_norm} ({m.n_layer} layers, d_model {m.d_model}, {m.n_head} heads,
+context {m.seq_len}) pretrained from scratch with pretrainer: checkpoint `{run.checkpoint.name}`,
+weights in {dtype}.
 
 ## Data
 

@@ -7,6 +7,8 @@ convert_hf_to_gguf.py would make of our Hugging Face export (hf_format.py), with
            model families (arch "llama", arch "gpt2") take the mapping the hf export is tested with
   llama    q and k rows permuted from the rotate-half RoPE layout (ours, Hugging Face's) to the
            adjacent pairs llama.cpp rotates (convert_hf_to_gguf's LlamaModel.permute)
+  qwen3    a llama with model.qk_norm: llama.cpp's qwen3 arch, which norms q and k per head (attn_q_norm,
+           attn_k_norm: ones) and rotates in the rotate-half layout, so q and k are not permuted
   gpt2     Hugging Face's Conv1D weights transposed back to (out, in); q, k, v fused as attn_qkv
   tied     no output.weight: llama.cpp then multiplies by token_embd, as for a tied HF checkpoint
   dtypes   f16 or q8_0 for matrices; norms, biases, every 1-D tensor and gpt2's position embedding
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from pretrainer.artifacts.hf_format import to_hf_weights, without_padding_rows
+from pretrainer.artifacts.hf_format import is_qwen3, to_hf_weights, without_padding_rows
 from pretrainer.config.resolve import resolve_d_ff
 from pretrainer.config.schema import ModelConfig
 from pretrainer.core.errors import UserError
@@ -101,7 +103,9 @@ def export_gguf(
 def gguf_arch(cfg: ModelConfig):
     import gguf
 
-    return gguf.MODEL_ARCH.LLAMA if cfg.arch == "llama" else gguf.MODEL_ARCH.GPT2
+    if cfg.arch == "gpt2":
+        return gguf.MODEL_ARCH.GPT2
+    return gguf.MODEL_ARCH.QWEN3 if is_qwen3(cfg) else gguf.MODEL_ARCH.LLAMA
 
 
 # --- weights ---
@@ -119,7 +123,7 @@ def gguf_tensors(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str
     out = {}
     for hf_name, tensor in hf.items():
         tensor = tensor.float()
-        if cfg.arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        if cfg.arch == "llama" and not is_qwen3(cfg) and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.n_head if "q_proj" in hf_name else cfg.n_kv_head or cfg.n_head
             tensor = rope_pairs_layout(tensor, heads)
         if cfg.arch == "gpt2" and hf_name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
@@ -158,7 +162,7 @@ def encoded(name: str, tensor: torch.Tensor, dtype: str):
 
 
 def add_hyper_parameters(writer, cfg: ModelConfig) -> None:
-    """The keys llama.cpp reads for the architecture (llama.{key} or gpt2.{key})."""
+    """The keys llama.cpp reads for the architecture (llama.{key}, qwen3.{key} or gpt2.{key})."""
     writer.add_context_length(cfg.seq_len)
     writer.add_embedding_length(cfg.d_model)
     writer.add_block_count(cfg.n_layer)

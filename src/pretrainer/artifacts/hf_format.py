@@ -1,7 +1,8 @@
 """Hugging Face interop: export to / import from `transformers` checkpoint directories.
 
 Export writes what `AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)`
-load offline: config.json (LlamaForCausalLM or GPT2LMHeadModel), model.safetensors with Hugging
+load offline: config.json (LlamaForCausalLM, Qwen3ForCausalLM for a llama with model.qk_norm, or
+GPT2LMHeadModel), model.safetensors with Hugging
 Face parameter names, tokenizer.json (a `tokenizers` byte-level BPE with exactly our merges; an hf:
 tokenizer's own file, unchanged) and tokenizer_config.json. Nothing here needs `transformers` itself;
 the tokenizer needs `tokenizers`.
@@ -10,6 +11,8 @@ Name mapping (ours -> Hugging Face):
   llama: wte -> model.embed_tokens, layers.i.attn.{q,k,v,o}_proj -> model.layers.i.self_attn.*,
          layers.i.mlp.* -> model.layers.i.mlp.*, attn_norm -> input_layernorm,
          mlp_norm -> post_attention_layernorm, norm -> model.norm, lm_head -> lm_head
+  qwen3: llama's names, plus self_attn.{q,k}_norm: our QK-norm has no gains, so they are ones (and an
+         import takes only ones)
   gpt2:  Hugging Face GPT-2 uses Conv1D (weights stored transposed) and one fused c_attn for q, k, v.
 """
 
@@ -23,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from pretrainer.config.resolve import resolve_d_ff
+from pretrainer.config.resolve import resolve_d_ff, uses_qk_norm
 from pretrainer.config.schema import ModelConfig
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_directory, save_safetensors
@@ -69,16 +72,25 @@ _GPT2_GLOBAL = [
 ]
 
 
+def is_qwen3(cfg: ModelConfig) -> bool:
+    """A llama with QK-norm is Hugging Face's (and llama.cpp's) Qwen3: the same blocks, q and k RMS-normed
+    per head before RoPE."""
+    return cfg.arch == "llama" and uses_qk_norm(cfg)
+
+
 def to_hf_weights(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our state dict (tied aliases already left out) -> Hugging Face names and layouts."""
     out = {}
     switches = [
-        name for name, on in (("model.qk_norm", cfg.qk_norm), ("model.mlp = relu2", cfg.mlp == "relu2")) if on
-    ]
+        name
+        for name, on in (("a gpt2 with model.qk_norm", uses_qk_norm(cfg) and cfg.arch == "gpt2"),
+                         ("model.mlp = relu2", cfg.mlp == "relu2"))
+        if on
+    ]  # fmt: skip
     if switches:  # GGUF maps through these names too: one refusal for both
         raise UserError(
-            f"{' and '.join(switches)}: neither Hugging Face's Llama/GPT-2 nor llama.cpp computes it, so "
-            "this model is not exported; pretrainer's own sample, chat, eval and serve-cost run it"
+            f"{' and '.join(switches)}: neither Hugging Face's Llama/Qwen3/GPT-2 nor llama.cpp computes it, "
+            "so this model is not exported; pretrainer's own sample, chat, eval and serve-cost run it"
         )
     if cfg.arch == "llama" and cfg.qkv_bias == "true":
         raise UserError(
@@ -92,6 +104,10 @@ def to_hf_weights(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, 
         for i in range(cfg.n_layer):
             for mine, theirs in _LLAMA:
                 out[theirs.format(i=i)] = ours[mine.format(i=i)]
+            if is_qwen3(cfg):
+                gains = torch.ones(cfg.d_model // cfg.n_head, dtype=out["model.embed_tokens.weight"].dtype)
+                for part in "qk":
+                    out[f"model.layers.{i}.self_attn.{part}_norm.weight"] = gains.clone()
         return out
     if not cfg.tie_embeddings:
         raise UserError(
@@ -141,6 +157,14 @@ def from_hf_weights(cfg: ModelConfig, theirs: dict[str, torch.Tensor], where: st
         for i in range(cfg.n_layer):
             for mine, hf_key in _LLAMA:
                 ours[mine.format(i=i)] = take(hf_key.format(i=i))
+            if is_qwen3(cfg):
+                for part in "qk":
+                    gains = take(f"model.layers.{i}.self_attn.{part}_norm.weight")
+                    if not torch.all(gains == 1):
+                        raise UserError(
+                            f"{where}: layer {i}'s {part}_norm has learned gains; pretrainer's QK-norm has "
+                            f"none, so these weights cannot be imported exactly"
+                        )
     else:
         normalised.pop("lm_head.weight", None)  # tied to wte
         for mine, hf_key in _GPT2_GLOBAL:
@@ -183,9 +207,10 @@ def hf_config(cfg: ModelConfig, eot_id: int, dtype: str = "float32", bos_id: int
         "tie_word_embeddings": cfg.tie_embeddings,
     }
     if cfg.arch == "llama":
+        qwen3 = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.n_layer}
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": ["Qwen3ForCausalLM" if is_qwen3(cfg) else "LlamaForCausalLM"],
+            "model_type": "qwen3" if is_qwen3(cfg) else "llama",
             **common,
             "hidden_size": cfg.d_model,
             "intermediate_size": resolve_d_ff(cfg),
@@ -199,8 +224,9 @@ def hf_config(cfg: ModelConfig, eot_id: int, dtype: str = "float32", bos_id: int
             "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
             "hidden_act": "silu",
             "attention_bias": False,
-            "mlp_bias": False,
+            **({} if is_qwen3(cfg) else {"mlp_bias": False}),
             "attention_dropout": 0.0,
+            **(qwen3 if is_qwen3(cfg) else {}),
         }
     return {
         "architectures": ["GPT2LMHeadModel"],
@@ -223,7 +249,7 @@ def hf_config(cfg: ModelConfig, eot_id: int, dtype: str = "float32", bos_id: int
 def unsupported(hf: dict) -> list[str]:
     """Every setting of a Hugging Face config that pretrainer's model would not reproduce exactly."""
     kind, problems = hf.get("model_type"), []
-    if kind == "llama":
+    if kind in ("llama", "qwen3"):
         for key in ("rope_scaling", "rope_parameters"):
             scaling = hf.get(key) or {}
             rope_type = scaling.get("rope_type", scaling.get("type", "default"))  # older configs say "type"
@@ -234,13 +260,15 @@ def unsupported(hf: dict) -> list[str]:
                 f"hidden_act '{hf['hidden_act']}' is not supported (the llama MLP is SwiGLU with silu)"
             )
         hidden, heads = hf.get("hidden_size"), hf.get("num_attention_heads")
-        # null: the default
-        if hidden and heads and (hf.get("head_dim") or hidden // heads) != hidden // heads:
-            problems.append(
-                f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported"
-            )
+        # null: the default (Qwen3's is 128, Llama's hidden / heads)
+        if hidden and heads:
+            head_dim = hf.get("head_dim") or (128 if kind == "qwen3" else hidden // heads)
+            if head_dim != hidden // heads:
+                problems.append(f"head_dim {head_dim} != hidden_size / num_attention_heads is not supported")
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             problems.append("biases (attention_bias / mlp_bias) are not supported")
+        if kind == "qwen3" and hf.get("use_sliding_window"):
+            problems.append("sliding-window attention (use_sliding_window = true) is not supported")
     elif kind == "gpt2":
         if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
             problems.append(
@@ -268,14 +296,17 @@ SIZE_KEYS = {
     ),
     "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_inner"),
 }
+SIZE_KEYS["qwen3"] = SIZE_KEYS["llama"]
 
 
 def model_config_from_hf(hf: dict, where: str) -> ModelConfig:
     """Our model config for a Hugging Face llama or gpt2 config; one error listing every setting it
     would not reproduce exactly (rather than an import whose logits silently differ)."""
     kind = hf.get("model_type")
-    if kind not in ("llama", "gpt2"):
-        raise UserError(f"{where}: model_type '{kind}' is not supported; pretrainer imports llama and gpt2")
+    if kind not in ("llama", "qwen3", "gpt2"):
+        raise UserError(
+            f"{where}: model_type '{kind}' is not supported; pretrainer imports llama, qwen3 and gpt2"
+        )
     problems = unsupported(hf)
     if problems:
         raise UserError(f"{where}: cannot import exactly: {'; '.join(problems)}")
@@ -284,7 +315,7 @@ def model_config_from_hf(hf: dict, where: str) -> ModelConfig:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UserError(f"{where}: {key} must be a positive integer, not {str(value)[:40]!r}; fix it")
     try:
-        if kind == "llama":
+        if kind in ("llama", "qwen3"):
             rope = hf.get("rope_parameters") or {}
             hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
             return ModelConfig(
@@ -299,6 +330,7 @@ def model_config_from_hf(hf: dict, where: str) -> ModelConfig:
                 tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
                 norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                qk_norm="true" if kind == "qwen3" else "false",
             )
         return ModelConfig(
             arch="gpt2",

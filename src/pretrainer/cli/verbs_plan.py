@@ -15,7 +15,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
 
     from pretrainer.analysis.plan import make_plan
     from pretrainer.analysis.plan_text import format_plan
-    from pretrainer.config.load import load_config
+    from pretrainer.config.load import apply_overrides, earlier_defaults, load_config, read_toml
 
     timings = None
     config = args.config
@@ -29,7 +29,12 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
         from pretrainer.analysis.calibration import measure_probe
 
         timings = measure_probe(config, overrides, args.measure_steps, args.gpus)
-    cfg = load_config(config, overrides)
+    if args.from_run and args.config is None:  # a saved config: the keys it lacks take their values then
+        cfg = apply_overrides(
+            earlier_defaults(load_config(config, validated=False), read_toml(config)), overrides
+        )
+    else:
+        cfg = load_config(config, overrides)
     data = data_for_vocab(cfg)
     target = None
     if args.target_loss is not None:  # the tokens this model needs to reach it, under a law

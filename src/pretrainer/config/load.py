@@ -16,6 +16,7 @@ from typing import Any
 from pretrainer.config.optimizers import OPTIMIZERS
 from pretrainer.config.schema import (
     AUTO_NUMBERS,
+    EARLIER_DEFAULTS,
     HORIZON_KEYS,
     RENAMED_KEYS,
     SECRET_KEYS,
@@ -341,8 +342,19 @@ def validate(cfg: Config) -> None:
 
 
 def from_dict(raw: dict[str, dict[str, Any]], where: str) -> Config:
+    """A saved config (a checkpoint's state.json, a run's config.toml) as the config it ran with."""
     cfg = Config()
     for section, values in raw.items():
         for name, value in values.items():
             set_key(cfg, f"{section}.{name}", value, where)
+    return earlier_defaults(cfg, raw)
+
+
+def earlier_defaults(cfg: Config, raw: dict[str, dict[str, Any]]) -> Config:
+    """A saved config lacks the keys added after it was written: each takes the value its run trained
+    with (EARLIER_DEFAULTS), not today's default (an older llama had no QK-norm)."""
+    for key, value in EARLIER_DEFAULTS.items():
+        section, name = key.split(".")
+        if name not in (raw.get(section) or {}):
+            setattr(getattr(cfg, section), name, value)
     return cfg

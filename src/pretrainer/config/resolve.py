@@ -32,6 +32,12 @@ def resolve_d_ff(m: ModelConfig) -> int:
     return 64 * math.ceil(8 * m.d_model / 3 / 64)  # SwiGLU keeps ~4*d^2*2 MLP params with three matrices
 
 
+def uses_qk_norm(m: ModelConfig) -> bool:
+    """model.qk_norm: auto is on for llama (the nanochat ablations: docs/benchmarks.md) and off for gpt2,
+    which stays GPT-2 (its exports)."""
+    return m.arch == "llama" if m.qk_norm == "auto" else m.qk_norm == "true"
+
+
 def tokens_per_step(cfg: Config, world_size: int) -> int:
     """Tokens per optimizer step, counted exactly: micro_batch x seq_len x grad_accum x world size."""
     return cfg.train.micro_batch * cfg.model.seq_len * cfg.train.grad_accum * world_size
@@ -50,13 +56,12 @@ def model_shape(m: ModelConfig) -> dict[str, Any]:
         "tie_embeddings": m.tie_embeddings,
         "norm_eps": m.norm_eps,
         "qkv_bias": m.arch == "gpt2" if m.qkv_bias == "auto" else m.qkv_bias == "true",
+        "qk_norm": uses_qk_norm(m),  # a config saved before the switch reads as off (load.earlier_defaults)
     }
     if m.arch == "llama":
         shape["rope_theta"] = m.rope_theta
     else:
         shape["seq_len"] = m.seq_len  # the learned position table's size
-    if m.qk_norm:  # only when on: checkpoints written before the switch existed keep their shape
-        shape["qk_norm"] = True
     if m.mlp != "auto":
         shape["mlp"] = m.mlp
     return shape
@@ -106,6 +111,7 @@ def resolve(
     model.vocab_size   0 -> the larger of the init source's and the data's, the data's padded to a multiple of
                        128; never smaller than the data's ids
     model.d_ff         0 -> the architecture's default
+    model.qk_norm      auto -> true for llama, false for gpt2 (uses_qk_norm)
     data.packing       auto -> document for chat data, concat otherwise
     train.micro_batch  auto -> search_micro_batch(cfg, per-rank batch), a divisor of it
     train.grad_accum   global_batch / (micro_batch x world size) when global_batch is set
@@ -132,6 +138,8 @@ def resolve(
         if source is None or m.vocab_size > source.vocab_size:
             m.vocab_size = padded_vocab_size(m.vocab_size)
     if source is not None:
+        if m.qk_norm == "auto":  # continue the source as it was trained (an HF Llama, an older run: none)
+            m.qk_norm = "true" if uses_qk_norm(source) else "false"
         check_fits(m, source, source_where)
     if data is not None and (m.vocab_size < data.vocab_size or data.manifest["max_token_id"] >= m.vocab_size):
         raise UserError(
@@ -141,6 +149,7 @@ def resolve(
             f"leave model.vocab_size = 0 to take it from the data"
         )
     m.d_ff = resolve_d_ff(m)
+    m.qk_norm = "true" if uses_qk_norm(m) else "false"
     if cfg.data.packing == "auto":  # chat data: no token sees or predicts across a conversation's end
         cfg.data.packing = "document" if data is not None and getattr(data, "is_chat", False) else "concat"
     if m.dropout and cfg.data.packing == "document":  # packing "auto" became document for chat data
@@ -310,9 +319,6 @@ def resume_changes(cfg: Config, saved: dict, where: Path, resume_command: str) -
     # checkpoints written before data.packing existed: they packed by concatenation
     if saved_cfg.data.packing == "auto":
         saved_cfg.data.packing = "concat"
-    # checkpoints written before optim.embedding_lr_scale existed: their embeddings trained at optim.lr
-    if "embedding_lr_scale" not in saved.get("optim", {}):
-        saved_cfg.optim.embedding_lr_scale = 1.0
     saved_vocab = saved_cfg.model.vocab_size
     if cfg.model.vocab_size != saved_vocab and cfg.model.vocab_size == padded_vocab_size(saved_vocab):
         cfg.model.vocab_size = saved_vocab  # trained before vocabularies were padded: it keeps its own rows

@@ -68,10 +68,12 @@ class ModelConfig:
         allowed="[0, 1)",
     )
     rope_theta: float = opt(10000.0, "RoPE base frequency (llama)", allowed=">= 1")
-    qk_norm: bool = opt(
-        False,
-        "RMS-normalise each head's queries and keys (no weights) after RoPE (QK-norm, as nanochat); "
-        "no Hugging Face or GGUF export",
+    qk_norm: str = opt(
+        "auto",
+        '"auto" (llama: on, gpt2: off), "true", "false": RMS-normalise each head\'s queries and keys '
+        "(no weights) before RoPE (QK-norm, as nanochat); a llama with it exports as Qwen3, a gpt2 does "
+        "not export",
+        allowed=("auto", "true", "false"),
     )
     mlp: str = opt(
         "auto",
@@ -92,8 +94,9 @@ class InitConfig:
     # the key is `init.from`: `from` is a Python keyword, hence the underscore here
     from_: str = opt(
         "",
-        'start from existing weights instead of a random init: "hf:DIR" (a local Hugging Face GPT-2 '
-        "or Llama directory) or a pretrainer run/checkpoint dir; ignored when resuming from a checkpoint",
+        'start from existing weights instead of a random init: "hf:DIR" (a local Hugging Face GPT-2, '
+        "Llama or Qwen3 directory) or a pretrainer run/checkpoint dir; ignored when resuming from a "
+        "checkpoint",
     )
 
 
@@ -601,7 +604,10 @@ RESUME_FREE_KEYS = (
 # keys of earlier versions, read (a saved run's config.toml, an old config) as the keys that replaced them
 RENAMED_KEYS = {"mlflow.uri": "track.mlflow_uri", "mlflow.experiment": "track.experiment"}
 # words that also read as booleans: true/false/yes/no/on/off/1/0 and a bare --flag give "true"/"false"
-SWITCH_KEYS = ("train.compile", "model.qkv_bias")
+SWITCH_KEYS = ("train.compile", "model.qkv_bias", "model.qk_norm")
+# keys added since a config could be saved without them, and the value a run saved then trained with (a saved
+# config lacking one is read with that value, not today's default: config/load.earlier_defaults)
+EARLIER_DEFAULTS = {"model.qk_norm": "false", "optim.embedding_lr_scale": 1.0}
 # numbers a config may write as "auto", and the number that means it
 AUTO_NUMBERS = {
     "train.micro_batch": 0,

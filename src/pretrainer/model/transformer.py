@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from pretrainer.config.resolve import resolve_d_ff
+from pretrainer.config.resolve import resolve_d_ff, uses_qk_norm
 from pretrainer.config.schema import ModelConfig
 from pretrainer.model.loss import IGNORE_INDEX, linear_cross_entropy  # noqa: F401 (IGNORE_INDEX: re-exported)
 
@@ -88,7 +88,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, self.n_kv_head * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, cfg.d_model, bias=bias)
         self.dropout = cfg.dropout  # of the attention probabilities, while training
-        self.qk_norm = cfg.qk_norm
+        self.qk_norm, self.norm_eps = uses_qk_norm(cfg), cfg.norm_eps
         # grouped-query attention read natively by SDPA (enable_gqa: no K/V copies). On CUDA only the flash
         # kernel supports it; where flash is ruled out the trainer's probe (train/perf.py) turns this off,
         # so the efficient kernel runs on repeated K/V instead of the math kernel's T x T scores.
@@ -109,10 +109,11 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         start = cache.pos if cache is not None else 0
+        if self.qk_norm:  # before RoPE with the model's eps, as Qwen3 (its export) and llama.cpp compute it
+            q = F.rms_norm(q, (self.head_dim,), eps=self.norm_eps)
+            k = F.rms_norm(k, (self.head_dim,), eps=self.norm_eps)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.qk_norm:
-            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         gqa = self.n_kv_head != self.n_head  # each kv head serves n_head/n_kv_head query heads

@@ -61,6 +61,8 @@ def adamw_update_norm(optimizer: torch.optim.Optimizer, skipped: torch.Tensor | 
             if not state:
                 continue
             step = state["step"]
+            if torch.is_tensor(step) and step.device.type == "cpu":  # torchao's: a number, not a GPU copy
+                step = step.item()
             denominator = (_plain(state["exp_avg_sq"]) / (1 - beta2**step)).sqrt_().add_(eps)
             update = (_plain(state["exp_avg"]) / (1 - beta1**step)).div_(denominator)
             del denominator

@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from pretrainer.config.resolve import resolve_d_ff
+from pretrainer.config.resolve import resolve_d_ff, uses_qk_norm
 from pretrainer.config.schema import Config
 from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer, count_parameters
@@ -51,6 +51,8 @@ def activation_bytes_per_token(cfg: Config) -> dict:
     kv = (m.n_kv_head or m.n_head) * (d // m.n_head)
     if m.arch == "llama":
         per_layer, after_layers = 30 * d + 4 * kv + 8 * f + 4 * h + 8, 10 * d + 12
+        if uses_qk_norm(m):  # the normed queries and keys, and their inputs kept for the norm's backward
+            per_layer += 6 * d + 4 * kv
     else:
         per_layer, after_layers = 24 * d + 4 * f + 4 * h + 16, 6 * d + 16
     return {

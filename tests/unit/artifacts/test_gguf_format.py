@@ -12,6 +12,7 @@ from support.hf_tokenizer_helpers import TEXTS, byte_level_bpe
 
 from pretrainer.artifacts.checkpoint import model_weights
 from pretrainer.artifacts.gguf_format import export_gguf
+from pretrainer.config.resolve import uses_qk_norm
 from pretrainer.config.schema import ModelConfig
 from pretrainer.core.errors import UserError
 from pretrainer.data.tokenizers.base import _bytes_to_unicode
@@ -27,11 +28,15 @@ gguf = pytest.importorskip("gguf")
 SHAPES = {  # vocab 384: the tokenizer's 300 ids padded to a multiple of 128, as training does
     "llama-gqa-tied": dict(
         arch="llama", vocab_size=384, seq_len=64, d_model=64, n_layer=2, n_head=4, n_kv_head=2, d_ff=96,
-        rope_theta=500000.0, norm_eps=1e-6,
+        rope_theta=500000.0, norm_eps=1e-6, qk_norm="false",
     ),
     "llama-untied": dict(
         arch="llama", vocab_size=384, seq_len=64, d_model=64, n_layer=2, n_head=4, n_kv_head=0,
-        tie_embeddings=False,
+        tie_embeddings=False, qk_norm="false",
+    ),
+    "qwen3": dict(  # a llama with QK-norm is llama.cpp's qwen3
+        arch="llama", vocab_size=384, seq_len=64, d_model=64, n_layer=2, n_head=4, n_kv_head=2,
+        qk_norm="true", rope_theta=100000.0,
     ),
     "gpt2": dict(arch="gpt2", vocab_size=384, seq_len=64, d_model=64, n_layer=2, n_head=4, n_kv_head=0),
 }  # fmt: skip
@@ -93,6 +98,9 @@ def expected_tensors(model: Transformer, rows: int) -> dict[str, torch.Tensor]:
     for i in range(cfg.n_layer):
         for theirs, mine in (LLAMA_NAMES if cfg.arch == "llama" else GPT2_NAMES).items():
             expected[theirs.format(i=i)] = ours[mine.format(i=i)]
+        if uses_qk_norm(cfg):  # our QK-norm has no gains: llama.cpp's are ones
+            for part in "qk":
+                expected[f"blk.{i}.attn_{part}_norm.weight"] = torch.ones(cfg.d_model // cfg.n_head)
         if cfg.arch == "gpt2":
             for kind in ("weight", "bias"):
                 parts = [ours[f"layers.{i}.attn.{p}_proj.{kind}"] for p in "qkv"]
@@ -123,8 +131,8 @@ def test_every_tensor_is_there_with_its_shape_and_values(name, dtype, bpe, tmp_p
         assert tensor.tensor_type == (gguf.GGMLQuantizationType.F32 if stays_f32 else matrix), tensor_name
         theirs = values(tensor)
         assert theirs.shape == ours.shape, tensor_name
-        if tensor_name.endswith(("attn_q.weight", "attn_k.weight")):
-            continue  # rows reordered: the RoPE test checks them
+        if tensor_name.endswith(("attn_q.weight", "attn_k.weight")) and name != "qwen3":
+            continue  # rows reordered for llama's RoPE: the RoPE test checks them (qwen3 rotates as we do)
         if tensor.tensor_type == gguf.GGMLQuantizationType.F32:
             assert np.array_equal(theirs, ours), tensor_name
         elif dtype == "f16":  # ours rounded to f16, bit for bit
@@ -134,14 +142,14 @@ def test_every_tensor_is_there_with_its_shape_and_values(name, dtype, bpe, tmp_p
             # half a step, and the step itself is stored as f16
             assert (np.abs(theirs - ours).reshape(-1, 32) <= blocks / 127 * 0.6).all(), tensor_name
     cfg = model.cfg
-    arch = cfg.arch
+    arch = "qwen3" if name == "qwen3" else cfg.arch
     assert field(reader, "general.architecture") == arch
     assert field(reader, "general.file_type") == (1 if dtype == "f16" else 7)  # MOSTLY_F16, MOSTLY_Q8_0
     hyper = {key: field(reader, f"{arch}.{key}") for key in [
         "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
         "attention.head_count_kv", "vocab_size",
     ]}  # fmt: skip
-    d_ff = 96 if name == "llama-gqa-tied" else 192 if arch == "llama" else 256
+    d_ff = 96 if name == "llama-gqa-tied" else 256 if arch == "gpt2" else 192
     assert hyper == {
         "context_length": 64,
         "embedding_length": 64,
@@ -151,10 +159,10 @@ def test_every_tensor_is_there_with_its_shape_and_values(name, dtype, bpe, tmp_p
         "attention.head_count_kv": cfg.n_kv_head or 4,
         "vocab_size": 300,
     }
-    if arch == "llama":
-        assert field(reader, "llama.rope.freq_base") == cfg.rope_theta
-        assert field(reader, "llama.rope.dimension_count") == 16
-        assert field(reader, "llama.attention.layer_norm_rms_epsilon") == pytest.approx(cfg.norm_eps)
+    if arch != "gpt2":
+        assert field(reader, f"{arch}.rope.freq_base") == cfg.rope_theta
+        assert field(reader, f"{arch}.rope.dimension_count") == 16
+        assert field(reader, f"{arch}.attention.layer_norm_rms_epsilon") == pytest.approx(cfg.norm_eps)
     else:
         assert field(reader, "gpt2.attention.layer_norm_epsilon") == pytest.approx(cfg.norm_eps)
 
@@ -272,6 +280,9 @@ def test_refusals_leave_no_file(bpe, tmp_path):
         (model, load_hf_tokenizer(f"hf:{tmp_path / 'sp'}"), "f16", "byte-level BPE"),
         (untied_gpt2, bpe, "f16", "model.tie_embeddings = true"),
         (model, bpe, "q4_0", "a GGUF export is f16 or q8_0"),
+        # what llama.cpp does not compute: nanochat's ReLU² MLP, QK-norm on a gpt2
+        (Transformer(ModelConfig(**SHAPES["qwen3"], mlp="relu2")), bpe, "f16", "model.mlp = relu2"),
+        (Transformer(ModelConfig(**SHAPES["gpt2"], qk_norm="true")), bpe, "f16", "a gpt2 with model.qk_norm"),
     ]
     for model, tokenizer, dtype, message in cases:
         with pytest.raises(UserError, match=message):

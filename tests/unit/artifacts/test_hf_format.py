@@ -31,6 +31,7 @@ SHAPES = {
         rope_theta=500000.0,
         norm_eps=1e-6,
         tie_embeddings=True,
+        qk_norm="false",
     ),
     "llama-mha-untied": dict(
         arch="llama",
@@ -40,6 +41,30 @@ SHAPES = {
         n_layer=2,
         n_head=4,
         n_kv_head=0,
+        tie_embeddings=False,
+        qk_norm="false",
+    ),
+    # nanochat's QK-norm: exported as Qwen3 (q and k RMS-normed per head before RoPE)
+    "llama-qk-norm-gqa": dict(
+        arch="llama",
+        vocab_size=211,
+        seq_len=96,
+        d_model=64,
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        rope_theta=100000.0,
+        norm_eps=1e-6,
+        qk_norm="true",
+    ),
+    "llama-qk-norm-untied": dict(
+        arch="llama",
+        vocab_size=211,
+        seq_len=96,
+        d_model=48,
+        n_layer=2,
+        n_head=4,
+        qk_norm="true",
         tie_embeddings=False,
     ),
     "gpt2": dict(arch="gpt2", vocab_size=211, seq_len=96, d_model=64, n_layer=3, n_head=4),
@@ -90,7 +115,7 @@ def test_logits_agree_with_transformers(name, tmp_path):
         assert (got - expected).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("name", ["llama-gqa-tied", "gpt2"])
+@pytest.mark.parametrize("name", ["llama-gqa-tied", "llama-qk-norm-gqa", "gpt2"])
 def test_greedy_generation_is_identical(name, tmp_path):
     model = ours(name, init_std=0.2)  # peaked logits: ties are impossible to break by rounding
     reference = as_hf(model, tmp_path)

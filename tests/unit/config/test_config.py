@@ -1,3 +1,4 @@
+import json
 import tomllib
 from pathlib import Path
 
@@ -353,3 +354,41 @@ def test_a_toml_list_typed_on_the_command_line_is_the_list():
     assert load_config(None, ["--track.backends=mlflow,tensorboard"]).track.backends == cfg.track.backends
     with pytest.raises(UserError, match="'track.backends' must be"):
         load_config(None, ['--track.backends=["mlflow",'])
+
+
+def test_a_config_saved_before_a_key_existed_reads_as_its_run_trained(tmp_path):
+    """model.qk_norm (auto: on for llama) and optim.embedding_lr_scale (auto: 10 with Muon) came after
+    runs were saved without them. A checkpoint's state.json or a run's config.toml that lacks them reads
+    as that run trained (no QK-norm, embeddings at optim.lr); a config file that leaves them out gets
+    today's defaults."""
+    from pretrainer.artifacts.checkpoint import _same_config
+    from pretrainer.artifacts.run_config import load_train_config
+    from pretrainer.config.load import from_dict
+    from pretrainer.config.resolve import resolve, uses_qk_norm
+    from pretrainer.config.schema import to_dict
+    from pretrainer.config.toml_text import toml_document
+
+    today = load_config(None, [])
+    assert uses_qk_norm(today.model) and today.optim.embedding_lr_scale == 0  # auto
+    saved = to_dict(today)
+    del saved["model"]["qk_norm"], saved["optim"]["embedding_lr_scale"]
+    (tmp_path / "config.toml").write_text(toml_document(saved))
+    continued = load_train_config(None, [f"--run.dir={tmp_path}"])  # a run dir continued, nothing retyped
+    for cfg in (from_dict(saved, "state.json"), continued):
+        assert cfg.model.qk_norm == "false" and not uses_qk_norm(cfg.model)
+        assert cfg.optim.embedding_lr_scale == 1.0
+    (tmp_path / "mine.toml").write_text(toml_document({"model": {"d_model": 64}}))
+    assert uses_qk_norm(load_config(tmp_path / "mine.toml", []).model)
+    # init.from such a run (or an HF Llama): auto continues it as it was; asking for QK-norm is refused
+    source, base = from_dict(saved, "state.json").model, ["--train.max_steps=1"]
+    assert resolve(load_config(None, base), source=source, source_where="x").model.qk_norm == "false"
+    with pytest.raises(UserError, match="model.qk_norm = True but the source has False"):
+        resolve(load_config(None, [*base, "--model.qk_norm=true"]), source=source, source_where="x")
+    # and its checkpoint is still recognised as the run dir's own (the hash of today's keys is not theirs)
+    checkpoint = tmp_path / "checkpoints" / "step_00000010"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text(json.dumps({"config": saved, "config_sha256": "older"}))
+    assert _same_config(tmp_path, checkpoint)
+    saved["train"]["seed"] += 1
+    (checkpoint / "state.json").write_text(json.dumps({"config": saved, "config_sha256": "older"}))
+    assert not _same_config(tmp_path, checkpoint)
