@@ -223,6 +223,7 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=ROOT / "runs/gguf")
     parser.add_argument("--llama-python", required=True, help="a python with llama-cpp-python installed")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--dtypes", default="f16,q8_0", help="the GGUF dtypes to export and compare")
     parser.add_argument("--texts", type=int, default=300, help="standard-library files to tokenize")
     parser.add_argument("--out", type=Path, help="write every row as JSON here too")
     args = parser.parse_args()
@@ -233,7 +234,7 @@ def main() -> None:
         for family in ("llama", "qwen3", "gpt2"):
             run = trained(args.runs.resolve() / family, family, args.data.resolve())
             prompts, n_ctx, tokenizer = our_continuations(run, args.new_tokens)
-            for dtype in ("f16", "q8_0"):
+            for dtype in args.dtypes.split(","):
                 gguf_path = run / f"model-{dtype}.gguf"
                 cli("export", run, "--format", "gguf", "--dtype", dtype, "--out", gguf_path, "--force")
                 payload = [{k: p[k] for k in ("text", "ids", "ours")} for p in prompts]
