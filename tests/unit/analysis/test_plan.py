@@ -190,6 +190,7 @@ def test_memory_estimate_by_hand():
     assert m["optimizer"] == pytest.approx(8 * params / 4, rel=1e-3)
     # bytes per token per layer (bf16 activations, fp32 residual)
     per_layer = 30 * 768 + 4 * 256 + 8 * 2048 + 4 * 12 + 8
+    per_layer += 6 * 768 + 4 * 256  # QK-norm (a llama's default): the normed q and k and their inputs
     per_token = 8 * per_layer + 10 * 768 + 12
     assert m["activations"] == 2 * 1024 * per_token
     assert m["loss_gradient"] == 4 * 50257 * 768 and m["ddp_buckets"] == 0
