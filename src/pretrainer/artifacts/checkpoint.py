@@ -355,13 +355,12 @@ def refuse_foreign_checkpoint(run_dir: Path, checkpoint: Path) -> None:
 def _same_config(run_dir: Path, checkpoint: Path) -> bool:
     """The checkpoint's config is the run dir's, compared key by key (a hash would change with every key
     added since they were saved)."""
-    from pretrainer.config.load import earlier_defaults, from_dict, load_config, read_toml
+    from pretrainer.config.load import from_dict, load_saved_config
     from pretrainer.config.schema import diff_keys
 
     try:
         state = json.loads((checkpoint / "state.json").read_text())
-        path = run_dir / "config.toml"
-        ours = earlier_defaults(load_config(path, validated=False), read_toml(path))
+        ours = load_saved_config(run_dir / "config.toml")
         return not diff_keys(from_dict(state["config"], f"{checkpoint}/state.json"), ours)
     except (OSError, ValueError, KeyError, TypeError, UserError):
         return False

@@ -8,7 +8,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from pretrainer.config.load import apply_overrides, earlier_defaults, from_dict, load_config, read_toml
+from pretrainer.config.load import apply_overrides, from_dict, load_config, load_saved_config
 from pretrainer.config.resolve import horizon_keys_set
 from pretrainer.config.schema import NEVER_INHERITED, Config, flatten
 from pretrainer.core.errors import UserError
@@ -29,7 +29,7 @@ def load_train_config(path: str | Path | None, overrides: list[str]) -> Config:
         cfg, source = read_trainer_config(Path(os.path.expanduser(resume))), resume
     elif (run_dir / "config.toml").is_file():
         saved = run_dir / "config.toml"
-        cfg, source = earlier_defaults(load_config(saved, validated=False), read_toml(saved)), str(saved)
+        cfg, source = load_saved_config(saved), str(saved)
     else:
         return apply_overrides(given, [])
     if os.environ.get("RANK", "0") == "0":  # the launcher (or the only process) says it once

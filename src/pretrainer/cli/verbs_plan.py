@@ -15,7 +15,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
 
     from pretrainer.analysis.plan import make_plan
     from pretrainer.analysis.plan_text import format_plan
-    from pretrainer.config.load import apply_overrides, earlier_defaults, load_config, read_toml
+    from pretrainer.config.load import apply_overrides, load_config, load_saved_config
 
     timings = None
     config = args.config
@@ -30,9 +30,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> None:
 
         timings = measure_probe(config, overrides, args.measure_steps, args.gpus)
     if args.from_run and args.config is None:  # a saved config: the keys it lacks take their values then
-        cfg = apply_overrides(
-            earlier_defaults(load_config(config, validated=False), read_toml(config)), overrides
-        )
+        cfg = apply_overrides(load_saved_config(config), overrides)
     else:
         cfg = load_config(config, overrides)
     data = data_for_vocab(cfg)

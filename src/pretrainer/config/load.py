@@ -350,6 +350,11 @@ def from_dict(raw: dict[str, dict[str, Any]], where: str) -> Config:
     return earlier_defaults(cfg, raw)
 
 
+def load_saved_config(path: Path) -> Config:
+    """A run's saved config.toml, not yet checked (overrides may complete it), as its run trained."""
+    return earlier_defaults(load_config(path, validated=False), read_toml(path))
+
+
 def earlier_defaults(cfg: Config, raw: dict[str, dict[str, Any]]) -> Config:
     """A saved config lacks the keys added after it was written: each takes the value its run trained
     with (EARLIER_DEFAULTS), not today's default (an older llama had no QK-norm)."""
