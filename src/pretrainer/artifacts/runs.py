@@ -125,7 +125,7 @@ class InitSource:
 
 def open_init_source(spec: str) -> InitSource:
     if spec.startswith("hf:"):
-        from pretrainer.artifacts import hf_format as hf
+        from pretrainer.artifacts import hf_import as hf
         from pretrainer.data.hub import is_hub_spec, pull
 
         # hf://ORG/NAME: an export `pretrainer push` uploaded, pulled and verified; hf:DIR: a local one

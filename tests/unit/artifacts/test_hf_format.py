@@ -11,6 +11,7 @@ from support.hf_tokenizer_helpers import TEXTS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pretrainer.artifacts import hf_format as hf
+from pretrainer.artifacts import hf_import
 from pretrainer.artifacts.checkpoint import model_weights
 from pretrainer.config.schema import ModelConfig
 from pretrainer.data.sources import Corpus
@@ -133,7 +134,7 @@ def test_import_round_trips_weights_exactly():
     for name in SHAPES:
         model = ours(name)
         weights = model_weights(model)
-        again = hf.from_hf_weights(model.cfg, hf.to_hf_weights(model.cfg, weights), "test")
+        again = hf_import.from_hf_weights(model.cfg, hf.to_hf_weights(model.cfg, weights), "test")
         assert again.keys() == weights.keys() and all(torch.equal(again[k], weights[k]) for k in weights)
 
 

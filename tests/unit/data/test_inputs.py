@@ -225,7 +225,7 @@ GPT2 = {"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_embd": 64
     ],
 )
 def test_hf_import_refuses_what_it_cannot_reproduce_listing_every_reason(config, reasons):
-    from pretrainer.artifacts.hf_format import model_config_from_hf
+    from pretrainer.artifacts.hf_import import model_config_from_hf
 
     with pytest.raises(UserError) as refused:
         model_config_from_hf(config, "config.json")
@@ -236,7 +236,7 @@ def test_hf_import_refuses_what_it_cannot_reproduce_listing_every_reason(config,
 
 
 def test_hf_import_still_accepts_what_it_reproduces():
-    from pretrainer.artifacts.hf_format import model_config_from_hf
+    from pretrainer.artifacts.hf_import import model_config_from_hf
 
     assert (
         model_config_from_hf(
