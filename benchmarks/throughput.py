@@ -59,6 +59,7 @@ import traceback
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -326,10 +327,8 @@ def nanogpt_loop(
         dataset.mkdir(parents=True)
         for name in ("train.py", "model.py", "configurator.py"):
             shutil.copy(checkout / name, workdir / name)
-        for split in ("train", "val"):
-            (dataset / f"{split}.bin").symlink_to(
-                (data.path / data.manifest["splits"][split]["file"]).resolve()
-            )
+        for split in ("train", "val"):  # one file each, as nanoGPT reads it (a split's shards joined)
+            np.asarray(data.tokens(split)).tofile(dataset / f"{split}.bin")
         with open(dataset / "meta.pkl", "wb") as f:
             pickle.dump({"vocab_size": cfg.model.vocab_size}, f)  # else nanoGPT pads the vocab to 50304
     log = workdir / "train.log"

@@ -9,7 +9,7 @@ its own tokenizer, scored by one evaluator in bits per byte over every byte of t
 
 The documents: the corpus `--data` was prepared from (its manifest's command: --corpus, --val-fraction,
 --seed), read by our corpus reader and split by prepare's own content-hash rule, so the validation
-documents are exactly those of `--data`'s val.bin. nanochat gets them as parquet shards (its format):
+documents are exactly those of `--data`'s val split. nanochat gets them as parquet shards (its format):
 the train documents cut at line boundaries into pieces of at most --piece-chars characters (its
 BOS-aligned loader crops every document to one row, which would leave it the first 256 tokens of each
 file; the cut keeps every byte in training), and the validation documents as its validation shard.

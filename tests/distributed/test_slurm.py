@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import _child, _cli_train, exit_hook, exit_hook_calls, fork_train, losses, rank_envs
+from helpers import DOCS, _child, _cli_train, exit_hook, exit_hook_calls, fork_train, losses, rank_envs
 from support.slurm_cluster import FINAL_STATES as FINAL
 from support.slurm_cluster import SlurmCluster
 
@@ -273,6 +274,61 @@ def budget_drill(drills: Drills, name: str) -> Generator:
     return job, final
 
 
+def prepare_array_drill(drills: Drills, name: str, tokenizer: Path) -> Generator:
+    """The prepare script as a 3-task job array (a part each, two at a time on this node's two CPUs) and the
+    merge job after it (--dependency=afterok): -> (the array's tasks, the merge job's fields, OUT, corpus).
+    It starts once the requeue drills are over: its jobs would hold the node's CPUs their requeued jobs wait
+    for."""
+    leads = [drill.name for drill in DRILLS.values() if drill.lead]
+    yield from until(lambda: not any(lead in drills.pending for lead in leads), 240, "the requeue drills")
+    corpus, out = drills.root / "corpus.jsonl", drills.root / "prepared"
+    lines = (
+        json.dumps({"text": f"# {i}\n" + "".join(DOCS[(i + j) % len(DOCS)] for j in range(24))})
+        for i in range(7000)
+    )
+    corpus.write_text("\n".join(lines) + "\n")  # ~10 MB: 3 units of at least 4 MiB (MIN_UNIT_BYTES)
+    env = {
+        "CORPUS": str(corpus),
+        "OUT": str(out),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": PYTHONPATH,
+        **drills.bytecode,
+    }
+    args = ("--tokenizer-from", tokenizer, "--val-fraction", "0.05")
+    script = EXAMPLES / "prepare-array.sbatch"
+    common = (f"--chdir={drills.root}", f"--job-name={name}", "--cpus-per-task=1")
+    parts = drills.cluster.sbatch(
+        *common, "--array=1-3", f"--output={drills.root}/{name}-%a.out", script, *args, env=env
+    )
+    merge = drills.cluster.sbatch(
+        *common,
+        f"--dependency=afterok:{parts}",
+        f"--output={drills.root}/{name}-merge.out",
+        script,
+        *args,
+        env=env,
+    )
+
+    def tasks() -> list[dict]:
+        return [
+            f
+            for f in drills.snapshot.values()
+            if f.get("ArrayJobId") == str(parts) and f.get("ArrayTaskId", "").isdigit()
+        ]
+
+    def parts_over() -> bool:
+        found = tasks()
+        if any(f.get("JobState") in FINAL and f.get("JobState") != "COMPLETED" for f in found):
+            logs = "".join(p.read_text()[-2000:] for p in drills.root.glob(f"{name}-*.out"))
+            raise AssertionError(f"a part failed: {found}\n{logs}")
+        return len(found) == 3 and all(f.get("JobState") == "COMPLETED" for f in found)
+
+    yield from until(parts_over, 120, f"array job {parts}: its 3 parts")
+    array = tasks()
+    final = yield from wait_final(drills, Job(merge, out, drills.root / f"{name}-merge.out"))
+    return array, final, out, corpus
+
+
 @dataclass
 class Drill:
     name: str  # its run dir and job name
@@ -301,6 +357,9 @@ DRILLS = {  # test -> its drill
         True,
         "two_ranks",
     ),
+    "test_the_prepare_array_script_prepares_three_parts_and_merges_them": Drill(
+        "prepare-array", lambda d, n: prepare_array_drill(d, n, d.config.parent / "tokenizer-data")
+    ),
 }
 
 
@@ -327,6 +386,7 @@ def drills(request, slurm, stdlib_data, tmp_path_factory):
     config = root / "tiny.toml"
     config.write_text(toml_document({"data": {"dir": str(stdlib_data)}, **SETTINGS}))
     runs = Drills(slurm, root, config)
+    shutil.copytree(stdlib_data, root / "tokenizer-data")  # the prepare drill's tokenizer (--tokenizer-from)
     runs.warm_bytecode()
     selected = [DRILLS[item.name] for item in request.session.items if item.name in DRILLS]
     for drill in selected:
@@ -403,3 +463,28 @@ def test_two_node_script_usr1_to_every_worker_requeues_and_resumes_to_the_two_ra
     job, stopped, final = drills.result("two-nodes")
     stopped_by_usr1_and_requeued(drills, job, stopped, final, "two_ranks")
     ran_again_and_finished(job, final)
+
+
+def test_the_prepare_array_script_prepares_three_parts_and_merges_them(drills, tmp_path):
+    """examples/slurm/prepare-array.sbatch as shipped: 3 array tasks, each `prepare --part I/3`, then the
+    merge job once all succeeded; the data dir equals one prepare of the same corpus in one process."""
+    from pretrainer.data.prepare import prepare
+    from pretrainer.data.sources import Corpus
+
+    array, final, out, corpus = drills.result("prepare-array")
+    assert sorted(int(task["ArrayTaskId"]) for task in array) == [1, 2, 3]
+    merge_log = (drills.root / "prepare-array-merge.out").read_text()
+    assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", f"{final}\n{merge_log[-3000:]}"
+    for task in (1, 2, 3):
+        assert f"part {task}/3" in (drills.root / f"prepare-array-{task}.out").read_text()
+    assert "kept 3 of 3 units tokenized before" in merge_log and f"wrote {out}" in merge_log
+    reference = tmp_path / "reference"
+    tokenizer = drills.root / "tokenizer-data"
+    prepare(
+        Corpus([str(corpus)]), "gpt2", reference, tokenizer_from=str(tokenizer), val_fraction=0.05, workers=1
+    )
+    names = sorted(p.name for p in reference.iterdir() if p.name != "manifest.json")
+    assert names == sorted(p.name for p in out.iterdir() if p.name != "manifest.json")
+    assert all((out / n).read_bytes() == (reference / n).read_bytes() for n in names)
+    ours, theirs = (json.loads((d / "manifest.json").read_text())["splits"] for d in (out, reference))
+    assert ours == theirs and not Path(f"{out}.prepare").exists()

@@ -86,8 +86,10 @@ def test_nanogpt_needs_the_gpt2_shape(stdlib_data):
 def test_prepare_speed_smoke():
     result = run_script("prepare_speed.py", "--smoke", "--workers", 2)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "| pretrainer prepare |" in result.stdout and "| raw tiktoken |" in result.stdout
-    assert "pretrainer / raw tiktoken" in result.stdout
+    rows = [line.split(" | ")[0] for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert rows[2:] == ["| prepare, 1 worker", "| prepare, 2 workers", "| raw tiktoken, 2 threads"]
+    assert "prepare at 2 workers / raw tiktoken at 2 threads:" in result.stdout
+    assert "prepare at 2 workers / at 1 worker:" in result.stdout
 
 
 def test_optimizer_ops_smoke():

@@ -108,7 +108,7 @@ def test_a_vocab_over_65536_makes_uint32_files_that_train(tmp_path, corpus, run_
     )
     assert manifest["tokenizer"]["vocab_size"] == 66_001 and manifest["tokenizer"]["eot_id"] == 66_000
     assert manifest["dtype"] == "uint32" and manifest["max_token_id"] == 66_000
-    assert (data / "train.bin").stat().st_size == 4 * manifest["splits"]["train"]["tokens"]
+    assert (data / "train-00000.bin").stat().st_size == 4 * manifest["splits"]["train"]["tokens"]
     run = tmp_path / "run"
     train(
         tiny_config(

@@ -49,7 +49,7 @@ def test_push_then_pull_a_data_dir_and_an_export_verifies_every_file(
         env={"HF_HUB_CACHE": str(offline_hub), "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 0 and "every file matches checksums.sha256" in result.stdout, result.stderr
-    for name in ("train.bin", "val.bin", "manifest.json", "tokenizer.json"):
+    for name in ("train-00000.bin", "val-00000.bin", "manifest.json", "tokenizer.json"):
         assert (pulled / name).read_bytes() == (data / name).read_bytes()
 
     # a run trains on hf://; its saved config keeps the repo, not the cache path
@@ -75,9 +75,9 @@ def test_push_then_pull_a_data_dir_and_an_export_verifies_every_file(
     assert all(torch.equal(theirs[k], ours[k].to(torch.bfloat16).float()) for k in ours)
 
     # a pulled file changed in the cache is refused, naming it
-    blob = (snapshot / "val.bin").resolve()
+    blob = (snapshot / "val-00000.bin").resolve()
     blob.write_bytes(blob.read_bytes()[:-2] + b"\x00\x01")
-    with pytest.raises(UserError, match=r"val\.bin does not match its sha256 in checksums\.sha256"):
+    with pytest.raises(UserError, match=r"val-00000\.bin does not match its sha256 in checksums\.sha256"):
         pull("hf://me/stdlib-bpe1k", "dataset")
     result = run_subprocess(
         "train",
@@ -86,7 +86,7 @@ def test_push_then_pull_a_data_dir_and_an_export_verifies_every_file(
         f"--run.dir={tmp_path / 'r2'}",
         env={"HF_HUB_CACHE": str(offline_hub), "HF_HUB_OFFLINE": "1"},
     )
-    assert result.returncode == 2 and result.stderr.count("error:") == 1 and "val.bin" in result.stderr
+    assert result.returncode == 2 and result.stderr.count("error:") == 1 and "val-00000.bin" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -58,6 +58,46 @@ def test_resume_is_bit_exact(stdlib_data, tmp_path):
     assert final(straight) == final(split)
 
 
+def single_file_copy(data: Path, out: Path) -> Path:
+    """A copy of a one-shard data dir in the layout prepare wrote before shards (format v1): train.bin and
+    val.bin, each split's file and checksums in the split itself."""
+    shutil.copytree(data, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["format"] = "pretrainer-tokens-v1"
+    for split, info in manifest["splits"].items():
+        (shard,) = info.pop("shards")
+        (out / shard["file"]).rename(out / f"{split}.bin")
+        info.update(file=f"{split}.bin", sha256=shard["sha256"], chunk_sha256=shard["chunk_sha256"])
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_sharded_data_trains_as_one_file_does_and_resumes_bit_exactly(stdlib_data, tmp_path):
+    """The same tokens in 7 train shards and in a data dir from before shards: the same losses, step for
+    step; a run on the shards stopped and resumed repeats them bit for bit."""
+    from pretrainer.data.prepare import prepare
+    from pretrainer.data.sources import Corpus
+
+    sharded = tmp_path / "sharded"
+    settings = dict(val_fraction=0.05, seed=0, max_docs=400, workers=1, shard_tokens=300_000)
+    prepare(Corpus(["stdlib"]), "gpt2", sharded, tokenizer_from=str(stdlib_data), **settings)
+    manifest = json.loads((sharded / "manifest.json").read_text())
+    assert len(manifest["splits"]["train"]["shards"]) == 7
+    old = single_file_copy(stdlib_data, tmp_path / "old")
+    assert (
+        manifest["splits"]["train"]["sha256"]
+        == json.loads((old / "manifest.json").read_text())["splits"]["train"]["sha256"]
+    )
+    short = {"train.max_steps": 20, "eval.every": 10}
+    train(tiny_config(old, tmp_path / "on-old", **short))
+    train(tiny_config(sharded, tmp_path / "on-shards", **short))
+    train(tiny_config(sharded, tmp_path / "resumed", **short, **{"train.stop_at_step": 10}))
+    train(tiny_config(sharded, tmp_path / "resumed", **short))
+    expected = losses(tmp_path / "on-old")
+    assert list(expected) == list(range(1, 21))
+    assert losses(tmp_path / "on-shards") == expected == losses(tmp_path / "resumed")
+
+
 def test_muon_learns_and_resumes_bit_exactly(stdlib_data, tmp_path):
     """optim.name = muon: one state dict (Muon's momentum, AdamW's moments, the momentum warm-up's step
     count) checkpointed and restored, so a stopped run continues with the same floats; and it learns."""

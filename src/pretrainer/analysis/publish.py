@@ -111,10 +111,16 @@ def stage_data_dir(data_dir: Path, repo_id: str) -> Path:
     return staged
 
 
+def shard_names(info: dict) -> str:
+    """A split's token files for the card: `train.bin`, or `train-00000.bin` .. `train-00011.bin` (12)."""
+    names = [f"`{shard['file']}`" for shard in info.get("shards", [info])]
+    return names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})"
+
+
 def dataset_card(manifest: dict, repo_id: str) -> str:
     splits, tokenizer = manifest["splits"], manifest["tokenizer"]
     rows = "\n".join(
-        f"| {name} | {info.get('documents', 0):,} | {info.get('tokens', 0):,} | `{info['file']}` | "
+        f"| {name} | {info.get('documents', 0):,} | {info.get('tokens', 0):,} | {shard_names(info)} | "
         f"`{info['sha256'][:16]}...` |"
         for name, info in splits.items()
     )

@@ -12,6 +12,7 @@ OPTION_RANGES = {
     "seed": "[0, 4294967295]",
     "workers": ">= 0",
     "max_docs": ">= 0",
+    "shard_tokens": ">= 1",
     "nproc": ">= 1",
     "num_fewshot": ">= 0",
     "limit": ">= 0",

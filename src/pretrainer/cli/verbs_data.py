@@ -26,7 +26,9 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> None:
         column="messages" if args.format == "chat" else "text",
         on_bad=args.on_bad,
     )
-    previous = stop_on_signals(f"prepare: nothing was written to {args.out}")
+    previous = stop_on_signals(
+        f"prepare: nothing was written to {args.out}; the same command continues from the units done"
+    )
     try:
         _prepare(args, argv, corpus)
     finally:  # the caller's handlers again (in-process callers, tests)
@@ -50,6 +52,9 @@ def _prepare(args: argparse.Namespace, argv: list[str], corpus) -> None:
         fmt=args.format,
         tokenizer_from=args.tokenizer_from or "",
         eot_token=args.eot_token,
+        shard_tokens=args.shard_tokens,
+        part=args.part,
+        merge=args.merge,
     )
 
 
@@ -116,6 +121,8 @@ def cmd_fetch_gpt2(args: argparse.Namespace) -> None:
 
 def add_prepare(verbs) -> None:
     """`pretrainer prepare`'s arguments and help."""
+    from pretrainer.data.shards import SHARD_TOKENS
+
     p = verbs.add_parser("prepare", help="corpus -> tokenizer -> token files + manifest")
     p.add_argument(
         "--corpus",
@@ -169,7 +176,30 @@ def add_prepare(verbs) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the document-level validation split")
     p.add_argument(
-        "--workers", type=int, default=0, help="tokenizer processes (default: CPU count, at most 8)"
+        "--workers",
+        type=int,
+        default=0,
+        help="tokenizer processes, each reading its own units of the corpus (default: the cores this "
+        "process may use)",
+    )
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=SHARD_TOKENS,
+        help=f"tokens per token file (train-00000.bin, ...; default {SHARD_TOKENS:,}: 512 MiB of uint16)",
+    )
+    p.add_argument(
+        "--part",
+        metavar="I/N",
+        default="",
+        help="tokenize only the I-th of N slices of the corpus into OUT.prepare/ (a SLURM array task per "
+        "part, on a filesystem they share); then the same command with --merge writes OUT",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="join the units every --part tokenized into OUT (the same command, without --part); equal to "
+        "one prepare of the whole corpus",
     )
     p.add_argument(
         "--txt-docs",

@@ -31,6 +31,7 @@ GGUF_MARKER_KEY = "pretrainer.output"
 # kind -> what it is, in an error line
 OUTPUTS = {
     "data": "a prepared data dir",
+    "prepare-work": "a prepare's work dir",
     "report": "a report",
     "hf": "a Hugging Face export",
     "hub-push": "a Hub push's staging",

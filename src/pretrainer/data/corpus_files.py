@@ -128,6 +128,28 @@ class BinaryLines:
     def position(self) -> int:
         return self.raw.tell()
 
+    def skip_to_line(self, offset: int) -> int:
+        """Move to the first line that starts at or after byte `offset` (uncompressed files only) -> its
+        byte offset."""
+        if offset <= 0:
+            return 0
+        self.raw.seek(offset - 1)
+        self.raw.readline()  # the rest of the line holding byte offset - 1, its newline included
+        return self.raw.tell()
+
+
+def lines_before(path: Path, offset: int) -> int:
+    """How many lines of an uncompressed file end before byte `offset`."""
+    count = 0
+    with open(path, "rb") as f:
+        while offset > 0:
+            block = f.read(min(offset, 1 << 24))
+            if not block:
+                break
+            count += block.count(b"\n")
+            offset -= len(block)
+    return count
+
 
 def hf_files(spec: str) -> tuple[list[Path], dict]:
     """The parquet files of a hub dataset matching the glob, and what was read: repo, revision (the

@@ -13,6 +13,7 @@ import numpy as np
 from pretrainer.core.errors import UserError
 from pretrainer.data.hub import is_hub_spec, pull
 from pretrainer.data.loader import TokenSource
+from pretrainer.data.token_files import open_tokens, split_files
 from pretrainer.data.tokenizers.base import Tokenizer, metadata_path
 from pretrainer.data.tokenizers.load import load_tokenizer
 
@@ -45,9 +46,19 @@ class DataDir:
             },
         }
 
-    def tokens(self, split: str) -> np.ndarray:
-        info = self.manifest["splits"][split]
-        return np.memmap(self.path / info["file"], dtype=np.dtype(self.manifest["dtype"]), mode="r")
+    def tokens(self, split: str):
+        """A split's tokens: an np.memmap, or ShardedTokens over several shards (data/token_files.py)."""
+        files = split_files(self.manifest["splits"][split])
+        return open_tokens(self.path, files, np.dtype(self.manifest["dtype"]))
+
+    def mask(self, split: str):
+        """A split's loss mask (chat data), read as tokens() is; None for text data."""
+        files = split_files(self.manifest["splits"][split])
+        return (
+            open_tokens(self.path, files, np.dtype(np.uint8), "mask_file")
+            if "mask_file" in files[0]
+            else None
+        )
 
     @property
     def is_chat(self) -> bool:
@@ -59,17 +70,11 @@ class DataDir:
 
     def source(self, split: str, seq_len: int, packing: str) -> TokenSource:
         """A split as a TokenSource: its tokens, its loss mask (chat data) and the packing."""
-        info = self.manifest["splits"][split]
-        mask = (
-            np.memmap(self.path / info["mask_file"], dtype=np.uint8, mode="r")
-            if "mask_file" in info
-            else None
-        )
         return TokenSource(
             self.tokens(split),
             seq_len,
             packing=packing,
-            mask=mask,
+            mask=self.mask(split),
             eot_id=self.eot_id,
             name=f"{self.path.name}/{split}",
         )
@@ -193,22 +198,34 @@ def open_data_dir(path: str | Path) -> DataDir:
             f"the tokens were made by another tokenizer, re-run `pretrainer prepare`"
         )
     for split in ("train", "val"):
-        info = splits[split]
-        for name, itemsize in (
-            (info["file"], dtype.itemsize),
-            *([(info["mask_file"], 1)] if "mask_file" in info else []),
-        ):
-            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise UserError(
-                    f"{manifest_path}: split file {name!r} is not a file name inside {path}; a manifest "
-                    f"names its files, never a path elsewhere; re-run `pretrainer prepare`"
-                )
-            file = path / name
-            size = file.stat().st_size if file.is_file() else -1
-            if size != info["tokens"] * itemsize:
-                raise UserError(
-                    f"{file}: holds {max(size, 0) // itemsize} tokens but manifest.json says "
-                    f"{info['tokens']}; the data dir is incomplete or was changed, "
-                    f"re-run `pretrainer prepare`"
-                )
+        try:
+            files = split_files(splits[split])
+            counted = sum(f["tokens"] for f in files)
+        except (KeyError, TypeError) as e:
+            raise UserError(
+                f"{manifest_path}: malformed split {split!r} ({e}); re-run `pretrainer prepare`"
+            ) from None
+        if not files or counted != splits[split]["tokens"]:
+            raise UserError(
+                f"{manifest_path}: the {split} shards hold {counted} tokens, the split says "
+                f"{splits[split]['tokens']}; re-run `pretrainer prepare`"
+            )
+        for info in files:
+            for name, itemsize in (
+                (info["file"], dtype.itemsize),
+                *([(info["mask_file"], 1)] if "mask_file" in info else []),
+            ):
+                if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                    raise UserError(
+                        f"{manifest_path}: split file {name!r} is not a file name inside {path}; a manifest "
+                        f"names its files, never a path elsewhere; re-run `pretrainer prepare`"
+                    )
+                file = path / name
+                size = file.stat().st_size if file.is_file() else -1
+                if size != info["tokens"] * itemsize:
+                    raise UserError(
+                        f"{file}: holds {max(size, 0) // itemsize} tokens but manifest.json says "
+                        f"{info['tokens']}; the data dir is incomplete or was changed, "
+                        f"re-run `pretrainer prepare`"
+                    )
     return DataDir(path, manifest, tokenizer)

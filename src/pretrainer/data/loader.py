@@ -22,6 +22,7 @@ import torch
 
 from pretrainer import IGNORE_INDEX
 from pretrainer.core.errors import UserError
+from pretrainer.data.token_files import byte_ranges
 
 PACKINGS = ("concat", "document", "pad")
 
@@ -96,14 +97,18 @@ class TokenSource:
             else [(i * L, i * L + L + 1) for i in ids]
         )
         for array in (self.tokens, self.mask):
-            if not isinstance(array, np.memmap) or not array.filename:
+            if array is None:
                 continue
-            with self._fds_lock:  # a stale prefetch and the training thread may both get here
-                fd = self._fds.get(array.filename)
-                if fd is None:
-                    fd = self._fds[array.filename] = os.open(array.filename, os.O_RDONLY)
             for start, end in ranges:
-                os.pread(fd, (end - start) * array.itemsize, array.offset + start * array.itemsize)
+                for filename, offset, count in byte_ranges(array, start, end):
+                    os.pread(self._fd(filename), count, offset)
+
+    def _fd(self, filename: str) -> int:
+        with self._fds_lock:  # a stale prefetch and the training thread may both get here
+            fd = self._fds.get(filename)
+            if fd is None:
+                fd = self._fds[filename] = os.open(filename, os.O_RDONLY)
+            return fd
 
     def close(self) -> None:
         for fd in self._fds.values():

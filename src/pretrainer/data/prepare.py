@@ -1,38 +1,51 @@
 """Documents -> token files + manifest.
 
     OUT/
-      train.bin, val.bin    flat token ids (uint16 when vocab <= 65536, else uint32); every document
-                            is followed by the end-of-text token, so boundaries are real documents
-                            (and, for an hf: tokenizer whose post-processor starts a sequence with a
-                            BOS such as Llama-3's, preceded by that BOS: data/tokenizers/hf.py)
+      train-00000.bin, ...  flat token ids in shards of --shard-tokens (uint16 when vocab <= 65536, else
+      val-00000.bin, ...    uint32); every document is followed by the end-of-text token, so boundaries are
+                            real documents (and, for an hf: tokenizer whose post-processor starts a
+                            sequence with a BOS such as Llama-3's, preceded by that BOS:
+                            data/tokenizers/hf.py); a split's shards are one stream cut at token counts
+                            (data/token_files.py reads them as one; a data dir from before shards has one
+                            train.bin and val.bin, read the same way)
       pretrainer-tokenizer.json, tokenizer.tiktoken
                             the tokenizer (see data/tokenizers/bpe.py)
       tokenizer.json, tokenizer_config.json
                             the same tokenizer for Hugging Face (AutoTokenizer.from_pretrained(OUT));
                             for --tokenizer hf:...: its tokenizer.json, byte for byte, and our metadata
-      manifest.json         tokenizer id/hash, dtype, per-split document and token counts, sha256 of
-                            each file, sources, the command and the pretrainer version
-      train.mask.bin,       --format chat only: one byte per token, 1 where the token is trained on
-      val.mask.bin          (assistant content and its end token; data/tokenizers/chat_format.py); the
+      manifest.json         tokenizer id/hash, dtype, per-split document and token counts, each shard
+                            with its sha256 (whole and per chunk), the sha256 of each split's stream,
+                            sources, the command and the pretrainer version
+      train-00000.mask.bin, --format chat only: one byte per token, 1 where the token is trained on
+      ...                   (assistant content and its end token; data/tokenizers/chat_format.py); the
                             manifest records the template, the special tokens and the trained-token counts
+
+How: the corpus is cut into units (data/work_units.py: whole files, byte ranges of JSONL, row groups of
+parquet), which worker processes read, tokenize and write on their own into OUT.prepare/, the work dir; the
+main process assigns units and joins the finished ones, in corpus order, into OUT's shards (data/shards.py).
 
 The validation split is by document content: a document goes to val when a hash of (seed, its
 content hash) falls below val_fraction, so the split is deterministic, independent of worker
 count, needs no shuffle buffer, and an exact duplicate could never land in the other split; exact
-duplicates are dropped anyway (counted in the manifest; the set of content hashes costs 8-16 bytes
-per document). A document streamed in pieces (see sources.Piece) is keyed by its first piece and
-not deduplicated. A trained BPE learns from the train split only. Everything is written to a temp
-directory beside OUT and renamed only when complete.
-Memory stays flat: documents stream from the sources, at most 2 x workers batches are in flight.
+duplicates are dropped anyway, the first occurrence kept (counted in the manifest; the set of content
+hashes costs 8-16 bytes per document). A document streamed in pieces (see sources.Piece) is keyed by its
+first piece and not deduplicated. So the same corpus, tokenizer and seed give byte-identical files for any
+number of workers, and for --part 1/N .. N/N followed by --merge.
+
+Resumable: a unit's files are complete once its record is written, so a prepare killed at any point and
+run again with the same command keeps the units done and tokenizes the rest; the work dir records the
+command (command.json), and a different one is refused in one line (--force starts over). OUT itself is
+written to a temp directory beside it and renamed only when complete; the work dir goes after that.
+A trained BPE learns from the train split only (and is trained once: the work dir keeps it).
 Workers are spawned processes: a script that calls prepare() with workers > 1 needs the usual
 `if __name__ == "__main__":` guard (the CLI has it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -44,18 +57,24 @@ from tqdm import tqdm
 from pretrainer import __version__
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_directory, atomic_write_json
-from pretrainer.core.ownership import check_replaceable
-from pretrainer.data.encoding import (
-    SplitWriter,
-    document_batches,
-    encode_batch,
-    encode_stream,
-    first_chars,
-    render_chat_batch,
-)
+from pretrainer.core.ownership import check_replaceable, mark_output, remove_output
+from pretrainer.data.encoding import first_chars
+from pretrainer.data.shards import SHARD_TOKENS, Assembly, KeySet
 from pretrainer.data.sources import Corpus, Piece
 from pretrainer.data.tokenizers.base import METADATA_FILE, RANKS_FILE, Tokenizer
 from pretrainer.data.tokenizers.load import load_tokenizer, tokenizer_from_spec
+from pretrainer.data.work_units import (
+    UnitSettings,
+    WorkUnit,
+    content_key,
+    init_worker,
+    is_val_document,
+    plan_units,
+    tokenize_unit,
+    unit_record,
+)
+
+__all__ = ["KeyedDocuments", "content_key", "is_val_document", "prepare", "tokenizer_of"]
 
 BPE_TRAIN_CHARS = 2_000_000_000  # a trained BPE sees at most this much text (enough for its statistics)
 
@@ -75,50 +94,10 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def content_key(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
-
-
-def is_val_document(seed: int, key: int, val_fraction: float) -> bool:
-    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64 < val_fraction
-
-
-class KeySet:
-    """A set of 64-bit content keys in one numpy array (open addressing, at most half full): 8-16
-    bytes per document, where a Python set of ints takes ~70."""
-
-    def __init__(self, capacity: int = 1 << 16):
-        self.slots, self.used, self.has_zero = np.zeros(capacity, dtype=np.uint64), 0, False
-
-    def add(self, key: int) -> bool:
-        """Insert; False when the key was already there."""
-        if key == 0:  # 0 marks an empty slot, so the key 0 is kept aside
-            new, self.has_zero = not self.has_zero, True
-            return new
-        key = np.uint64(key)
-        mask = len(self.slots) - 1
-        i = int(key) & mask
-        while self.slots[i]:
-            if self.slots[i] == key:
-                return False
-            i = (i + 1) & mask
-        self.slots[i] = key
-        self.used += 1
-        if 2 * self.used > len(self.slots):
-            old, self.slots, self.used = (
-                self.slots[self.slots != 0],
-                np.zeros(2 * len(self.slots), dtype=np.uint64),
-                0,
-            )
-            for k in old.tolist():
-                self.add(k)
-        return True
-
-
 class KeyedDocuments:
     """(text, content key) for each item of a document stream, exact duplicates of whole documents
-    dropped (and counted), stopping after max_docs documents (0: all)."""
+    dropped (and counted), stopping after max_docs documents (0: all): the documents a trained BPE learns
+    from, in the order and with the rule the units' assembly keeps them (data/shards.py)."""
 
     def __init__(self, docs: Iterator[str], max_docs: int = 0):
         self.docs, self.max_docs = docs, max_docs
@@ -142,6 +121,112 @@ class KeyedDocuments:
                     return  # before reading another document from the sources
 
 
+def parse_part(part: str) -> tuple[int, int]:
+    """--part I/N -> (I, N); "" -> (0, 0)."""
+    if not part:
+        return 0, 0
+    try:
+        index, count = (int(x) for x in part.split("/"))
+    except ValueError:
+        index = count = 0
+    if not 1 <= index <= count:
+        raise UserError(
+            f"--part {part}: give I/N with 1 <= I <= N, e.g. --part 2/8 (a SLURM array task per part)"
+        )
+    return index, count
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def work_dir_of(out: Path) -> Path:
+    return out.with_name(out.name + ".prepare")
+
+
+def open_work_dir(work: Path, fingerprint: dict, force: bool) -> None:
+    """Create the work dir, or check that the one there was started by this command (--force: start over)."""
+    recorded = work / "command.json"
+    if work.exists() or work.is_symlink():
+        check_replaceable(work, "prepare-work")  # ours, not a directory that happens to have the name
+        try:
+            before = json.loads(recorded.read_text())
+        except (OSError, ValueError):
+            before = None
+        if before == fingerprint:
+            return
+        kept = len(list((work / "units").glob("*.json")))
+        if before is not None and kept and not force:  # only work that would be lost is refused
+            changed = sorted(k for k in {*before, *fingerprint} if before.get(k) != fingerprint.get(k))
+            what = (
+                "its corpus files changed since"
+                if changed == ["files"]
+                else f"its {', '.join(changed)} differ"
+            )
+            raise UserError(
+                f"{work}: holds {kept} units of another prepare into this --out ({what}); run that "
+                f"command again to finish it, or pass --force to start over"
+            )
+        remove_output(work, "prepare-work")
+    # made whole under a temp name, then renamed: parts starting together never see it half made
+    staging = work.with_name(f".{work.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    mark_output(staging, "prepare-work")
+    atomic_write_json(staging / "command.json", fingerprint)
+    try:
+        os.rename(staging, work)
+    except OSError:  # another part made it first: it must be this command's
+        shutil.rmtree(staging, ignore_errors=True)
+        if json.loads(recorded.read_text()) != fingerprint:
+            raise UserError(
+                f"{work}: another prepare with other arguments started it just now; give every part the "
+                f"same command"
+            ) from None
+
+
+def command_fingerprint(corpus: Corpus, **settings) -> dict:
+    """What a prepare's output depends on: a rerun resumes only if this is equal (not --workers, --part,
+    --merge or --force, which change how, not what)."""
+    return {
+        "pretrainer_version": __version__,
+        "files": [
+            [str(f.path), f.kind, f.path.stat().st_size, f.path.stat().st_mtime_ns] for f in corpus.files
+        ],
+        "hub": {spec: hub["revision"] for spec, hub in corpus.hub.items()},
+        "txt_docs": corpus.txt_docs,
+        "utf8_errors": corpus.utf8_errors,
+        "column": corpus.column,
+        "on_bad": corpus.on_bad,
+        **settings,
+    }
+
+
+def _work_tokenizer(work: Path, make) -> Tokenizer:
+    """The work dir's tokenizer (trained or loaded once: a rerun, or another part, reuses it), else make()'s,
+    saved there first (a part that saves second finds the first's, the same bytes, and uses it)."""
+    directory = work / "tokenizer"
+    if (directory / METADATA_FILE).is_file() or (directory / RANKS_FILE).is_file():
+        return load_tokenizer(directory)
+    tokenizer = make()
+    staging = work / f"tokenizer.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    tokenizer.save(staging)
+    try:
+        os.rename(staging, directory)
+    except OSError:  # another part's is there
+        shutil.rmtree(staging, ignore_errors=True)
+        other = load_tokenizer(directory)
+        if other.sha256 != tokenizer.sha256:
+            raise UserError(
+                f"{directory}: a different tokenizer than this part's; pass --force to start over"
+            )
+    return tokenizer
+
+
 def prepare(
     corpus: Corpus,
     tokenizer_spec: str,
@@ -156,12 +241,17 @@ def prepare(
     fmt: str = "text",
     tokenizer_from: str = "",
     eot_token: str = "",
-) -> dict:
+    shard_tokens: int = SHARD_TOKENS,
+    part: str = "",
+    merge: bool = False,
+) -> dict | None:
     """Tokenize `corpus` into OUT (see the module docstring). fmt "chat": the corpus holds conversations
     (Corpus(column="messages")), written in the chat template with a loss mask
     (data/tokenizers/chat_format.py);
     tokenizer_from: reuse the tokenizer of a run, checkpoint or data dir exactly (chat: plus the chat tokens);
-    eot_token: the document separator of an hf: tokenizer (default: found among its special tokens)."""
+    eot_token: the document separator of an hf: tokenizer (default: found among its special tokens);
+    part "I/N": tokenize only the I-th of N slices of the units into the work dir (no OUT yet); merge: join
+    the work dir's units, every part done, into OUT. -> the manifest (None for a part)."""
     out = Path(out)
     chat = fmt == "chat"
     if fmt not in ("text", "chat"):
@@ -178,13 +268,18 @@ def prepare(
         )
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction {val_fraction}: must be between 0 and 1 (exclusive)")
+    if shard_tokens < 1:
+        raise UserError(f"--shard-tokens {shard_tokens}: must be at least 1")
+    part_index, parts = parse_part(part)
+    if part and merge:
+        raise UserError("prepare: --part tokenizes one slice, --merge joins them all; give one of the two")
     if out.exists() and not force:
         raise UserError(
             f"{out}: output directory already exists; choose another --out or pass --force to replace it"
         )
     inputs = [f.path for f in corpus.files] + ([tokenizer_from] if tokenizer_from else [])
     check_replaceable(out, "data", keep=inputs)
-    workers = workers or min(os.cpu_count() or 1, 8)
+    workers = workers or available_cores()
     if eot_token and (tokenizer_from or not tokenizer_spec.startswith("hf:")):
         raise UserError(
             f"--eot-token {eot_token}: only with --tokenizer hf:DIR_OR_REPO (gpt2, bpe:N and "
@@ -199,13 +294,25 @@ def prepare(
     def documents() -> KeyedDocuments:
         return KeyedDocuments(corpus.documents(), max_docs)
 
-    first = next(iter(documents()), None)
-    if first is None:
+    if next(iter(documents()), None) is None:
         raise UserError(f"{', '.join(corpus.specs)}: empty corpus (no non-blank documents)")
 
-    # renamed to `out` only when complete (--force: the old one goes only then)
-    with atomic_directory(out, kind="data", replace=force) as tmp:
-        started = time.time()
+    started = time.time()
+    work_path = work_dir_of(out)
+    check_replaceable(work_path, "prepare-work", keep=inputs)
+    fingerprint = command_fingerprint(
+        corpus,
+        tokenizer=tokenizer_spec,
+        tokenizer_from=str(Path(tokenizer_from).resolve()) if tokenizer_from else "",
+        eot_token=eot_token,
+        format=fmt,
+        val_fraction=val_fraction,
+        seed=seed,
+        max_docs=max_docs,
+        shard_tokens=shard_tokens,
+    )
+
+    def make_tokenizer() -> Tokenizer:
         if tokenizer_from:
             tokenizer = tokenizer_of(tokenizer_from)
         elif hf_tokenizer is not None:
@@ -222,139 +329,361 @@ def prepare(
             from pretrainer.data.tokenizers.chat_format import chat_tokenizer
 
             tokenizer = chat_tokenizer(tokenizer)
-        tokenizer.save(tmp)
-        dtype = token_dtype(tokenizer.vocab_size)
+        return tokenizer
 
-        corpus.replaced_documents = corpus.null_documents = corpus.bad_documents = (
-            0  # count once, on the encoding pass
+    def open_work() -> Work:
+        open_work_dir(work_path, fingerprint, force)
+        tokenizer = _work_tokenizer(work_path, make_tokenizer)
+        work = Work(
+            work_path,
+            corpus,
+            tokenizer,
+            part_index=part_index,
+            parts=parts,
+            seed=seed,
+            val_fraction=val_fraction,
+            chat=chat,
         )
-        writers = {
-            "train": SplitWriter(tmp / "train.bin", dtype, chat),
-            "val": SplitWriter(tmp / "val.bin", dtype, chat),
-        }
-        # Progress in file bytes read (corpus.bytes_read), the unit of total_bytes; a --max-docs run has no
-        # known end.
-        progress = tqdm(
-            total=None if max_docs else corpus.total_bytes,
-            unit="B",
-            unit_scale=True,
-            desc="tokenizing",
-            mininterval=1.0,
-            dynamic_ncols=True,
-        )
-        doc_index, max_token = 0, 0
-        keyed = documents()
-        encode = render_chat_batch if chat else encode_batch
-        for (flat, mask, lengths), keys, ends in encode_stream(
-            document_batches(iter(keyed)), tokenizer, tmp, workers, encode
-        ):
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            splits = ["val" if is_val_document(seed, key, val_fraction) else "train" for key in keys]
-            first = 0
-            for last in range(len(keys)):  # one write per run of consecutive items bound for the same split
-                if last + 1 == len(keys) or splits[last + 1] != splits[first]:
-                    span = slice(offsets[first], offsets[last + 1])
-                    writers[splits[first]].write(
-                        flat[span], sum(ends[first : last + 1]), None if mask is None else mask[span]
-                    )
-                    first = last + 1
-            doc_index += sum(ends)
-            max_token = max(max_token, int(flat.max()))
-            progress.update(corpus.bytes_read - progress.n)
-            n_tokens = writers["train"].tokens + writers["val"].tokens
-            progress.set_postfix_str(
-                f"{n_tokens / max(time.time() - started, 1e-9):,.0f} tok/s, {doc_index:,} docs", refresh=False
+        if work.done:
+            print(
+                f"{work_path}: kept {len(work.done)} of {len(work.mine)} units tokenized before"
+                + ("; tokenizing the rest" if len(work.done) < len(work.mine) else ""),
+                flush=True,
             )
-        progress.update(corpus.bytes_read - progress.n)  # what the reader consumed after the last batch left
-        progress.close()
-        splits = {name: writer.close() for name, writer in writers.items()}
-        for name, split in splits.items():
-            if split["documents"] == 0:
+        return work
+
+    if parts:  # parts share the work dir (disjoint units); only the joining job writes OUT
+        work = open_work()
+        work.run(workers)
+        print(
+            f"part {part}: {len(work.mine)} units tokenized into {work_path} in "
+            f"{time.time() - started:.1f}s; once every part is done, join them: the same command with "
+            f"--merge instead of --part"
+        )
+        return None
+
+    # renamed to `out` only when complete; while it is written, no other prepare into `out` starts
+    with atomic_directory(out, kind="data", replace=force) as tmp:
+        try:
+            work = open_work()
+            if merge and len(work.done) < len(work.units):
                 raise UserError(
-                    f"{out}: the {name} split is empty "
-                    f"({doc_index} documents, --val-fraction {val_fraction}); "
-                    f"use a larger corpus or a {'larger' if name == 'val' else 'smaller'} --val-fraction"
+                    f"{work_path}: {len(work.units) - len(work.done)} of {len(work.units)} units are not "
+                    f"tokenized yet; run every --part I/N first (or this command without --merge: it "
+                    f"tokenizes what is missing)"
                 )
-        if corpus.replaced_documents:
-            print(
-                f"warning: {corpus.replaced_documents} documents had invalid UTF-8 or lone surrogates, "
-                f"replaced with U+FFFD (pass --utf8-errors=strict to reject them)",
-                flush=True,
+            manifest = join_units(
+                work,
+                tmp,
+                workers=workers,
+                max_docs=max_docs,
+                shard_tokens=shard_tokens,
+                command=command,
+                tokenizer_from=tokenizer_from,
+                out=out,
             )
-        if corpus.null_documents:
-            print(f"note: {corpus.null_documents} documents had no text (null) and were skipped", flush=True)
-        if corpus.bad_documents:
-            print(
-                f"note: {corpus.bad_documents} malformed conversations were skipped (--on-bad skip)",
-                flush=True,
-            )
-        if keyed.duplicates:
-            print(f"note: {keyed.duplicates} exact duplicate documents were dropped", flush=True)
-        for spec, hub in corpus.hub.items():
-            if hub["offline"]:
-                print(
-                    f"warning: {spec}: offline (HF_HUB_OFFLINE): used the {len(hub['files'])} cached files "
-                    f"of {hub['repo']}@{hub['revision'][:12]}; "
-                    f"files the hub has beyond this cache were not seen",
-                    flush=True,
-                )
-        for path in corpus.auto_split_files:
-            print(
-                f"note: {path} is over 64 MiB: split into documents at blank lines "
-                f"(--txt-docs=file keeps it whole)",
-                flush=True,
-            )
-
-        manifest = {
-            "format": "pretrainer-tokens-v1",
-            "pretrainer_version": __version__,
-            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": command,
-            "sources": corpus.describe(),
-            "content": "chat" if chat else "text",
-            "tokenizer": {
-                "name": tokenizer.name,
-                "sha256": tokenizer.sha256,
-                "vocab_size": tokenizer.vocab_size,
-                "eot_id": tokenizer.eot_id,
-                "special_tokens": tokenizer.special_tokens,
-                **(
-                    {
-                        "eot_token": tokenizer.eot_name,
-                        "bos_token": tokenizer.bos_name,
-                        "bos_id": tokenizer.bos_id,
-                        "file_sha256": tokenizer.file_sha256,
-                    }
-                    if tokenizer.kind == "hf"
-                    else {}
-                ),
-                "files": list(tokenizer.files),
-                **({"from": tokenizer_from} if tokenizer_from else {}),
-            },
-            "dtype": dtype.name,
-            "max_token_id": max_token,
-            "seed": seed,
-            "val_fraction": val_fraction,
-            "utf8": {"errors": corpus.utf8_errors, "replaced_documents": corpus.replaced_documents},
-            "null_documents": corpus.null_documents,
-            "duplicate_documents": keyed.duplicates,
-            "split_by": "content hash (exact duplicates dropped)",
-            "auto_split_files": corpus.auto_split_files,
-            "splits": splits,
-        }
-        if chat:
-            from pretrainer.data.tokenizers.chat_format import TEMPLATE
-
-            manifest["chat"] = {
-                "template": TEMPLATE,
-                "loss_mask": "1 on assistant content and <|assistant_end|>",
-                "bad_conversations": corpus.bad_documents,
-                "on_bad": corpus.on_bad,
-            }
-        atomic_write_json(tmp / "manifest.json", manifest)
+        except BaseException:
+            if not any((work_path / "units").glob("*.json")):  # nothing done worth keeping: no trace
+                remove_output(work_path, "prepare-work")
+            raise
+    remove_output(work_path, "prepare-work")  # OUT is complete: the units are no longer needed
+    splits = manifest["splits"]
     total = splits["train"]["tokens"] + splits["val"]["tokens"]
+    shards = len(splits["train"]["shards"]) + len(splits["val"]["shards"])
     print(
-        f"wrote {out}: {doc_index:,} documents, {total:,} tokens ({splits['train']['tokens']:,} train, "
-        f"{splits['val']['tokens']:,} val) in {time.time() - started:.1f}s"
+        f"wrote {out}: {splits['train']['documents'] + splits['val']['documents']:,} documents, {total:,} "
+        f"tokens ({splits['train']['tokens']:,} train, {splits['val']['tokens']:,} val) in {shards} shards, "
+        f"in {time.time() - started:.1f}s"
     )
     return manifest
+
+
+class Work:
+    """A prepare's work dir opened: its tokenizer, the corpus's units, this job's share of them (a --part's
+    slice, or all) and those already done."""
+
+    def __init__(
+        self,
+        path: Path,
+        corpus: Corpus,
+        tokenizer: Tokenizer,
+        *,
+        part_index: int,
+        parts: int,
+        seed: int,
+        val_fraction: float,
+        chat: bool,
+    ):
+        self.path, self.corpus, self.tokenizer, self.chat = path, corpus, tokenizer, chat
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.units = plan_units(corpus)
+        n = len(self.units)
+        self.mine = (
+            self.units[(part_index - 1) * n // parts : part_index * n // parts] if parts else self.units
+        )
+        (path / "units").mkdir(exist_ok=True)
+        self.done = {u.index: r for u in self.mine if (r := unit_record(path / "units", u.index)) is not None}
+        self.settings = UnitSettings(
+            corpus, path / "tokenizer", path / "units", seed, val_fraction, chat, self.dtype.name
+        )
+
+    def run(self, workers: int, use=lambda record: True, stop_early: bool = False) -> list[dict]:
+        """Tokenize this job's units that are not done (run_units)."""
+        return run_units(
+            self.mine,
+            self.done,
+            settings=self.settings,
+            tokenizer=self.tokenizer,
+            workers=workers,
+            use=use,
+            stop_early=stop_early,
+        )
+
+
+def join_units(
+    work: Work,
+    tmp: Path,
+    *,
+    workers: int,
+    max_docs: int,
+    shard_tokens: int,
+    command: str,
+    tokenizer_from: str,
+    out: Path,
+) -> dict:
+    """Tokenize what is missing and join every unit, as each is ready, into `tmp`'s shards; write the
+    tokenizer and the manifest there. -> the manifest."""
+    corpus, tokenizer = work.corpus, work.tokenizer
+    for name in tokenizer.files:  # as saved into the work dir (saving again costs seconds for GPT-2's files)
+        shutil.copyfile(work.path / "tokenizer" / name, tmp / name)
+    assembly = Assembly(
+        tmp, work.path / "units", work.dtype, chat=work.chat, shard_tokens=shard_tokens, max_docs=max_docs
+    )
+    used = work.run(workers, use=assembly.add, stop_early=bool(max_docs))
+    splits = assembly.close()
+    counts = {
+        name: sum(record[name] for record in used)
+        for name in ("replaced_documents", "null_documents", "bad_documents")
+    }
+    auto_split = list(dict.fromkeys(path for record in used for path in record["auto_split_files"]))
+    # the files read: those of the units used, up to the last document's when --max-docs stopped early
+    last = max(assembly.read_documents, default=-1) if assembly.full else len(corpus.files)
+    read = sorted({i for record in used for i in files_of(work.units[record["unit"]]) if i <= last})
+    corpus.read_documents = {str(corpus.files[i].path): assembly.read_documents.get(i, 0) for i in read}
+    documents = splits["train"]["documents"] + splits["val"]["documents"]
+    for name, split in splits.items():
+        if split["documents"] == 0:
+            raise UserError(
+                f"{out}: the {name} split is empty "
+                f"({documents} documents, --val-fraction {work.settings.val_fraction}); "
+                f"use a larger corpus or a {'larger' if name == 'val' else 'smaller'} --val-fraction"
+            )
+    report_counts(corpus, counts, assembly.duplicates, auto_split)
+    manifest = manifest_of(
+        corpus,
+        tokenizer,
+        command=command,
+        tokenizer_from=tokenizer_from,
+        dtype=work.dtype,
+        assembly=assembly,
+        seed=work.settings.seed,
+        val_fraction=work.settings.val_fraction,
+        shard_tokens=shard_tokens,
+        counts=counts,
+        auto_split=auto_split,
+        splits=splits,
+        chat=work.chat,
+    )
+    atomic_write_json(tmp / "manifest.json", manifest)
+    return manifest
+
+
+def manifest_of(
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    *,
+    command: str,
+    tokenizer_from: str,
+    dtype: np.dtype,
+    assembly: Assembly,
+    seed: int,
+    val_fraction: float,
+    shard_tokens: int,
+    counts: dict,
+    auto_split: list[str],
+    splits: dict,
+    chat: bool,
+) -> dict:
+    """manifest.json: what was read (files, hashes, counts), how (tokenizer, split rule, command) and what
+    was written (each split's shards and checksums)."""
+    manifest = {
+        "format": "pretrainer-tokens-v2",
+        "pretrainer_version": __version__,
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "sources": corpus.describe(),
+        "content": "chat" if chat else "text",
+        "tokenizer": {
+            "name": tokenizer.name,
+            "sha256": tokenizer.sha256,
+            "vocab_size": tokenizer.vocab_size,
+            "eot_id": tokenizer.eot_id,
+            "special_tokens": tokenizer.special_tokens,
+            **(
+                {
+                    "eot_token": tokenizer.eot_name,
+                    "bos_token": tokenizer.bos_name,
+                    "bos_id": tokenizer.bos_id,
+                    "file_sha256": tokenizer.file_sha256,
+                }
+                if tokenizer.kind == "hf"
+                else {}
+            ),
+            "files": list(tokenizer.files),
+            **({"from": tokenizer_from} if tokenizer_from else {}),
+        },
+        "dtype": dtype.name,
+        "max_token_id": assembly.max_token,
+        "seed": seed,
+        "val_fraction": val_fraction,
+        "shard_tokens": shard_tokens,
+        "utf8": {"errors": corpus.utf8_errors, "replaced_documents": counts["replaced_documents"]},
+        "null_documents": counts["null_documents"],
+        "duplicate_documents": assembly.duplicates,
+        "split_by": "content hash (exact duplicates dropped)",
+        "auto_split_files": auto_split,
+        "splits": splits,
+    }
+    if chat:
+        from pretrainer.data.tokenizers.chat_format import TEMPLATE
+
+        manifest["chat"] = {
+            "template": TEMPLATE,
+            "loss_mask": "1 on assistant content and <|assistant_end|>",
+            "bad_conversations": counts["bad_documents"],
+            "on_bad": corpus.on_bad,
+        }
+    return manifest
+
+
+def files_of(unit: WorkUnit) -> list[int]:
+    return list(dict.fromkeys(span.file for span in unit.spans))
+
+
+def report_counts(corpus: Corpus, counts: dict, duplicates: int, auto_split: list[str]) -> None:
+    """One line each for what was replaced, skipped or dropped on the way."""
+    if counts["replaced_documents"]:
+        print(
+            f"warning: {counts['replaced_documents']} documents had invalid UTF-8 or lone surrogates, "
+            f"replaced with U+FFFD (pass --utf8-errors=strict to reject them)",
+            flush=True,
+        )
+    if counts["null_documents"]:
+        print(f"note: {counts['null_documents']} documents had no text (null) and were skipped", flush=True)
+    if counts["bad_documents"]:
+        print(
+            f"note: {counts['bad_documents']} malformed conversations were skipped (--on-bad skip)",
+            flush=True,
+        )
+    if duplicates:
+        print(f"note: {duplicates} exact duplicate documents were dropped", flush=True)
+    for spec, hub in corpus.hub.items():
+        if hub["offline"]:
+            print(
+                f"warning: {spec}: offline (HF_HUB_OFFLINE): used the {len(hub['files'])} cached files "
+                f"of {hub['repo']}@{hub['revision'][:12]}; "
+                f"files the hub has beyond this cache were not seen",
+                flush=True,
+            )
+    for path in auto_split:
+        print(
+            f"note: {path} is over 64 MiB: split into documents at blank lines "
+            f"(--txt-docs=file keeps it whole)",
+            flush=True,
+        )
+
+
+def run_units(
+    units: list[WorkUnit],
+    done: dict[int, dict],
+    *,
+    settings: UnitSettings,
+    tokenizer: Tokenizer,
+    workers: int,
+    use,
+    stop_early: bool = False,
+) -> list[dict]:
+    """Tokenize the units not `done` (in `workers` spawned processes; 1: in this one) and hand every unit's
+    record to use() in unit order as soon as it and all before it are there; stop when use() returns False
+    (stop_early: it may, so look ahead less).
+    -> the records used."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    progress = tqdm(
+        total=sum(u.bytes for u in units),
+        initial=sum(u.bytes for u in units if u.index in done),
+        unit="B",
+        unit_scale=True,
+        desc="tokenizing",
+        mininterval=1.0,
+        dynamic_ncols=True,
+    )
+    started, tokens = time.time(), 0
+    records, used = dict(done), []
+    position = 0  # units[position] is the next to hand to use()
+
+    def hand_over() -> bool:
+        nonlocal position, tokens
+        while position < len(units) and units[position].index in records:
+            record = records[units[position].index]
+            position += 1
+            used.append(record)
+            tokens += record["tokens"]["train"] + record["tokens"]["val"]
+            if not use(record):
+                return False
+        progress.set_postfix_str(f"{tokens / max(time.time() - started, 1e-9):,.0f} tok/s", refresh=False)
+        return True
+
+    todo = [u for u in units if u.index not in done]
+    try:
+        if not hand_over() or not todo:
+            return used
+        if workers <= 1 or len(todo) == 1:
+            for unit in todo:
+                records[unit.index] = tokenize_unit(unit, settings, tokenizer)
+                progress.update(unit.bytes)
+                if not hand_over():
+                    return used
+            return used
+        # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy mid-state
+        context = multiprocessing.get_context("spawn")
+        # units in flight: a few ahead per worker, so none idles while this process joins; with --max-docs
+        # one each, as the units past the last document needed are tokenized for nothing
+        ahead = workers if stop_early else 2 * workers
+        with ProcessPoolExecutor(
+            min(workers, len(todo)), mp_context=context, initializer=init_worker, initargs=(settings,)
+        ) as pool:
+            queue = iter(todo)
+            running = {}
+            for unit in queue:
+                running[pool.submit(tokenize_unit, unit)] = unit
+                if len(running) >= ahead:
+                    break
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    unit = running.pop(future)
+                    records[unit.index] = future.result()
+                    progress.update(unit.bytes)
+                if not hand_over():
+                    for future in running:
+                        future.cancel()
+                    return used
+                for unit in queue:
+                    running[pool.submit(tokenize_unit, unit)] = unit
+                    if len(running) >= ahead:
+                        break
+        return used
+    finally:
+        progress.close()

@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pretrainer.core.errors import UserError
-from pretrainer.data.corpus_files import BinaryLines, CorpusFile, compression, hf_files, resolve_files
+from pretrainer.data.corpus_files import (
+    BinaryLines,
+    CorpusFile,
+    compression,
+    hf_files,
+    lines_before,
+    resolve_files,
+)
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 TXT_DOC_MODES = ("auto", "file", "blank-lines")
@@ -164,20 +171,24 @@ class Corpus:
         and it is exact at each file's end (skipped lines, JSON syntax and blank lines included)."""
         self.read_documents, self.bytes_read = {}, 0
         files_done_bytes = 0
-        for f in self.files:
+        for index, f in enumerate(self.files):
             self.read_documents[str(f.path)] = 0
-            reader = (
-                self._read_text(f)
-                if f.kind in ("py", "txt")
-                else self._read_jsonl(f.path)
-                if f.kind == "jsonl"
-                else self._read_parquet(f.path)
-            )
-            for doc in reader:
+            for doc in self.read_span(index):
                 self.read_documents[str(f.path)] += not isinstance(doc, Piece)
                 yield doc
             files_done_bytes += f.path.stat().st_size
             self.bytes_read = files_done_bytes
+
+    def read_span(self, file: int, start: int = 0, end: int = -1) -> Iterator[str]:
+        """The documents of files[file], or of part of it (prepare's units, data/work_units.py): for an
+        uncompressed JSONL file the lines that start in bytes [start, end), for a parquet file the row
+        groups [start, end); end -1: to the end."""
+        f = self.files[file]
+        if f.kind in ("py", "txt"):
+            return self._read_text(f)
+        if f.kind == "jsonl":
+            return self._read_jsonl(f.path, start, end)
+        return self._read_parquet(f.path, start, end)
 
     def _read_text(self, f: CorpusFile) -> Iterator[str]:
         size = f.path.stat().st_size
@@ -224,59 +235,83 @@ class Corpus:
             self.replaced_documents += replaced_in_document
             yield "".join(lines).rstrip("\r\n") if split_at_blank_lines else "".join(lines)
 
-    def _read_jsonl(self, path: Path) -> Iterator[str]:
-        start = self.bytes_read
-        with BinaryLines(path) as fh:
-            for lineno, raw in enumerate(fh, 1):
-                self.bytes_read = start + fh.position()
-                raw = raw.removeprefix(BOM.encode()) if lineno == 1 else raw
-                if not raw.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                line, replaced = self._decode(raw, where)
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    if self.column == "messages" and self.on_bad == "skip":
-                        self.bad_documents += 1
-                        continue
-                    raise UserError(
-                        f"{where}: not valid JSON ({e.msg} at column {e.colno}); "
-                        f"each line must be one JSON object"
-                    ) from None
-                if self.column == "messages":
-                    conversation = self._conversation(
-                        record.get("messages") if isinstance(record, dict) else None, where
-                    )
-                    if conversation is not None:
-                        text, smuggled = self._no_surrogates(conversation, where)
-                        self.replaced_documents += (replaced and "\ufffd" in text) or smuggled
-                        yield text
-                    continue
-                if not isinstance(record, dict) or "text" not in record:
-                    raise UserError(
-                        f'{where}: no \'text\' field; each line must be an object like {{"text": "..."}}'
-                    )
-                if record["text"] is None:
-                    self.null_documents += 1
-                    continue
-                if not isinstance(record["text"], str):
-                    raise UserError(f"{where}: 'text' must be a string, got {type(record['text']).__name__}")
-                text, smuggled = self._no_surrogates(record["text"], where)
-                if text.strip():
-                    self.replaced_documents += (
-                        replaced and "\ufffd" in text
-                    ) or smuggled  # bad bytes elsewhere don't count
+    def _read_jsonl(self, path: Path, start: int = 0, end: int = -1) -> Iterator[str]:
+        lineno = 0
+        try:
+            for lineno, raw in self._jsonl_lines(path, start, end):
+                text = self._jsonl_record(raw, path, lineno)
+                if text is not None:
                     yield text
+        except UserError as e:
+            if not start:
+                raise
+            # a range counts its lines from its start; the file's line number is counted only now
+            absolute = lineno + lines_before(path, start)
+            raise UserError(str(e).replace(f"{path}:{lineno}:", f"{path}:{absolute}:", 1)) from None
 
-    def _read_parquet(self, path: Path) -> Iterator[str]:
-        """Read as bytes and decoded here: parquet "strings" can hold invalid UTF-8 too."""
+    def _jsonl_lines(self, path: Path, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+        """(line number from the range's start, line) for the lines starting in bytes [start, end)."""
+        base = self.bytes_read
+        with BinaryLines(path) as fh:
+            position = fh.skip_to_line(start)
+            for lineno, raw in enumerate(fh, 1):
+                if end >= 0 and position >= end:
+                    return
+                position += len(raw)
+                self.bytes_read = base + fh.position()
+                yield lineno, (raw.removeprefix(BOM.encode()) if lineno == 1 and not start else raw)
+
+    def _jsonl_record(self, raw: bytes, path: Path, lineno: int) -> str | None:
+        """The document of one JSONL line; None for a blank line, a null text or a skipped conversation."""
+        if not raw.strip():
+            return None
+        where = f"{path}:{lineno}"
+        line, replaced = self._decode(raw, where)
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if self.column == "messages" and self.on_bad == "skip":
+                self.bad_documents += 1
+                return None
+            raise UserError(
+                f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+            ) from None
+        if self.column == "messages":
+            conversation = self._conversation(
+                record.get("messages") if isinstance(record, dict) else None, where
+            )
+            if conversation is None:
+                return None
+            text, smuggled = self._no_surrogates(conversation, where)
+            self.replaced_documents += (replaced and "\ufffd" in text) or smuggled
+            return text
+        if not isinstance(record, dict) or "text" not in record:
+            raise UserError(f'{where}: no \'text\' field; each line must be an object like {{"text": "..."}}')
+        if record["text"] is None:
+            self.null_documents += 1
+            return None
+        if not isinstance(record["text"], str):
+            raise UserError(f"{where}: 'text' must be a string, got {type(record['text']).__name__}")
+        text, smuggled = self._no_surrogates(record["text"], where)
+        if not text.strip():
+            return None
+        self.replaced_documents += (
+            replaced and "\ufffd" in text
+        ) or smuggled  # bad bytes elsewhere don't count
+        return text
+
+    def _read_parquet(self, path: Path, first_group: int = 0, end_group: int = -1) -> Iterator[str]:
+        """Row groups [first_group, end_group) (-1: to the last), read as bytes and decoded here: parquet
+        "strings" can hold invalid UTF-8 too. Rows are numbered from the file's first."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        row, parquet = 0, pq.ParquetFile(path)
-        start, size, rows = self.bytes_read, path.stat().st_size, max(parquet.metadata.num_rows, 1)
-        for batch in parquet.iter_batches(batch_size=1024, columns=[self.column]):
+        parquet = pq.ParquetFile(path)
+        meta = parquet.metadata
+        groups = list(range(first_group, meta.num_row_groups if end_group < 0 else end_group))
+        row = sum(meta.row_group(g).num_rows for g in range(first_group))
+        start, size, rows = self.bytes_read, path.stat().st_size, max(meta.num_rows, 1)
+        for batch in parquet.iter_batches(batch_size=1024, columns=[self.column], row_groups=groups):
             self.bytes_read = start + size * row // rows  # compressed bytes: estimated from the rows read
             column = batch.column(0)
             if self.column == "messages":

@@ -9,16 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from pretrainer.core.errors import UserError
+from pretrainer.data.token_files import split_files
 
 VERIFY_MODES = ("sampled", "full", "off")
-SAMPLED_CHUNKS = 8  # data.verify = sampled: the first and last chunk of each file and 6 drawn at random
+SAMPLED_CHUNKS = 8  # data.verify = sampled: the first and last chunk of a split and 6 drawn at random
 
 
 def verify_data(data, mode: str) -> dict:
     """The data's bytes against the checksums `prepare` recorded (data.verify): "full" hashes every byte,
-    "sampled" SAMPLED_CHUNKS chunks of CHUNK_BYTES per file (all of a file that small), drawn afresh each
-    launch so that restarts cover different parts; "off" nothing. A changed file is one line naming it
-    and where it changed. -> what was checked, for state.json."""
+    "sampled" SAMPLED_CHUNKS chunks of CHUNK_BYTES per split's token stream (and per mask stream: the first,
+    the last and the rest drawn across all its shards; all of a small one), drawn afresh each launch so that
+    restarts cover different parts; "off" nothing. A changed file is one line naming it and where it
+    changed. -> what was checked, for state.json."""
     import random
     import time
 
@@ -27,27 +29,34 @@ def verify_data(data, mode: str) -> dict:
     started, checked, total, unchecked = time.perf_counter(), 0, 0, []
     draw = random.Random()  # not the run's seed: each launch looks somewhere else
     for part in data.parts if mode != "off" else []:
-        for split, info in part.manifest["splits"].items():
-            files = [(info["file"], info["sha256"], info.get("chunk_sha256"))]
-            if "mask_file" in info:
-                files.append((info["mask_file"], info.get("mask_sha256"), info.get("mask_chunk_sha256")))
-            for name, whole, chunks in files:
-                file = part.path / name
-                if chunks is None:  # prepared by an older version: whole-file hash only
-                    small = file.stat().st_size <= SAMPLED_CHUNKS * CHUNK_BYTES
-                    if whole and (mode == "full" or small):
-                        if sha256_file(file) != whole:
-                            raise _changed(file, "its sha256")
-                        checked, total = checked + 1, total + 1
-                    else:
-                        unchecked.append(str(file))
-                    continue
+        for info in part.manifest["splits"].values():
+            shards = split_files(info)
+            streams = [[(s["file"], s["sha256"], s.get("chunk_sha256")) for s in shards]]
+            if "mask_file" in shards[0]:
+                streams.append(
+                    [(s["mask_file"], s.get("mask_sha256"), s.get("mask_chunk_sha256")) for s in shards]
+                )
+            for files in streams:
+                chunks = []  # (file, index in it, its sha256) over the stream's files
+                for name, whole, digests in files:
+                    file = part.path / name
+                    if digests is None:  # prepared by an older version: whole-file hash only
+                        small = file.stat().st_size <= SAMPLED_CHUNKS * CHUNK_BYTES
+                        if whole and (mode == "full" or small):
+                            if sha256_file(file) != whole:
+                                raise _changed(file, "its sha256")
+                            checked, total = checked + 1, total + 1
+                        else:
+                            unchecked.append(str(file))
+                        continue
+                    chunks += [(file, index, digest) for index, digest in enumerate(digests)]
                 picks = range(len(chunks))
                 if mode == "sampled" and len(chunks) > SAMPLED_CHUNKS:
                     middle = draw.sample(range(1, len(chunks) - 1), SAMPLED_CHUNKS - 2)
                     picks = sorted({0, len(chunks) - 1, *middle})
-                for index in picks:
-                    if sha256_chunk(file, index) != chunks[index]:
+                for pick in picks:
+                    file, index, digest = chunks[pick]
+                    if sha256_chunk(file, index) != digest:
                         start = index * CHUNK_BYTES
                         end = min(start + CHUNK_BYTES, file.stat().st_size)
                         raise _changed(file, f"bytes {start:,}-{end:,}")

@@ -144,7 +144,7 @@ def evaluate_target(
     print(
         f"{spec}: val loss {scores['val_loss']:.4f} nats/token, {scores['val_bpb']:.4f} bits/byte over "
         f"{tokens:,} "
-        f"tokens of {data.path}/val.bin"
+        f"tokens of {data.path}'s val split"
     )
     if tasks:
         started = time.perf_counter()

@@ -282,7 +282,7 @@ def set_up(cfg: Config, run_dir: Path, env: DistEnv, say) -> Start:
         world_size=env.world_size,
         rank=env.rank,
         seed=cfg.train.seed,
-        where=f"{data.path}/train.bin",
+        where=f"{data.path} (train split)",
         pin_memory=device.type == "cuda",
         weights=weights,
         prefetch=cfg.data.prefetch,

@@ -50,7 +50,7 @@ def test_template_mask_and_special_tokens(chat_data, text_data):
     assert [i for i, m in enumerate(mask) if m] == list(range(start, start + len(hello) + 1))
     assert ids.count(tok.special_tokens[USER_START]) == 1  # typed special-token text stays text
     info = data.manifest["splits"]["train"]
-    masks = np.fromfile(chat_data / info["mask_file"], dtype=np.uint8)
+    masks = np.asarray(data.mask("train"))
     assert len(masks) == info["tokens"] and int(masks.sum()) == info["trained_tokens"] > 0
     assert "template" in data.manifest["chat"] and data.manifest["tokenizer"]["from"] == str(text_data)
 

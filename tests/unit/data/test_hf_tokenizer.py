@@ -84,7 +84,7 @@ def test_our_exported_tokenizer_json_read_back_gives_our_ids(tmp_path, corpus):
     prepare(Corpus([str(corpus)]), "bpe:300", ours, val_fraction=0.2, seed=3, workers=1)
     again = tmp_path / "hf"
     manifest = prepare(Corpus([str(corpus)]), f"hf:{ours}", again, val_fraction=0.2, seed=3, workers=1)
-    for split in ("train.bin", "val.bin"):
+    for split in ("train-00000.bin", "val-00000.bin"):
         assert (again / split).read_bytes() == (ours / split).read_bytes()
     tiktoken_kind, hf_kind = load_tokenizer(ours), load_tokenizer(again)
     assert (

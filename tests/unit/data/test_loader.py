@@ -101,24 +101,26 @@ def test_sampled_verification_checks_eight_chunks_per_file_and_full_finds_any_ch
     out = tmp_path / "data"
     prepare(Corpus([str(jsonl_corpus)]), "bpe:300", out, val_fraction=0.1, workers=1)
     data = open_data_dir(out)
-    info = data.manifest["splits"]["train"]
-    raw = (out / "train.bin").read_bytes()
+    info = data.manifest["splits"]["train"]["shards"][0]
+    raw = (out / "train-00000.bin").read_bytes()
     assert info["chunk_sha256"] == [
         hashlib.sha256(raw[i : i + 512]).hexdigest() for i in range(0, len(raw), 512)
     ]
-    chunks = {name: len(split["chunk_sha256"]) for name, split in data.manifest["splits"].items()}
+    chunks = {
+        name: len(split["shards"][0]["chunk_sha256"]) for name, split in data.manifest["splits"].items()
+    }
     assert chunks["train"] > 8
     sampled = verify_data(data, "sampled")
     assert sampled["chunks"] == sum(chunks.values())
     assert sampled["chunks_checked"] == 8 + min(8, chunks["val"])
     assert verify_data(data, "off")["chunks_checked"] == 0
     middle = len(raw) // 2
-    with open(out / "train.bin", "r+b") as f:
+    with open(out / "train-00000.bin", "r+b") as f:
         f.seek(middle)
         f.write(bytes([raw[middle] ^ 1]))  # one bit of one token
     start = middle // 512 * 512
     with pytest.raises(
-        UserError, match=rf"train\.bin: bytes {start:,}-{start + 512:,} differ from the checksum"
+        UserError, match=rf"train-00000\.bin: bytes {start:,}-{start + 512:,} differ from the checksum"
     ):
         verify_data(data, "full")
 

@@ -25,7 +25,10 @@ def test_manifest_counts_and_hashes_match_the_files(stdlib_data: Path):
     assert manifest["sources"][0]["spec"] == "stdlib"
     for split in ("train", "val"):
         info = manifest["splits"][split]
-        data = (stdlib_data / info["file"]).read_bytes()
+        shards = [(stdlib_data / shard["file"]).read_bytes() for shard in info["shards"]]
+        for shard, data in zip(info["shards"], shards):
+            assert len(data) == shard["tokens"] * 2 and hashlib.sha256(data).hexdigest() == shard["sha256"]
+        data = b"".join(shards)  # the split's stream
         assert len(data) == info["tokens"] * 2
         assert hashlib.sha256(data).hexdigest() == info["sha256"]
         assert (
@@ -52,7 +55,8 @@ def test_data_dirs_from_before_the_hugging_face_tokenizer_files_still_open(
     out = tmp_path / "data"
     prepare(Corpus([str(jsonl_corpus)]), "bpe:300", out, val_fraction=0.2, seed=3, workers=1)
     manifest = json.loads((out / "manifest.json").read_text())
-    written = {p.name for p in out.iterdir()} - {"train.bin", "val.bin", "manifest.json", OUTPUT_MARKER}
+    shards = {shard["file"] for split in manifest["splits"].values() for shard in split["shards"]}
+    written = {p.name for p in out.iterdir()} - shards - {"manifest.json", OUTPUT_MARKER}
     assert set(manifest["tokenizer"]["files"]) == written >= {"tokenizer.json", "tokenizer_config.json"}
     # The old layout: our metadata as tokenizer.json, no Hugging Face files, the old file list.
     (out / "tokenizer_config.json").unlink()

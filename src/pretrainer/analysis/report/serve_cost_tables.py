@@ -24,8 +24,8 @@ def format_tables(result: dict) -> str:
         "## Weights and quality",
         "",
         f"Deltas are against {result['baseline']}; val loss (nats/token) and bits per byte over "
-        f"{s['val_tokens']:,} tokens of {s['data_dir']}/val.bin; top-1 agreement: positions of the first val "
-        f"batch "
+        f"{s['val_tokens']:,} tokens of {s['data_dir']}'s val split; top-1 agreement: positions of the first "
+        f"val batch "
         f"({s['top1_positions']:,}) whose most likely next token is {result['baseline']}'s."
         + (
             " The open-weights baseline scores the same val text through its own tokenizer: its bits per "
