@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +171,15 @@ _worker: dict = {}  # a worker process's settings and tokenizer (init_worker)
 def init_worker(settings: UnitSettings) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # an hf: tokenizer's own threads: one process per core
     _worker.update(settings=settings, tokenizer=load_tokenizer(settings.tokenizer_dir))
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """A worker ends within a second of its prepare (killed with -9, its queue never closes): an orphan
+    would wait forever. A unit it was writing stays under temp names, never a record."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 class _UnitFile:

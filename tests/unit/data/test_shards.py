@@ -139,14 +139,21 @@ def test_merge_before_every_part_is_done_says_what_is_missing(corpus_dir, small_
 def test_a_prepare_killed_anywhere_continues_to_the_same_bytes(
     corpus_dir, small_units, run_prepare, tokenizer_dir, tmp_path, capsys
 ):
-    """SIGKILL at a random point (before any unit, between units, while joining), then the same command:
-    the files of an uninterrupted prepare, the units done before kept (and said so)."""
+    """SIGKILL at a random point (before any unit, between units, while joining; with 2 workers, whose
+    processes end with it), then the same command: the files of an uninterrupted prepare, the units done
+    before kept (and said so)."""
     run_prepare(corpus_dir, tmp_path / "straight", workers=1)
     expected = files_of(tmp_path / "straight")
     units = len(plan_units(Corpus([str(corpus_dir)])))
     draw = random.Random(os.getpid())
-    for kill_after in (0, draw.randrange(1, units), units):  # units done when the kill lands
-        out = tmp_path / f"killed-{kill_after}"
+    # (units done when the kill lands, workers)
+    for kill_after, workers in (
+        (0, 1),
+        (draw.randrange(1, units), 1),
+        (units, 1),
+        (draw.randrange(1, units), 2),
+    ):
+        out = tmp_path / f"killed-{kill_after}-{workers}"
         argv = [
             "prepare",
             "--corpus",
@@ -156,7 +163,7 @@ def test_a_prepare_killed_anywhere_continues_to_the_same_bytes(
             "--out",
             out,
             "--workers",
-            "1",
+            workers,
             "--val-fraction",
             "0.1",
             "--seed",
@@ -172,8 +179,13 @@ def test_a_prepare_killed_anywhere_continues_to_the_same_bytes(
             if len(list(units_dir.glob("*.json"))) >= kill_after and (kill_after or units_dir.exists()):
                 break
             time.sleep(0.002)
+        workers_of_child = children(child.pid)
         os.kill(child.pid, signal.SIGKILL)
         child.join()
+        deadline = time.time() + 5
+        while any(Path(f"/proc/{pid}").exists() for pid in workers_of_child) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not any(Path(f"/proc/{pid}").exists() for pid in workers_of_child), "an orphaned worker"
         assert not out.exists() or kill_after == units, log.read_text()
         kept = len(list(units_dir.glob("*.json")))
         from pretrainer.cli.main import main
@@ -186,6 +198,17 @@ def test_a_prepare_killed_anywhere_continues_to_the_same_bytes(
         assert files_of(out) == expected, kill_after
         if kept and not finished:
             assert f"kept {kept} of {units} units tokenized before" in said, said
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
 
 
 def test_a_changed_command_is_refused_while_its_units_are_kept(
