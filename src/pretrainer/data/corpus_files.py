@@ -133,6 +133,8 @@ class BinaryLines:
         byte offset."""
         if offset <= 0:
             return 0
+        if compression(self.path):
+            raise ValueError(f"{self.path}: a compressed file is read from its start")
         self.raw.seek(offset - 1)
         self.raw.readline()  # the rest of the line holding byte offset - 1, its newline included
         return self.raw.tell()

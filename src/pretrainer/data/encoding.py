@@ -29,11 +29,10 @@ def encode_batch(
     """-> (all tokens with an end-of-text after each document, no loss mask, per-item lengths).
     A Piece (a document the next item continues) gets no end-of-text; an item that starts a document
     (starts[i]) gets the tokenizer's BOS first, when it has one (hf: tokenizers such as Llama-3's)."""
-    tok = tokenizer
-    bos = [] if tok.bos_id is None else [tok.bos_id]
+    bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
     ids = [
-        (bos if start else []) + (x if isinstance(t, Piece) else x + [tok.eot_id])
-        for t, start, x in zip(texts, starts, tok.encode_batch(texts))
+        (bos if start else []) + (x if isinstance(t, Piece) else x + [tokenizer.eot_id])
+        for t, start, x in zip(texts, starts, tokenizer.encode_batch(texts))
     ]
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))

@@ -71,6 +71,7 @@ from pretrainer.data.work_units import (
     is_val_document,
     plan_units,
     tokenize_unit,
+    unique_suffix,
     unit_record,
 )
 
@@ -147,8 +148,12 @@ def work_dir_of(out: Path) -> Path:
     return out.with_name(out.name + ".prepare")
 
 
-def open_work_dir(work: Path, fingerprint: dict, force: bool) -> None:
-    """Create the work dir, or check that the one there was started by this command (--force: start over)."""
+def open_work_dir(work: Path, fingerprint: dict, *, force: bool, part: bool) -> bool:
+    """Create the work dir, or check that the one there was started by this command. Another command's is
+    refused where units would be lost (--force: start over) and always for a part (parts never remove it:
+    another part may be using it). -> whether this call created it."""
+    for leftover in work.parent.glob(f".{work.name}.old-*"):  # a removal cut short: garbage by name
+        shutil.rmtree(leftover, ignore_errors=True)
     recorded = work / "command.json"
     if work.exists() or work.is_symlink():
         check_replaceable(work, "prepare-work")  # ours, not a directory that happens to have the name
@@ -157,26 +162,32 @@ def open_work_dir(work: Path, fingerprint: dict, force: bool) -> None:
         except (OSError, ValueError):
             before = None
         if before == fingerprint:
-            return
+            return False
         kept = len(list((work / "units").glob("*.json")))
-        if before is not None and kept and not force:  # only work that would be lost is refused
+        if part or (kept and not force):  # only work that would be lost is refused
+            before = before or {}
             changed = sorted(k for k in {*before, *fingerprint} if before.get(k) != fingerprint.get(k))
             what = (
                 "its corpus files changed since"
                 if changed == ["files"]
                 else f"its {', '.join(changed)} differ"
             )
-            raise UserError(
-                f"{work}: holds {kept} units of another prepare into this --out ({what}); run that "
-                f"command again to finish it, or pass --force to start over"
+            fix = (
+                "remove it, then start every part again"
+                if part
+                else "run that command again to finish it, or pass --force to start over"
             )
-        remove_output(work, "prepare-work")
+            raise UserError(f"{work}: holds {kept} units of another prepare into this --out ({what}); {fix}")
+        discard_work_dir(work)
     # made whole under a temp name, then renamed: parts starting together never see it half made
-    staging = work.with_name(f".{work.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    mark_output(staging, "prepare-work")
-    atomic_write_json(staging / "command.json", fingerprint)
+    staging = work.with_name(f".{work.name}.tmp-{unique_suffix()}")
+    try:
+        staging.mkdir(parents=True)
+        mark_output(staging, "prepare-work")
+        atomic_write_json(staging / "command.json", fingerprint)
+    except BaseException:  # a full disk: nothing left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     try:
         os.rename(staging, work)
     except OSError:  # another part made it first: it must be this command's
@@ -186,6 +197,20 @@ def open_work_dir(work: Path, fingerprint: dict, force: bool) -> None:
                 f"{work}: another prepare with other arguments started it just now; give every part the "
                 f"same command"
             ) from None
+        return False
+    return True
+
+
+def discard_work_dir(work: Path) -> None:
+    """Remove a work dir: renamed aside first (one process wins the rename; a removal cut short leaves a
+    name open_work_dir clears, never a work dir without its marker)."""
+    check_replaceable(work, "prepare-work")
+    doomed = work.with_name(f".{work.name}.old-{unique_suffix()}")
+    try:
+        os.rename(work, doomed)
+    except FileNotFoundError:  # another process removed it
+        return
+    remove_output(doomed, "prepare-work")
 
 
 def command_fingerprint(corpus: Corpus, **settings) -> dict:
@@ -212,8 +237,7 @@ def _work_tokenizer(work: Path, make) -> Tokenizer:
     if (directory / METADATA_FILE).is_file() or (directory / RANKS_FILE).is_file():
         return load_tokenizer(directory)
     tokenizer = make()
-    staging = work / f"tokenizer.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = work / f"tokenizer.tmp-{unique_suffix()}"
     tokenizer.save(staging)
     try:
         os.rename(staging, directory)
@@ -222,7 +246,8 @@ def _work_tokenizer(work: Path, make) -> Tokenizer:
         other = load_tokenizer(directory)
         if other.sha256 != tokenizer.sha256:
             raise UserError(
-                f"{directory}: a different tokenizer than this part's; pass --force to start over"
+                f"{directory}: another part made a different tokenizer from the same command; remove "
+                f"{work} and run the parts again"
             )
     return tokenizer
 
@@ -331,8 +356,11 @@ def prepare(
             tokenizer = chat_tokenizer(tokenizer)
         return tokenizer
 
+    created = False  # whether this call made the work dir (only then may a failure remove it)
+
     def open_work() -> Work:
-        open_work_dir(work_path, fingerprint, force)
+        nonlocal created
+        created = open_work_dir(work_path, fingerprint, force=force, part=bool(parts))
         tokenizer = _work_tokenizer(work_path, make_tokenizer)
         work = Work(
             work_path,
@@ -362,6 +390,8 @@ def prepare(
         )
         return None
 
+    if merge and not work_path.is_dir():
+        raise UserError(f"{work_path}: not found; run every --part I/N of this command first, then --merge")
     # renamed to `out` only when complete; while it is written, no other prepare into `out` starts
     with atomic_directory(out, kind="data", replace=force) as tmp:
         try:
@@ -383,10 +413,10 @@ def prepare(
                 out=out,
             )
         except BaseException:
-            if not any((work_path / "units").glob("*.json")):  # nothing done worth keeping: no trace
-                remove_output(work_path, "prepare-work")
+            if created and not any((work_path / "units").glob("*.json")):  # nothing worth keeping: no trace
+                discard_work_dir(work_path)
             raise
-    remove_output(work_path, "prepare-work")  # OUT is complete: the units are no longer needed
+    discard_work_dir(work_path)  # OUT is complete: the units are no longer needed
     splits = manifest["splits"]
     total = splits["train"]["tokens"] + splits["val"]["tokens"]
     shards = len(splits["train"]["shards"]) + len(splits["val"]["shards"])
@@ -661,9 +691,10 @@ def run_units(
         # units in flight: a few ahead per worker, so none idles while this process joins; with --max-docs
         # one each, as the units past the last document needed are tokenized for nothing
         ahead = workers if stop_early else 2 * workers
-        with ProcessPoolExecutor(
+        pool = ProcessPoolExecutor(
             min(workers, len(todo)), mp_context=context, initializer=init_worker, initargs=(settings,)
-        ) as pool:
+        )
+        try:
             queue = iter(todo)
             running = {}
             for unit in queue:
@@ -677,13 +708,15 @@ def run_units(
                     records[unit.index] = future.result()
                     progress.update(unit.bytes)
                 if not hand_over():
-                    for future in running:
-                        future.cancel()
-                    return used
+                    break
                 for unit in queue:
                     running[pool.submit(tokenize_unit, unit)] = unit
                     if len(running) >= ahead:
                         break
+        except BaseException:  # an error or a signal: the queued units are not started, the running ones
+            pool.shutdown(wait=False, cancel_futures=True)  # end with their unit (or their parent)
+            raise
+        pool.shutdown(wait=True, cancel_futures=True)  # --max-docs had enough: the rest is not started
         return used
     finally:
         progress.close()

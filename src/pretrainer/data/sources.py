@@ -245,8 +245,10 @@ class Corpus:
         except UserError as e:
             if not start:
                 raise
-            # a range counts its lines from its start; the file's line number is counted only now
-            absolute = lineno + lines_before(path, start)
+            # a range counts its lines from its first; the file's line number is counted only now
+            with BinaryLines(path) as fh:
+                first = fh.skip_to_line(start)
+            absolute = lineno + lines_before(path, first)
             raise UserError(str(e).replace(f"{path}:{lineno}:", f"{path}:{absolute}:", 1)) from None
 
     def _jsonl_lines(self, path: Path, start: int, end: int) -> Iterator[tuple[int, bytes]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 
-def split_files(info: dict, key: str = "file") -> list[dict]:
+def split_files(info: dict) -> list[dict]:
     """A split's files in order, each {"file", "tokens", "sha256", "chunk_sha256"} (+ the mask's "mask_file",
     "mask_sha256", "mask_chunk_sha256"): its "shards", or the split itself in the single-file layout."""
     return list(info["shards"]) if "shards" in info else [info]

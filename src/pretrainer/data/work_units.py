@@ -71,9 +71,10 @@ def unit_bytes(total_bytes: int) -> int:
     return min(MAX_UNIT_BYTES, max(MIN_UNIT_BYTES, total_bytes // UNITS_PER_CORPUS))
 
 
-def _segments(index: int, corpus: Corpus) -> list[tuple[Span, int]]:
-    """A file's indivisible pieces with their sizes: its row groups, or 1 MiB byte ranges of an uncompressed
-    JSONL file (cut further where a unit ends inside one), or the whole file."""
+def _segments(index: int, corpus: Corpus) -> tuple[list[tuple[Span, int]], bool]:
+    """A file's pieces with their sizes on disk: its row groups, or the whole file; and whether that whole
+    file may be cut at any byte (an uncompressed JSONL file: a range owns the lines that start in it). A
+    compressed file is read from its start, so it is never cut."""
     from pretrainer.data.corpus_files import compression
 
     f = corpus.files[index]
@@ -87,12 +88,10 @@ def _segments(index: int, corpus: Corpus) -> list[tuple[Span, int]]:
             for g in range(meta.num_row_groups)
         ]
         if not sizes:
-            return [(Span(index), size)]
+            return [(Span(index), size)], False
         sizes[0] += size - sum(sizes)  # the header and footer: units sum to the files' sizes (progress)
-        return [(Span(index, g, g + 1), n) for g, n in enumerate(sizes)]
-    if f.kind == "jsonl" and not compression(f.path):
-        return [(Span(index, 0, -1), size)]  # cut at any byte (plan_units)
-    return [(Span(index), size)]
+        return [(Span(index, g, g + 1), n) for g, n in enumerate(sizes)], False
+    return [(Span(index), size)], f.kind == "jsonl" and not compression(f.path)
 
 
 def plan_units(corpus: Corpus) -> list[WorkUnit]:
@@ -115,21 +114,31 @@ def plan_units(corpus: Corpus) -> list[WorkUnit]:
             spans.clear()
             filled = 0
 
-    for index, f in enumerate(corpus.files):
-        for span, size in _segments(index, corpus):
-            if f.kind == "jsonl" and span.end == -1 and span.start == 0 and size > target - filled:
-                start = 0  # a JSONL file larger than what is left of the unit: byte ranges
-                while size - start > target - filled:
-                    end = start + target - filled
-                    add(Span(index, start, end), end - start)
-                    start = end
-                if start < size:
-                    add(Span(index, start, -1), size - start)
-                continue
-            add(span, size)
+    for index in range(len(corpus.files)):
+        segments, divisible = _segments(index, corpus)
+        size = segments[0][1]
+        if divisible and size > target - filled:  # byte ranges, the first filling what is left of the unit
+            start = 0
+            while size - start > target - filled:
+                end = start + target - filled
+                add(Span(index, start, end), end - start)
+                start = end
+            if start < size:
+                add(Span(index, start, -1), size - start)
+            continue
+        for span, piece in segments:
+            add(span, piece)
     if spans:
         units.append(WorkUnit(len(units), tuple(spans), filled))
     return units
+
+
+def unique_suffix() -> str:
+    """A temp name's suffix no other process uses, on this host or another one sharing the filesystem."""
+    import socket
+    import uuid
+
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def unit_path(units_dir: Path, index: int, suffix: str) -> Path:
@@ -188,9 +197,9 @@ class _UnitFile:
     def __init__(self, path: Path, dtype: np.dtype, chat: bool):
         self.path, self.dtype = path, dtype
         self.paths = [path] + ([path.with_suffix(".mask.bin")] if chat else [])
-        # this process's own temp names: two processes on one unit (the same part run twice) write the
-        # same bytes, and each renames only its own
-        self.files = [open(p.with_name(f".{p.name}.tmp-{os.getpid()}"), "wb") for p in self.paths]
+        # this process's own temp names (host, pid, random: parts on several nodes share the work dir): two
+        # processes on one unit (the same part run twice) write the same bytes, and each renames only its own
+        self.files = [open(p.with_name(f".{p.name}.tmp-{unique_suffix()}"), "wb") for p in self.paths]
         self.tokens = self.trained = 0
 
     def write(self, tokens: np.ndarray, mask: np.ndarray | None) -> None:
@@ -283,7 +292,7 @@ def tokenize_unit(
         sizes.update(writer.finish())
     table = np.array(docs, dtype=DOC_FIELDS)
     docs_path = unit_path(units_dir, unit.index, "docs.npy")
-    staging = docs_path.with_name(f".{docs_path.name}.tmp-{os.getpid()}")
+    staging = docs_path.with_name(f".{docs_path.name}.tmp-{unique_suffix()}")
     with open(staging, "wb") as f:
         np.save(f, table)
         f.flush()

@@ -4,6 +4,8 @@ view of shards as one stream."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import os
 import random
@@ -22,7 +24,7 @@ from pretrainer.data.data_dir import open_data_dir
 from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
 from pretrainer.data.token_files import ShardedTokens, byte_ranges
-from pretrainer.data.work_units import plan_units
+from pretrainer.data.work_units import Span, plan_units
 
 UNIT = 4096  # bytes of input per unit here (MIN_UNIT_BYTES, lowered): many units from a small corpus
 
@@ -48,6 +50,14 @@ def corpus_dir(tmp_path_factory) -> Path:
     for i in range(6):
         (root / f"c{i}.txt").write_text(docs(1, f"c{i}")[0] * 40)
     (root / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs(150, "d")))
+    with gzip.open(root / "e.jsonl.gz", "wt") as f:  # larger than a unit, compressed: never cut
+        noise = [hashlib.sha256(str(i).encode()).hexdigest() * 3 for i in range(400)]  # not compressible
+        f.write(
+            "".join(
+                json.dumps({"text": t}) + "\n"
+                for t in [*map(" ".join, zip(docs(400, "e"), noise)), *a[200:210]]
+            )
+        )
     return root
 
 
@@ -89,6 +99,8 @@ def test_units_are_cut_from_the_files_alone(corpus_dir, small_units):
     units = plan_units(corpus)
     kinds = {corpus.files[span.file].kind for unit in units for span in unit.spans}
     assert len(units) > 8 and kinds == {"jsonl", "parquet", "txt"}
+    compressed = [s for u in units for s in u.spans if corpus.files[s.file].path.name == "e.jsonl.gz"]
+    assert compressed == [Span(compressed[0].file)] and corpus.files[-1].path.stat().st_size > UNIT
     assert sum(unit.bytes for unit in units) == corpus.total_bytes
     ranged = [span for unit in units for span in unit.spans if corpus.files[span.file].path.name == "a.jsonl"]
     assert len(ranged) > 2 and ranged[0].start == 0 and ranged[-1].end == -1
@@ -104,7 +116,7 @@ def test_one_two_three_workers_and_three_parts_write_the_same_bytes(
     corpus_dir, small_units, run_prepare, tmp_path
 ):
     reference = run_prepare(corpus_dir, tmp_path / "w1", workers=1)
-    assert reference["duplicate_documents"] == 50  # 20 inside a.jsonl, 30 across a.jsonl and b.parquet
+    assert reference["duplicate_documents"] == 60  # 20 inside a.jsonl, 40 across files (parquet, gzip)
     assert len(reference["splits"]["train"]["shards"]) > 3
     expected = files_of(tmp_path / "w1")
     for workers in (2, 3):
@@ -129,9 +141,13 @@ def test_one_two_three_workers_and_three_parts_write_the_same_bytes(
 
 def test_merge_before_every_part_is_done_says_what_is_missing(corpus_dir, small_units, run_prepare, tmp_path):
     out = tmp_path / "out"
+    with pytest.raises(UserError, match=r"out\.prepare: not found; run every --part I/N"):
+        run_prepare(corpus_dir, out, merge=True)
     run_prepare(corpus_dir, out, workers=1, part="1/2")
+    done = sorted(p.name for p in (tmp_path / "out.prepare" / "units").iterdir())
     with pytest.raises(UserError, match=r"units are not tokenized yet; run every --part I/N first"):
         run_prepare(corpus_dir, out, merge=True)
+    assert sorted(p.name for p in (tmp_path / "out.prepare" / "units").iterdir()) == done  # kept as it was
     with pytest.raises(UserError, match=r"--part 3/2: give I/N"):
         run_prepare(corpus_dir, out, part="3/2")
 
@@ -269,3 +285,20 @@ def test_the_loader_reads_shards_as_it_reads_one_file(tmp_path, packing):
     many.warm(ids)  # reads each window's bytes from its shards
     for a, b in zip(one.windows(ids), many.windows(ids)):
         assert (a is None and b is None) or np.array_equal(a, b)
+
+
+def test_a_bad_line_in_a_byte_range_is_named_by_its_line_in_the_file(small_units, run_prepare, tmp_path):
+    lines = [json.dumps({"text": t}) for t in docs(400, "x")]
+    lines[333] = '{"text": broken'
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x.jsonl").write_text("\n".join(lines) + "\n")
+    corpus = Corpus([str(tmp_path / "c")])
+    ranges = [s for u in plan_units(corpus) for s in u.spans]
+    assert len(ranges) > 3 and all(s.start % 2 == 0 for s in ranges)  # cut mid-line, not at line starts
+    with pytest.raises(UserError, match=r"x\.jsonl:334: not valid JSON"):
+        run_prepare(tmp_path / "c", tmp_path / "out", workers=1)
+    lines[333], lines[3] = lines[334], '{"text": broken'
+    (tmp_path / "c" / "x.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"x\.jsonl:4: not valid JSON"):
+        run_prepare(tmp_path / "c", tmp_path / "new", workers=1)
+    assert not (tmp_path / "new.prepare").exists()  # made by this prepare, no unit done: no trace
