@@ -16,6 +16,10 @@ from pathlib import Path
 import numpy as np
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
 def split_files(info: dict) -> list[dict]:
     """A split's files in order, each {"file", "tokens", "sha256", "chunk_sha256"} (+ the mask's "mask_file",
     "mask_sha256", "mask_chunk_sha256"): its "shards", or the split itself in the single-file layout."""

@@ -177,10 +177,12 @@ class UnitSettings:
 _worker: dict = {}  # a worker process's settings and tokenizer (init_worker)
 
 
-def init_worker(settings: UnitSettings) -> None:
+def init_worker(settings: UnitSettings, parent: int) -> None:
+    """A worker's start: its settings, its tokenizer, and the watch on `parent` (the prepare's pid, given,
+    not read here: a parent killed while this process started has been replaced already)."""
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # an hf: tokenizer's own threads: one process per core
     _worker.update(settings=settings, tokenizer=load_tokenizer(settings.tokenizer_dir))
-    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
 
 
 def _exit_with(parent: int) -> None:

@@ -26,16 +26,19 @@ ALLOWED = {
     ("analysis/calibration.py", "run_measuring_peak_rss"): "its own temp file",
     ("analysis/report/export.py", "weights_round_trip"): "its own scratch file inside the report's temp dir",
     ("analysis/machine_check.py", "disk_write_mbps"): "its own temp file",
-    ("data/prepare.py", "_work_tokenizer"): "its own staging dir inside the work dir, renamed into it",
-    ("data/prepare.py", "open_work_dir"): "its own staging dir, renamed to be the work dir; .old-* leftovers",
-    ("data/prepare.py", "discard_work_dir"): "the work dir renamed aside, then removed by remove_output",
+    ("data/work_dir.py", "work_tokenizer"): "its own staging dir inside the work dir, renamed into it",
+    (
+        "data/work_dir.py",
+        "open_work_dir",
+    ): "its own staging dir, renamed to be the work dir; .old-* leftovers",
+    ("data/work_dir.py", "discard_work_dir"): "the work dir renamed aside, then removed by remove_output",
     ("data/work_units.py", "finish"): "a unit's own temp files, renamed into the work dir's units/",
     ("data/work_units.py", "tokenize_unit"): "a unit's own temp file, renamed into the work dir's units/",
 }
 # the writers of user-visible outputs: each names its kind (or removes through the check)
 OUTPUT_WRITERS = {
     ("data/prepare.py", "prepare"): 'kind="data"',
-    ("data/prepare.py", "discard_work_dir"): 'remove_output(doomed, "prepare-work")',
+    ("data/work_dir.py", "discard_work_dir"): 'remove_output(doomed, "prepare-work")',
     ("data/hub.py", "pull"): 'kind="data"',
     ("analysis/report/export.py", "export_report"): 'kind="report"',
     ("analysis/report/export.py", "export_weights"): 'kind="safetensors"',

@@ -112,7 +112,7 @@ def test_progress_bar_ends_at_the_corpus_size(jsonl_corpus: Path, tmp_path: Path
             super().__init__(*args, **kwargs)
             bars.append(self)
 
-    monkeypatch.setattr(importlib.import_module("pretrainer.data.prepare"), "tqdm", RecordedBar)
+    monkeypatch.setattr(importlib.import_module("pretrainer.data.work_dir"), "tqdm", RecordedBar)
     with open(jsonl_corpus, "a") as f:  # a blank line, a null text and a duplicate: read, but not tokenized
         f.write('\n{"text": null}\n' + json.dumps({"text": DOCS[0]}) + "\n")
     pq.write_table(pa.table({"text": DOCS[:50]}), tmp_path / "shard.parquet")
