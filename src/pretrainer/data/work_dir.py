@@ -66,7 +66,7 @@ def open_work_dir(work: Path, fingerprint: dict, *, force: bool, part: bool) -> 
             what = (
                 "its corpus files changed since"
                 if changed == ["files"]
-                else f"its {', '.join(changed)} differ"
+                else f"its {', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'}"
             )
             fix = (
                 "remove it, then start every part again"

@@ -233,7 +233,7 @@ def test_a_changed_command_is_refused_while_its_units_are_kept(
     out = tmp_path / "out"
     run_prepare(corpus_dir, out, workers=1, part="1/2")
     with pytest.raises(
-        UserError, match=r"out\.prepare: holds \d+ units of another prepare .*\(its seed differ"
+        UserError, match=r"out\.prepare: holds \d+ units of another prepare .*\(its seed differs\)"
     ):
         run_prepare(corpus_dir, out, workers=1, seed=2)
     capsys.readouterr()
