@@ -38,8 +38,8 @@ SFT_PAGE, SFT_HEADING = ROOT / "docs" / "later-stages.md", "## A worked example 
 def recipe_sha256() -> str:
     """The quickstart's recipe: its config file with every default filled in, the paths left out."""
     sys.path.insert(0, str(ROOT / "src"))
+    from pretrainer.config.keys import flatten
     from pretrainer.config.load import load_config
-    from pretrainer.config.schema import flatten
 
     flat = flatten(load_config(RECIPE, []))
     flat = {k: v for k, v in flat.items() if k not in ("data.dir", "run.dir")}

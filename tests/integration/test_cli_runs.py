@@ -142,7 +142,7 @@ def test_saved_configs_are_completed_by_overrides_then_checked(stopped_run, tmp_
     """Overrides are checked against the saved config they complete, not the defaults; a chosen
     checkpoint (train.resume=PATH) brings its own config."""
     from pretrainer.artifacts.run_config import load_train_config
-    from pretrainer.config.schema import save_config
+    from pretrainer.config.keys import save_config
 
     run = tmp_path / "priced"
     run.mkdir()

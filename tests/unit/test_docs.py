@@ -19,7 +19,8 @@ from pathlib import Path
 from pretrainer.analysis.scaling.ladder import SweepConfig
 from pretrainer.cli.parser import build_parser
 from pretrainer.config.doc import type_and_range
-from pretrainer.config.schema import AUTO_NUMBERS, Config, all_keys, key_help, to_dict
+from pretrainer.config.keys import AUTO_NUMBERS, all_keys, key_help, to_dict
+from pretrainer.config.schema import Config
 from pretrainer.config.toml_text import toml_value as toml_literal
 
 ROOT = Path(__file__).resolve().parents[2]

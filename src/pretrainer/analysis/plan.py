@@ -13,6 +13,7 @@ import math
 
 from pretrainer.analysis.calibration import events, predicted_seconds
 from pretrainer.analysis.costs import checkpoint_plan, cost_lines, with_interruptions
+from pretrainer.config.keys import HORIZON_KEYS
 from pretrainer.config.preflight import config_warnings
 from pretrainer.config.resolve import (
     DataInfo,
@@ -22,7 +23,7 @@ from pretrainer.config.resolve import (
     tokens_per_step,
     train_sequences,
 )
-from pretrainer.config.schema import HORIZON_KEYS, Config
+from pretrainer.config.schema import Config
 from pretrainer.core.errors import UserError
 from pretrainer.core.hardware import GPU, GPUS, lookup_gpu, training_seconds
 from pretrainer.model.flops import flops_per_token, flops_per_token_6n

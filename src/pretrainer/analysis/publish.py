@@ -19,8 +19,8 @@ import shutil
 from pathlib import Path
 
 from pretrainer.artifacts.metrics import read_metrics
+from pretrainer.config.keys import config_text
 from pretrainer.config.resolve import uses_qk_norm
-from pretrainer.config.schema import config_text
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_bytes
 from pretrainer.core.ownership import OUTPUT_MARKER, mark_output, remove_output

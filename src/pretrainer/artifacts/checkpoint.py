@@ -355,8 +355,8 @@ def refuse_foreign_checkpoint(run_dir: Path, checkpoint: Path) -> None:
 def _same_config(run_dir: Path, checkpoint: Path) -> bool:
     """The checkpoint's config is the run dir's, compared key by key (a hash would change with every key
     added since they were saved)."""
+    from pretrainer.config.keys import diff_keys
     from pretrainer.config.load import from_dict, load_saved_config
-    from pretrainer.config.schema import diff_keys
 
     try:
         state = json.loads((checkpoint / "state.json").read_text())

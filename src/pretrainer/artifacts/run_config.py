@@ -8,9 +8,10 @@ import dataclasses
 import os
 from pathlib import Path
 
+from pretrainer.config.keys import NEVER_INHERITED, flatten
 from pretrainer.config.load import apply_overrides, from_dict, load_config, load_saved_config
 from pretrainer.config.resolve import horizon_keys_set
-from pretrainer.config.schema import NEVER_INHERITED, Config, flatten
+from pretrainer.config.schema import Config
 from pretrainer.core.errors import UserError
 from pretrainer.core.secrets import lost_secret
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pretrainer.config.schema import AUTO_NUMBERS, Config, all_keys, flatten, key_allowed, key_help, to_dict
+from pretrainer.config.keys import AUTO_NUMBERS, all_keys, flatten, key_allowed, key_help, to_dict
+from pretrainer.config.schema import Config
 from pretrainer.config.toml_text import toml_value as toml_literal
 
 

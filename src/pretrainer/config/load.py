@@ -13,15 +13,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pretrainer.config.optimizers import OPTIMIZERS
-from pretrainer.config.schema import (
+from pretrainer.config.keys import (
     AUTO_NUMBERS,
     EARLIER_DEFAULTS,
     HORIZON_KEYS,
     RENAMED_KEYS,
     SECRET_KEYS,
     SWITCH_KEYS,
-    Config,
     all_keys,
     canonical_key,
     flatten,
@@ -29,6 +27,8 @@ from pretrainer.config.schema import (
     key_help,
     to_dict,
 )
+from pretrainer.config.optimizers import OPTIMIZERS
+from pretrainer.config.schema import Config
 from pretrainer.config.suggest import suggest
 from pretrainer.core.errors import STOP_SIGNAL_NAMES, UserError, stop_signal_names
 from pretrainer.core.secrets import keep_secret, redact

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from pretrainer.config.keys import HORIZON_KEYS, diff_keys, flatten
 from pretrainer.config.load import from_dict
 from pretrainer.config.optimizers import OPTIMIZERS
-from pretrainer.config.schema import HORIZON_KEYS, Config, ModelConfig, diff_keys, flatten
+from pretrainer.config.schema import Config, ModelConfig
 from pretrainer.core.errors import NotThisRun, UserError
 from pretrainer.core.hardware import MATMUL_ALIGNMENT
 

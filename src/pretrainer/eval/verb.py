@@ -21,9 +21,10 @@ from pretrainer.artifacts.runs import (
     open_run,
     with_overrides,
 )
+from pretrainer.config.keys import canonical_key
 from pretrainer.config.load import load_config, parse_overrides
 from pretrainer.config.resolve import resolve
-from pretrainer.config.schema import Config, ModelConfig, canonical_key
+from pretrainer.config.schema import Config, ModelConfig
 from pretrainer.core.device import autocast_dtype, resolve_device
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json, check_output

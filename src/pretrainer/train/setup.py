@@ -25,8 +25,9 @@ import torch.distributed.checkpoint.state_dict  # noqa: F401
 from pretrainer import __version__
 from pretrainer.artifacts.checkpoint import read_resume_checkpoint, weights_problem
 from pretrainer.artifacts.runs import InitSource, build_model, grow_vocabulary, open_init_source
+from pretrainer.config.keys import config_hash, save_config, to_dict
 from pretrainer.config.resolve import resolve, resume_changes, tokens_per_step
-from pretrainer.config.schema import Config, config_hash, save_config, to_dict
+from pretrainer.config.schema import Config
 from pretrainer.core.device import autocast_dtype, compiles, device_peak_tflops, hardware_info
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_write_json

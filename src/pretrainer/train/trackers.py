@@ -20,7 +20,7 @@ import secrets
 import time
 from pathlib import Path
 
-from pretrainer.config.schema import config_text, flatten
+from pretrainer.config.keys import config_text, flatten
 from pretrainer.core.files import atomic_write_bytes
 from pretrainer.core.secrets import lost_secret, reveal
 

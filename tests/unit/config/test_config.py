@@ -7,8 +7,8 @@ import torch
 
 from pretrainer.cli.main import main
 from pretrainer.config.doc import config_text_with_help, keys_reference
+from pretrainer.config.keys import all_keys, config_hash, key_help, save_config
 from pretrainer.config.load import load_config, parse_overrides
-from pretrainer.config.schema import all_keys, config_hash, key_help, save_config
 from pretrainer.core.device import compiles
 from pretrainer.core.errors import UserError
 
@@ -209,8 +209,8 @@ def test_the_vocabulary_and_loss_chunks_are_aligned_to_128():
         assert loss_chunk_tokens(vocab) % 128 == 0 and loss_chunk_tokens(vocab) * vocab <= 2**28
     assert loss_chunk_tokens(50304) == 5248
     # a run trained before the padding resumes with its own 50,257 rows, not refused as another model
+    from pretrainer.config.keys import to_dict
     from pretrainer.config.resolve import resume_changes
-    from pretrainer.config.schema import to_dict
 
     trained = resolve(load_config(None, ["--train.max_steps=1", "--model.vocab_size=50257"]))
     now = resolve(cfg, data=data)
@@ -330,8 +330,8 @@ def test_dropout_is_refused_where_chat_data_packs_by_document(tmp_path):
 
 
 def test_context_extension_is_refused_for_a_mixture_in_one_line(tmp_path):
+    from pretrainer.config.keys import to_dict
     from pretrainer.config.resolve import resume_changes
-    from pretrainer.config.schema import to_dict
 
     shape = ["--model.vocab_size=128", "--model.d_ff=384", "--train.max_steps=10", "--data.packing=concat"]
     mixed = [f"--data.mixture={tmp_path}/a:0.5,{tmp_path}/b:0.5", *shape]
@@ -363,9 +363,9 @@ def test_a_config_saved_before_a_key_existed_reads_as_its_run_trained(tmp_path):
     today's defaults."""
     from pretrainer.artifacts.checkpoint import _same_config
     from pretrainer.artifacts.run_config import load_train_config
+    from pretrainer.config.keys import to_dict
     from pretrainer.config.load import from_dict
     from pretrainer.config.resolve import resolve, uses_qk_norm
-    from pretrainer.config.schema import to_dict
     from pretrainer.config.toml_text import toml_document
 
     today = load_config(None, [])

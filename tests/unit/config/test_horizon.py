@@ -90,7 +90,7 @@ def test_a_saved_run_keeps_its_horizon_and_a_new_one_replaces_it(tmp_path):
     """A run resumed with its saved config derives its steps again from the horizon it was given (the
     world size may have changed); a horizon on the command line replaces the saved one."""
     from pretrainer.artifacts.run_config import load_train_config
-    from pretrainer.config.schema import save_config
+    from pretrainer.config.keys import save_config
 
     run = tmp_path / "run"
     run.mkdir()
@@ -103,9 +103,9 @@ def test_a_saved_run_keeps_its_horizon_and_a_new_one_replaces_it(tmp_path):
 
 
 def test_the_default_recipe_resolves_to_numbers_for_the_width_and_the_horizon(tmp_path):
+    from pretrainer.config.keys import save_config
     from pretrainer.config.optimizers import OPTIMIZERS
     from pretrainer.config.resolve import auto_lr
-    from pretrainer.config.schema import save_config
 
     narrow = resolve(load_config(None, [*SHAPE, "--model.d_model=128", "--train.max_tokens=1000000"]))
     wide = resolve(load_config(None, [*SHAPE, "--model.d_model=512", "--train.max_tokens=1000000"]))

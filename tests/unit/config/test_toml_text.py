@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pretrainer.config.keys import config_text, to_dict
 from pretrainer.config.load import load_config
-from pretrainer.config.schema import config_text, to_dict
 from pretrainer.config.toml_text import toml_document
 
 # training configs (a sweep's file has its own [sweep] section)

@@ -338,8 +338,8 @@ def test_the_recipe_s_embedding_lr_scale_is_muon_s_10_and_an_older_checkpoint_re
     """optim.embedding_lr_scale = auto: 10 with Muon (the nanochat ablations), 1 with AdamW. A checkpoint
     saved before the key existed trained its embeddings in the common group: resuming it at another scale
     would not load its optimizer state, so it is refused with the flag that resumes it."""
+    from pretrainer.config.keys import to_dict
     from pretrainer.config.resolve import resume_changes
-    from pretrainer.config.schema import to_dict
     from pretrainer.core.errors import NotThisRun
 
     muon, _ = tiny("llama")

@@ -8,8 +8,9 @@ import importlib.util
 import pytest
 import torch
 
+from pretrainer.config.keys import key_allowed
 from pretrainer.config.optimizers import OptimizerEntry
-from pretrainer.config.schema import ModelConfig, OptimConfig, key_allowed
+from pretrainer.config.schema import ModelConfig, OptimConfig
 from pretrainer.core.errors import UserError
 from pretrainer.model import Transformer
 from pretrainer.optim.registry import OPTIMIZERS, build_optimizer, describe_optimizer, update_norm

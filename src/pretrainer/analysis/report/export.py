@@ -119,7 +119,7 @@ def export_weights(run, out: Path, dtype: str) -> None:
     from safetensors.torch import save
 
     from pretrainer.artifacts.hf_format import DTYPES
-    from pretrainer.config.schema import to_dict
+    from pretrainer.config.keys import to_dict
 
     tokenizer = run.tokenizer()
     metadata = {

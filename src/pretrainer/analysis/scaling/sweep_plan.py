@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 
 from pretrainer.analysis.scaling.ladder import RunSpec, SweepConfig, plan_runs
+from pretrainer.config.keys import config_text, diff_keys
 from pretrainer.config.load import load_config
-from pretrainer.config.schema import Config, config_text, diff_keys
+from pretrainer.config.schema import Config
 from pretrainer.core.errors import UserError, read_exit_record
 from pretrainer.core.files import atomic_write_bytes, atomic_write_json
 
