@@ -13,8 +13,9 @@ from tqdm import tqdm
 
 from pretrainer.core.ownership import OUTPUT_MARKER
 from pretrainer.data.data_dir import open_data_dir
-from pretrainer.data.prepare import prepare, token_dtype
+from pretrainer.data.prepare import prepare
 from pretrainer.data.sources import Corpus
+from pretrainer.data.token_files import token_dtype
 from pretrainer.data.tokenizers.base import METADATA_FILE
 from pretrainer.data.tokenizers.load import load_tokenizer
 
