@@ -1,5 +1,6 @@
-"""The suite's `quiet` marker (support/quiet_tests.py): under `pytest -n 2` a quiet test's run overlaps
-no other test's, while the other tests do run side by side."""
+"""The suite's `quiet` marker (support/quiet_tests.py): under `make test`'s `pytest -n 2 --dist loadfile` a
+quiet test's run overlaps no other test's, the quiet tests run back to back, and the other tests run side
+by side, each file on one worker."""
 
 from __future__ import annotations
 
@@ -9,31 +10,34 @@ import sys
 from pathlib import Path
 
 TIMED = """
-import json, time, pytest
+import json, os, time, pytest
 
 def timed(name, seconds):
     start = time.monotonic()
     time.sleep(seconds)
     with open("{log}", "a") as log:
-        log.write(json.dumps([name, start, time.monotonic()]) + "\\n")
+        log.write(json.dumps([name, start, time.monotonic(), os.environ["PYTEST_XDIST_WORKER"]]) + "\\n")
 """
 
 
-def test_a_quiet_test_runs_alone_and_the_others_side_by_side(tmp_path):
+def test_quiet_tests_run_alone_and_back_to_back_and_the_others_side_by_side(tmp_path):
     log = tmp_path / "times.jsonl"
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_a.py").write_text(
-        TIMED.format(log=log) + "".join(f"def test_a{i}(): timed('a{i}', 0.3)\n" for i in range(4))
+        TIMED.format(log=log)
+        + "".join(f"def test_a{i}(): timed('a{i}', 0.3)\n" for i in range(4))
+        + "@pytest.mark.quiet\ndef test_quiet_a(): timed('quiet_a', 0.4)\n"
     )
     (tmp_path / "test_b.py").write_text(
         TIMED.format(log=log)
         + "def test_b0(): timed('b0', 0.3)\n"
-        + "@pytest.mark.quiet\ndef test_quiet(): timed('quiet', 0.6)\n"
+        + "@pytest.mark.quiet\ndef test_quiet_b(): timed('quiet_b', 0.4)\n"
         + "def test_b1(): timed('b1', 0.3)\n"
     )
     tests_dir = Path(__file__).resolve().parents[1]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-p", "support.quiet_tests"],
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile"]
+        + ["-p", "support.quiet_tests"],
         cwd=tmp_path,
         env={"PYTHONPATH": str(tests_dir), "PATH": "/usr/bin:/bin"},
         capture_output=True,
@@ -41,11 +45,23 @@ def test_a_quiet_test_runs_alone_and_the_others_side_by_side(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    spans = {name: (start, end) for name, start, end in map(json.loads, log.read_text().splitlines())}
-    assert len(spans) == 7
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    spans = {name: (start, end) for name, start, end, _ in runs}
+    worker = {name: worker for name, *_, worker in runs}
+    assert len(spans) == 8
 
     def overlap(x, y):
         return min(spans[x][1], spans[y][1]) > max(spans[x][0], spans[y][0])
 
-    assert not [name for name in spans if name != "quiet" and overlap(name, "quiet")], spans
+    quiet = ["quiet_a", "quiet_b"]
+    assert not [(name, q) for name in spans for q in quiet if name not in quiet and overlap(name, q)], spans
+    # one after the other on one worker, and nothing started between them: the lock was kept
+    assert worker["quiet_a"] == worker["quiet_b"] and not overlap(*quiet)
+    first, second = sorted(quiet, key=lambda q: spans[q][0])
+    assert not [
+        name for name in spans if spans[first][1] <= spans[name][0] <= spans[second][0] and name not in quiet
+    ], spans
+    assert (
+        len({worker[f"a{i}"] for i in range(4)}) == len({worker["b0"], worker["b1"]}) == 1
+    )  # a file: a worker
     assert any(overlap(f"a{i}", f"b{j}") for i in range(4) for j in range(2)), spans  # two workers did run
