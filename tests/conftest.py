@@ -3,8 +3,10 @@ configs, DOCS, subprocesses) are in helpers.py."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -74,12 +76,34 @@ def jsonl_corpus(tmp_path: Path) -> Path:
     return path
 
 
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """`make(dir)` once per session, under pytest-xdist too: the first worker to ask makes it in the
+    session's temp dir (every worker's parent) while the others wait, then all read it. The data dirs
+    below are only read by the tests (a derived cache goes to PRETRAINER_CACHE, never into them)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        root = tmp_path_factory.mktemp(name)
+        make(root)
+        return root
+    root = tmp_path_factory.getbasetemp().parent / f"shared-{name}"
+    with open(f"{root}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / ".made").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a worker that failed half-way
+            root.mkdir()
+            make(root)
+            (root / ".made").touch()
+    return root
+
+
 @pytest.fixture(scope="session")
 def stdlib_data(tmp_path_factory) -> Path:
     """The real built-in corpus (first 400 stdlib files), BPE 1024, prepared once per session."""
-    out = tmp_path_factory.mktemp("data") / "stdlib-bpe1k"
-    prepare(Corpus(["stdlib"]), "bpe:1024", out, val_fraction=0.05, seed=0, workers=2, max_docs=400)
-    return out
+
+    def make(root: Path) -> None:
+        out = root / "stdlib-bpe1k"
+        prepare(Corpus(["stdlib"]), "bpe:1024", out, val_fraction=0.05, seed=0, workers=2, max_docs=400)
+
+    return made_once(tmp_path_factory, "data", make) / "stdlib-bpe1k"
 
 
 @pytest.fixture
@@ -106,27 +130,31 @@ def no_default_task_suite(monkeypatch):
 @pytest.fixture(scope="session")
 def text_data(tmp_path_factory) -> Path:
     """Plain documents with a small trained BPE: the base model's data."""
-    root = tmp_path_factory.mktemp("text")
-    corpus = write_jsonl(
-        root / "docs.jsonl",
-        [{"text": d} for d in DOCS] + [{"text": f"{q} {a}"} for q, a in split_reversal()[0][:1500]],
-    )
-    out = root / "data"
-    prepare(Corpus([str(corpus)]), "bpe:300", out, val_fraction=0.05, workers=1)
-    return out
+
+    def make(root: Path) -> None:
+        corpus = write_jsonl(
+            root / "docs.jsonl",
+            [{"text": d} for d in DOCS] + [{"text": f"{q} {a}"} for q, a in split_reversal()[0][:1500]],
+        )
+        prepare(Corpus([str(corpus)]), "bpe:300", root / "data", val_fraction=0.05, workers=1)
+
+    return made_once(tmp_path_factory, "text", make) / "data"
 
 
 @pytest.fixture(scope="session")
 def chat_data(tmp_path_factory, text_data) -> Path:
     """Reversal and sum conversations, some with a system message, tokenized by the base data's tokenizer."""
-    root = tmp_path_factory.mktemp("chat")
-    train_items, _ = split_reversal()
-    records = [
-        conversation(q, a, system="You reverse strings." if i % 5 == 0 else "")
-        for i, (q, a) in enumerate(train_items)
-    ]
-    records += [conversation(q, a) for q, a in sum_items()]
-    return prepare_chat(write_jsonl(root / "chat.jsonl", records), root / "data", tokenizer_from=text_data)
+
+    def make(root: Path) -> None:
+        train_items, _ = split_reversal()
+        records = [
+            conversation(q, a, system="You reverse strings." if i % 5 == 0 else "")
+            for i, (q, a) in enumerate(train_items)
+        ]
+        records += [conversation(q, a) for q, a in sum_items()]
+        prepare_chat(write_jsonl(root / "chat.jsonl", records), root / "data", tokenizer_from=text_data)
+
+    return made_once(tmp_path_factory, "chat", make) / "data"
 
 
 @pytest.fixture(scope="session")
