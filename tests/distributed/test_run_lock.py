@@ -14,7 +14,7 @@ from helpers import exit_hook, exit_hook_calls, fork_train, losses, tiny_overrid
 
 from pretrainer.artifacts.checkpoint import list_checkpoints
 
-STEPS = 240  # long enough (seconds) that a trainer started once the first is training finds it running
+STEPS = 120  # long enough (seconds) that a trainer started once the first is training finds it running
 SETTINGS = {"train.max_steps": STEPS, "ckpt.every": 40, "eval.every": 0, "log.every": 10}
 
 

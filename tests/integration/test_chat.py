@@ -60,10 +60,10 @@ def test_sft_on_conversations_teaches_a_held_out_skill_and_chat_answers(
             **quiet,
             **{
                 "init.from": base,
-                # Muon, the default optimizer: held-out accuracy 0.99 after 200 steps. AdamW at this lr
-                # was on a knife's edge (0.27 after 250 steps and 0.98 after 320 on one machine, 0.07 after
-                # 360 on another)
-                "train.max_steps": 240,
+                # Muon, the default optimizer: held-out accuracy 0.89 after 120 steps, 1.0 after 160 (one
+                # thread). AdamW at this lr was on a knife's edge (0.27 after 250 steps and 0.98 after 320
+                # on one machine, 0.07 after 360 on another)
+                "train.max_steps": 180,
                 "train.micro_batch": 32,
                 "optim.name": "muon",
                 "optim.lr": 4e-3,

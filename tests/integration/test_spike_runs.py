@@ -14,6 +14,7 @@ from pretrainer.artifacts.metrics import read_metrics
 from pretrainer.train.loop import train
 
 N = 40  # the injection step
+ROLLBACK = {"spike.action": "rollback", "eval.every": 80}  # validation at the start and the end
 
 
 def drill(stdlib_data, run, **extra):
@@ -35,9 +36,24 @@ def spikes(run) -> list[int]:
     return [r["step"] for r in read_metrics(run / "metrics.jsonl") if r.get("spike")]
 
 
-def test_rare_token_drill_is_detected_classified_and_recovers(stdlib_data, tmp_path, run_cli):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def rare_drill(stdlib_data, tmp_path_factory):
+    """The rare-token drill, logged only: what the detection, classification and figure tests read."""
+    run = tmp_path_factory.mktemp("rare") / "run"
     train(drill(stdlib_data, run, **{"spike.inject_kind": "rare"}))
+    return run
+
+
+@pytest.fixture(scope="module")
+def rare_rollback(stdlib_data, tmp_path_factory):
+    """The rare-token drill under spike.action = rollback, run straight through."""
+    run = tmp_path_factory.mktemp("rolled") / "run"
+    train(drill(stdlib_data, run, **ROLLBACK))
+    return run
+
+
+def test_rare_token_drill_is_detected_classified_and_recovers(rare_drill, run_cli):
+    run = rare_drill
     records = read_metrics(run / "metrics.jsonl")
     # logged explicitly
     assert [r["step"] for r in records if r.get("spike_injected")] == [40, 41, 42, 43, 44]
@@ -121,20 +137,15 @@ def final_val(run) -> float:
 
 
 @pytest.mark.parametrize("kind, flagged", [("rare", N), ("lr", N + 1)])
-def test_rollback_ends_close_to_an_uninjected_run(kind, flagged, clean_run, stdlib_data, tmp_path):
+def test_rollback_ends_close_to_an_uninjected_run(kind, flagged, clean_run, stdlib_data, tmp_path, request):
     """A rare-token batch shows in its own step's loss; an LR x100 update shows one step later, so the
     checkpoint written right after it (step 40) already holds the damage and rollback passes over it."""
-    rolled = tmp_path / "rolled"
-    extra = (
-        {"spike.inject_batches": 5} if kind == "rare" else {"spike.inject_batches": 3, "spike.lr_factor": 100}
-    )
-    train(
-        drill(
-            stdlib_data,
-            rolled,
-            **{"spike.action": "rollback", "spike.inject_kind": kind, "eval.every": 80, **extra},
-        )
-    )
+    if kind == "rare":  # the drill's defaults: 5 rare-token batches
+        rolled = request.getfixturevalue("rare_rollback")
+    else:
+        rolled = tmp_path / "rolled"
+        lr = {"spike.inject_kind": "lr", "spike.inject_batches": 3, "spike.lr_factor": 100}
+        train(drill(stdlib_data, rolled, **ROLLBACK, **lr))
     records = read_metrics(rolled / "metrics.jsonl")
     rollback = [r for r in records if r.get("rollback")]
     # from before the onset
@@ -188,11 +199,10 @@ def test_skip_drops_flagged_updates(stdlib_data, tmp_path):
     assert flagged and all(r["skipped"] == 1.0 for r in flagged)
 
 
-def test_postmortem_figures_are_real_plots(stdlib_data, tmp_path):
+def test_postmortem_figures_are_real_plots(rare_drill):
     import matplotlib.image as mpimg
 
-    run = tmp_path / "run"
-    train(drill(stdlib_data, run, **{"spike.inject_kind": "rare"}))
+    run = rare_drill
     write_postmortem(run)
     image = mpimg.imread(run / "spike-1.png")[..., :3]
     assert image.shape[1] > 1000
@@ -202,7 +212,7 @@ def test_postmortem_figures_are_real_plots(stdlib_data, tmp_path):
         assert (np.abs(image - colour).max(axis=-1) < 0.05).sum() > 200
 
 
-def test_a_stop_right_after_a_rollback_keeps_it(stdlib_data, tmp_path, monkeypatch):
+def test_a_stop_right_after_a_rollback_keeps_it(rare_rollback, stdlib_data, tmp_path, monkeypatch):
     """SIGTERM arriving as a rollback (step 40 -> 30) completes: the stop before the next step writes
     step 30 again, now with the data moved past the spike and the rollback counted, so the resumed
     run continues exactly as an uninterrupted one."""
@@ -212,9 +222,7 @@ def test_a_stop_right_after_a_rollback_keeps_it(stdlib_data, tmp_path, monkeypat
     from pretrainer.core.errors import RunStopped
     from pretrainer.train.spikes import SpikeGuard
 
-    settings = {"spike.action": "rollback", "eval.every": 80}
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    train(drill(stdlib_data, straight, **settings))
+    settings, straight, split = ROLLBACK, rare_rollback, tmp_path / "split"
     rolled_back = SpikeGuard.rolled_back
 
     def and_a_signal(self, *args, **kwargs):
