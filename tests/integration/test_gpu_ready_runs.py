@@ -104,8 +104,11 @@ def test_watchdog_passes_a_fast_enough_run(stdlib_data, tmp_path, run_cli):
 def test_compiled_training_matches_eager_compiles_static_graphs_and_resumes_bit_exactly(
     text_data, tmp_path, monkeypatch
 ):
-    """train.compile = true (each block compiled by inductor, activation checkpointing around it)
-    against eager over 8 steps, on a validation split whose last batch is short.
+    """train.compile = true (each block compiled, activation checkpointing around it) against eager over
+    8 steps, on a validation split whose last batch is short. Through dynamo and AOT autograd with the
+    aot_eager backend: what is checked here (graphs, shapes, the compiled run's numbers and its resume)
+    happens before inductor's code generation, whose C++ kernels cost a fresh machine ~47 CPU-s to
+    compile for these few steps (inductor's GPU code is run by benchmarks/gpu_first_call.sh).
     - Static graphs: the step-0 evaluation used to compile the blocks at the short batch, training then
       recompiled them with the batch dimension dynamic, and a resumed run (no step-0 evaluation)
       compiled a static graph, other kernels; now torch's `dynamic` log makes no symbol.
@@ -155,6 +158,7 @@ def test_compiled_training_matches_eager_compiles_static_graphs_and_resumes_bit_
                 symbols.append(record.getMessage())
 
     monkeypatch.setattr(inloop, "evaluate", counting)
+    monkeypatch.setenv("PRETRAINER_COMPILE_BACKEND", "aot_eager")
     compiled = {
         **settings,
         "train.compile": True,
