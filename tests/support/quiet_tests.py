@@ -68,6 +68,7 @@ def pytest_collection_modifyitems(config, items):
     quiet_ids_file(run, worker).write_text("".join(f"{item.nodeid}\n" for item in quiet))
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist") != "loadfile":
         return None
