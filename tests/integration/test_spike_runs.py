@@ -15,6 +15,8 @@ from pretrainer.train.loop import train
 
 N = 40  # the injection step
 ROLLBACK = {"spike.action": "rollback", "eval.every": 80}  # validation at the start and the end
+# a drill that only needs its spike flagged and classified stops 10 steps after it (the schedule stays 80's)
+CLASSIFIED_BY = {"train.stop_at_step": N + 10}
 
 
 def drill(stdlib_data, run, **extra):
@@ -73,11 +75,8 @@ def test_rare_token_drill_is_detected_classified_and_recovers(rare_drill, run_cl
 
 def test_lr_drill_is_classified_learning_rate_too_high(stdlib_data, tmp_path):
     run = tmp_path / "run"
-    train(
-        drill(
-            stdlib_data, run, **{"spike.inject_kind": "lr", "spike.lr_factor": 100, "spike.inject_batches": 3}
-        )
-    )
+    lr = {"spike.inject_kind": "lr", "spike.lr_factor": 100, "spike.inject_batches": 3}
+    train(drill(stdlib_data, run, **lr, **CLASSIFIED_BY))
     assert N <= spikes(run)[0] <= N + 2
     _, events, _ = write_postmortem(run)
     assert events[0].classification == "learning rate too high"
@@ -86,7 +85,11 @@ def test_lr_drill_is_classified_learning_rate_too_high(stdlib_data, tmp_path):
 
 def test_constant_token_batch_is_classified_data_corruption(stdlib_data, tmp_path):
     run = tmp_path / "run"
-    train(drill(stdlib_data, run, **{"spike.inject_kind": "data", "spike.data_mode": "constant"}))
+    train(
+        drill(
+            stdlib_data, run, **{"spike.inject_kind": "data", "spike.data_mode": "constant"}, **CLASSIFIED_BY
+        )
+    )
     assert N <= spikes(run)[0] <= N + 2
     _, events, _ = write_postmortem(run)
     assert events[0].classification == "data corruption"
@@ -194,7 +197,7 @@ def test_skip_never_freezes_after_an_lr_spike(stdlib_data, tmp_path):
 
 def test_skip_drops_flagged_updates(stdlib_data, tmp_path):
     run = tmp_path / "run"
-    train(drill(stdlib_data, run, **{"spike.inject_kind": "rare", "spike.action": "skip"}))
+    train(drill(stdlib_data, run, **{"spike.inject_kind": "rare", "spike.action": "skip"}, **CLASSIFIED_BY))
     flagged = [r for r in read_metrics(run / "metrics.jsonl") if r.get("spike")]
     assert flagged and all(r["skipped"] == 1.0 for r in flagged)
 
