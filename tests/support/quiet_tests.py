@@ -77,15 +77,17 @@ def pytest_xdist_make_scheduler(config, log):
     class QuietLastScheduling(LoadFileScheduling):
         """loadfile, the quiet tests one unit of their own, every unit in the order collected."""
 
+        quiet: frozenset[str] = frozenset()  # until every worker has collected
+
         def schedule(self) -> None:
             if self.collection is None:  # the first call: every worker has collected
                 self.config.option.loadscopereorder = False
                 run = self.nodes[0].workerinput["testrunuid"]
-                self.quiet = {
+                self.quiet = frozenset(
                     nodeid
                     for file in Path(tempfile.gettempdir()).glob(f"pytest-quiet-{run}-*.ids")
                     for nodeid in file.read_text().splitlines()
-                }
+                )
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
