@@ -30,13 +30,18 @@ def pytest_configure(config):
     )
 
 
+def session_files(run: str) -> Path:
+    """The stem of the files one session's workers share: the locks and each worker's quiet test ids."""
+    return Path(tempfile.gettempdir()) / f"pytest-quiet-{run}"
+
+
 @contextlib.contextmanager
 def machine_share(quiet: bool):
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of one session
     if run is None:
         yield
         return
-    files = Path(tempfile.gettempdir()) / f"pytest-quiet-{run}"
+    files = session_files(run)
     with open(f"{files}.turnstile", "a") as turnstile, open(f"{files}.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         if not quiet:
@@ -54,10 +59,6 @@ def is_quiet(item) -> bool:
     return item.get_closest_marker("quiet") is not None
 
 
-def quiet_ids_file(run: str, worker: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"pytest-quiet-{run}-{worker}.ids"
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     run, worker = os.environ.get("PYTEST_XDIST_TESTRUNUID"), os.environ.get("PYTEST_XDIST_WORKER")
@@ -65,7 +66,7 @@ def pytest_collection_modifyitems(config, items):
         return
     quiet = [item for item in items if is_quiet(item)]
     items[:] = [item for item in items if not is_quiet(item)] + quiet
-    quiet_ids_file(run, worker).write_text("".join(f"{item.nodeid}\n" for item in quiet))
+    Path(f"{session_files(run)}-{worker}.ids").write_text("".join(f"{item.nodeid}\n" for item in quiet))
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
@@ -82,10 +83,10 @@ def pytest_xdist_make_scheduler(config, log):
         def schedule(self) -> None:
             if self.collection is None:  # the first call: every worker has collected
                 self.config.option.loadscopereorder = False
-                run = self.nodes[0].workerinput["testrunuid"]
+                stem = session_files(self.nodes[0].workerinput["testrunuid"])
                 self.quiet = frozenset(
                     nodeid
-                    for file in Path(tempfile.gettempdir()).glob(f"pytest-quiet-{run}-*.ids")
+                    for file in stem.parent.glob(f"{stem.name}-*.ids")
                     for nodeid in file.read_text().splitlines()
                 )
             super().schedule()
