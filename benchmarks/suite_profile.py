@@ -55,13 +55,13 @@ def report(path: str, top: int) -> None:
         end = max(r["started"] + r["wall_s"] for r in rows) - origin
         busy = sum(r["wall_s"] for r in rows)
         print(f"worker {worker or '-'}: ends at {end:.0f} s, busy {busy:.0f} s, idle {end - busy:.0f} s")
-    files = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    by_file = collections.defaultdict(list)
     for r in records:
-        file = files[r["test"].split("::")[0]]
-        file[0], file[1], file[2] = file[0] + r["cpu_s"], file[1] + r["wall_s"], file[2] + 1
+        by_file[r["test"].split("::")[0]].append(r)
     print("\n  CPU-s  wall-s  tests  file")
-    for name, (cpu, wall, count) in sorted(files.items(), key=lambda kv: -kv[1][1])[:top]:
-        print(f"{cpu:7.1f} {wall:7.1f} {count:6d}  {name}")
+    for name, rows in sorted(by_file.items(), key=lambda kv: -sum(r["wall_s"] for r in kv[1]))[:top]:
+        cpu, wall = sum(r["cpu_s"] for r in rows), sum(r["wall_s"] for r in rows)
+        print(f"{cpu:7.1f} {wall:7.1f} {len(rows):6d}  {name}")
     print("\n  CPU-s  wall-s  test")
     for r in sorted(records, key=lambda r: -r["wall_s"])[:top]:
         print(f"{r['cpu_s']:7.1f} {r['wall_s']:7.1f}  {r['test']}")
