@@ -11,30 +11,26 @@ QS_RUN  := runs/quickstart
 
 .PHONY: install setup lint test test-deps test-unit quickstart eval clean wheelhouse docs-figures
 
-# The venv with the pinned torch, then the package with the extras each target needs. torch by uv, told
-# where pip looks (uv reads none of pip's settings: PIP_FIND_LINKS and pip's config find-links, where a CPU
-# build of the pin may lie on disk, which pip would take): the same wheel pip installs, in ~4 s against
-# pip's ~18 s; pip itself where uv fails.
-$(VENV)/.torch-stamp:
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	links="$${PIP_FIND_LINKS:-} $$($(BIN)/python -m pip config get global.find-links 2>/dev/null)"; \
-	  $(BIN)/python -m pip install --quiet --no-compile uv && \
-	  $(BIN)/python -m uv pip install --quiet --python $(BIN)/python \
-	    $$(for link in $$links; do printf -- '--find-links %s ' "$$link"; done) "$(TORCH_PIN)" || \
-	  $(BIN)/python -m pip install --quiet --no-compile $(TORCH_PIN)
-	touch $@
-
-# The package and an extra, resolved and unpacked by uv (one wheel from PyPI; the versions pip chooses, in
-# ~11 s where pip takes ~58 s for .[dev]), the torch pin restated so that nothing moves torch; pip where uv
-# fails (an index that only pip is configured for).
-define install_extra
+# The venv with the pinned torch, then the package with the extras each target needs, each resolved and
+# unpacked by uv: torch ~4 s where pip takes ~18 s, .[dev] ~11 s where pip takes ~58 s. uv reads none of
+# pip's settings, so it is told where pip looks beyond its index (PIP_FIND_LINKS and pip's config
+# find-links, where a CPU build of the pin may lie on disk, which pip would take): it installs the wheels
+# pip would. The torch pin is restated with every extra so that nothing moves torch; pip where uv fails.
+UV_FIND_LINKS = $$(for link in $${PIP_FIND_LINKS:-} $$($(BIN)/python -m pip config get global.find-links \
+  2>/dev/null); do printf -- '--find-links %s ' "$$link"; done)
+define uv_install
 	$(BIN)/python -m pip install --quiet --no-compile uv && \
-	  $(BIN)/python -m uv pip install --quiet --python $(BIN)/python -e ".[$(1)]" "$(TORCH_PIN)" || \
-	  $(BIN)/python -m pip install --quiet --no-compile -e ".[$(1)]"
+	  $(BIN)/python -m uv pip install --quiet --python $(BIN)/python $(UV_FIND_LINKS) $(1) "$(TORCH_PIN)" || \
+	  $(BIN)/python -m pip install --quiet --no-compile $(1) "$(TORCH_PIN)"
 endef
 
+$(VENV)/.torch-stamp:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(call uv_install,)
+	touch $@
+
 $(VENV)/.track-stamp: $(VENV)/.torch-stamp pyproject.toml
-	$(call install_extra,mlflow)
+	$(call uv_install,-e ".[mlflow]")
 	touch $@
 
 # The suite starts ~100 processes: its venv's bytecode is compiled once here, on every core, rather than
@@ -52,7 +48,7 @@ COMPILE_SKIP := $(COMPILE_SKIP)|/(torchao/(prototype|_models)|torch/(_vendor|ao/
 COMPILE_SKIP := $(COMPILE_SKIP)|/(google/(auth|api)|tensorboard/_vendor|sqlalchemy/testing|transformers/pipelines)/
 COMPILE_SKIP := $(COMPILE_SKIP)|/wandb/automations/
 $(VENV)/.dev-stamp: $(VENV)/.torch-stamp pyproject.toml
-	$(call install_extra,dev)
+	$(call uv_install,-e ".[dev]")
 	$(BIN)/python -m compileall -q -j 0 -x '$(COMPILE_SKIP)' $(VENV)/lib > /dev/null || true
 	touch $@
 
