@@ -17,11 +17,13 @@ import contextlib
 import fcntl
 import os
 import socket
+import time
 from pathlib import Path
 
 from pretrainer.core.errors import UserError
 
 LOCK_FILE = ".lock"
+HOLDER_NAMED_WITHIN_S = 1.0  # the holder names itself in .lock microseconds after locking it
 NO_FLOCK_FIX = (
     "this file system does not support file locks (NFS without its lock service, some FUSE mounts); "
     "choose a run.dir on a local or parallel file system that does"
@@ -47,20 +49,23 @@ class RunDirLock:
     def held(self) -> bool:
         return self.fd is not None
 
-    def _holder(self, fd: int | None = None) -> str:
-        try:
-            if fd is None:
-                return (self.run_dir / LOCK_FILE).read_text(errors="replace")[
-                    :256
-                ].strip() or "another process"
-            return os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
-        except OSError:
-            return "another process"
+    def _holder(self, wait_s: float = 0.0) -> str:
+        """Who .lock says holds the run dir. A holder writes its name right after it takes the locks: a
+        trainer that arrives in between finds .lock empty, and waits up to wait_s for the name."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                said = (self.run_dir / LOCK_FILE).read_text(errors="replace")[:256].strip()
+            except OSError:
+                return "another process"
+            if said or time.monotonic() >= deadline:
+                return said or "another process"
+            time.sleep(0.01)
 
     def _in_use(self) -> UserError:
         return UserError(
-            f"{self.run_dir}: in use by {self._holder()}, which is training this run; one trainer per run "
-            f"dir (wait for it to end, or choose another run.dir)"
+            f"{self.run_dir}: in use by {self._holder(HOLDER_NAMED_WITHIN_S)}, which is training this run; "
+            "one trainer per run dir (wait for it to end, or choose another run.dir)"
         )
 
     def acquire(self) -> None:
