@@ -115,7 +115,7 @@ def data_phase(call: Call, work: Path) -> Path:
     command = ["pretrainer", "prepare", "--corpus", "stdlib", "--tokenizer", "gpt2", "--val-fraction"]
     command += [str(VAL_FRACTION), "--out", str(data), "--force"]
     if call.args.dry_run:
-        command += ["--max-docs", "300"]  # the same path, a CPU's few seconds
+        command += ["--max-docs", "100"]  # the same path, a CPU's second or two
     code, _ = run(call, command, call.left())
     figures = {}
     if code == 0:
