@@ -36,13 +36,14 @@ def test_cpu_sweep_then_fit_writes_csv_plots_and_a_prediction_with_an_interval(
     lrs = {r["n_layer"]: float(r["lr"]) for r in rows}
     assert lrs["1"] > lrs["2"] > lrs["3"]  # the power rule: smaller models train at higher learning rates
 
-    # 600 bootstrap resamples (1,000 by default): the intervals' machinery, at 60% of its time
+    # 200 bootstrap resamples (1,000 by default): the intervals' machinery end to end, at a third of its
+    # time on these runs (whose law is weakly determined); test_scaling_fit checks the intervals' coverage
     code, out, err = run_cli(
-        "fit", sweep, "--predict-params", "1e9", "--predict-compute", "1e18", "--resamples", "600"
+        "fit", sweep, "--predict-params", "1e9", "--predict-compute", "1e18", "--resamples", "200"
     )
     assert code == 0, err
     fit = json.loads((sweep / "fit.json").read_text())
-    assert fit["form"] == "nd" and fit["bootstrap"]["used"] >= 0.85 * 600  # degenerate resamples are left out
+    assert fit["form"] == "nd" and fit["bootstrap"]["used"] >= 0.85 * 200  # degenerate resamples are left out
     for name in ("scaling.png", "residuals.png", "fit.md"):
         assert (sweep / name).stat().st_size > 0
     optimal = fit["predictions"][0]
