@@ -220,10 +220,13 @@ def test_sample_cli_is_deterministic_and_greedy_matches_the_model(stdlib_data, t
 
 
 def test_missing_data_dir_and_unknown_key_are_one_line_errors(tmp_path, run_cli):
-    # the whole process's stderr
-    result = run_subprocess("train", *tiny_overrides(tmp_path / "nope", tmp_path / "run"))
-    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
-    assert "nope: data dir not found; run `pretrainer prepare" in result.stderr
+    """The whole process's stderr, under --nproc too: the data dir is checked before torchrun starts
+    (each of its workers said it, then torchrun printed a traceback) and before the trainer's imports."""
+    nowhere = tiny_overrides(tmp_path / "nope", tmp_path / "run")
+    for nproc in ("1", "2"):
+        result = run_subprocess("train", "--nproc", nproc, *nowhere)
+        assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+        assert "nope: data dir not found; run `pretrainer prepare" in result.stderr
     code, _, err = run_cli("train", "--optim.lrr=1")
     assert (
         code == 2 and "unknown config key 'optim.lrr'; did you mean 'optim.lr' (peak learning rate)?" in err

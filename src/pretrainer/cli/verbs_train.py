@@ -14,6 +14,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from pretrainer.artifacts.run_config import load_train_config
 
     cfg = load_train_config(args.config, overrides)  # check the config before starting N processes
+    check_training_data(cfg.data.dir, cfg.data.mixture)
     if args.nproc > 1:
         from pretrainer.train.launch import launch
 
@@ -25,6 +26,18 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 
     train(cfg)
     return 0
+
+
+def check_training_data(data_dir: str, mixture: list[dict]) -> None:
+    """The data dirs opened and checked before the trainer's imports (seconds of torch) or torchrun's N
+    processes: a missing or damaged data dir is one line at once, not after start-up (under --nproc: not
+    one line per worker and torchrun's traceback). Hub datasets are left to the trainer: pulling one
+    verifies every file, which the trainer would do again."""
+    from pretrainer.data.data_dir import open_training_data
+    from pretrainer.data.hub import is_hub_spec
+
+    if not any(is_hub_spec(str(d)) for d in [data_dir, *(source["dir"] for source in mixture)]):
+        open_training_data(data_dir, mixture)
 
 
 def cmd_budget_check(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -7,15 +7,18 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pretrainer.core.errors import UserError
 from pretrainer.data.hub import is_hub_spec, pull
-from pretrainer.data.loader import TokenSource
 from pretrainer.data.token_files import open_tokens, split_files
 from pretrainer.data.tokenizers.base import Tokenizer, metadata_path
 from pretrainer.data.tokenizers.load import load_tokenizer
+
+if TYPE_CHECKING:
+    from pretrainer.data.loader import TokenSource
 
 
 @dataclass
@@ -70,6 +73,8 @@ class DataDir:
 
     def source(self, split: str, seq_len: int, packing: str) -> TokenSource:
         """A split as a TokenSource: its tokens, its loss mask (chat data) and the packing."""
+        from pretrainer.data.loader import TokenSource  # torch: opening and checking a data dir needs none
+
         return TokenSource(
             self.tokens(split),
             seq_len,
