@@ -223,8 +223,8 @@ def atomic_directory(out: Path, kind: str | None = None, replace: bool = True) -
                 f"{out}: another process (pid {stale.name.rsplit('-', 1)[-1]}) is writing it now; wait for "
                 f"it to end, or choose another --out"
             )
-    tmp.mkdir()
-    try:
+    try:  # the mkdir inside: a signal's exception right after it (a stop mid-prepare) still removes tmp
+        tmp.mkdir()
         yield tmp
         if kind is not None:
             mark_output(tmp, kind)

@@ -134,7 +134,11 @@ def work_tokenizer(work: Path, make) -> Tokenizer:
         return load_tokenizer(directory)
     tokenizer = make()
     staging = work / f"tokenizer.tmp-{unique_suffix()}"
-    tokenizer.save(staging)
+    try:
+        tokenizer.save(staging)
+    except BaseException:  # a stop signal or a full disk mid-save: no half-written tokenizer left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     try:
         os.rename(staging, directory)
     except OSError:  # another part's is there

@@ -295,11 +295,15 @@ def tokenize_unit(
     table = np.array(docs, dtype=DOC_FIELDS)
     docs_path = unit_path(units_dir, unit.index, "docs.npy")
     staging = docs_path.with_name(f".{docs_path.name}.tmp-{unique_suffix()}")
-    with open(staging, "wb") as f:
-        np.save(f, table)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(staging, docs_path)
+    try:
+        with open(staging, "wb") as f:
+            np.save(f, table)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, docs_path)
+    except BaseException:  # a stop signal or a full disk mid-write: no temp file left in the units
+        staging.unlink(missing_ok=True)
+        raise
     sizes[docs_path.name] = docs_path.stat().st_size
     record = {
         "unit": unit.index,

@@ -98,6 +98,26 @@ def test_inputs_the_working_directory_and_their_parents_are_refused(tmp_path, mo
         check_replaceable(report, "report")
 
 
+def test_a_stop_signal_right_after_the_temp_dir_is_made_leaves_none(tmp_path, monkeypatch):
+    """SIGTERM mid-prepare left `.data.tmp-PID` when its exception (prepare's stop) came between the temp
+    dir's mkdir and the block that removes it on failure: the signal is delivered here as that exception,
+    raised the moment mkdir returns."""
+    import pathlib
+
+    made = pathlib.Path.mkdir
+
+    def mkdir_then_stopped(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        if ".tmp-" in self.name:
+            raise KeyboardInterrupt  # what a signal handler raises between two bytecodes
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir_then_stopped)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_directory(tmp_path / "data", kind="data"):
+            pass
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_directory_output_is_marked_and_an_unforced_writer_never_replaces_a_racing_one(tmp_path):
     out = tmp_path / "data"
     with pytest.raises(UserError, match="another process wrote it while"):
