@@ -148,15 +148,22 @@ def fork_cli(*argv, log: Path):
     """`pretrainer ARGV` in a child process forked from this one, with one thread, its output in
     `log`: a real process to signal or kill, without a fresh interpreter's start-up. -> the child
     (multiprocessing.Process: pid, is_alive(), join(), exitcode: the command's exit code)."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return fork_cli_to(fd, *argv)
+    finally:
+        os.close(fd)
+
+
+def fork_cli_to(fd: int, *argv):
+    """fork_cli with the child's stdout and stderr on the open file descriptor `fd` (a log, a pty)."""
     import multiprocessing
 
     import pretrainer.train.loop  # noqa: F401 (imported once here, not in every child)
 
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     context = multiprocessing.get_context("fork")
     child = context.Process(target=_child, args=(fd, {}, _cli, ([str(a) for a in argv],)))
     child.start()
-    os.close(fd)
     return child
 
 

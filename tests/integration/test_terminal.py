@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
-from helpers import tiny_overrides
+from helpers import fork_cli_to, tiny_overrides
 from support.pty_terminal import terminal
 
 
 def run_on_a_terminal(argv: list[str], columns: int) -> str:
-    """`argv` with stdin, stdout and stderr on one pty of `columns` columns -> everything it drew."""
+    """`pretrainer ARGV` with stdout and stderr on one pty of `columns` columns -> everything it drew.
+    (A child forked from this process: the terminal is what is under test, not an interpreter's start.)"""
     master, tty = terminal(columns)
-    child = subprocess.Popen(argv, stdin=tty, stdout=tty, stderr=tty, close_fds=True)
+    child = fork_cli_to(tty.fileno(), *argv)
     tty.close()
     drawn = b""
     while True:
@@ -28,7 +27,8 @@ def run_on_a_terminal(argv: list[str], columns: int) -> str:
             break
         drawn += chunk
     os.close(master)
-    assert child.wait(timeout=120) == 0, drawn.decode(errors="replace")[-3000:]
+    child.join(120)
+    assert child.exitcode == 0, drawn.decode(errors="replace")[-3000:]
     return drawn.decode(errors="replace")
 
 
@@ -36,7 +36,7 @@ def run_on_a_terminal(argv: list[str], columns: int) -> str:
 def test_log_lines_start_at_column_0_beside_the_progress_bar(stdlib_data, tmp_path, columns):
     settings = {"train.max_steps": 40, "log.every": 10, "eval.every": 20}
     args = [str(a) for a in tiny_overrides(stdlib_data, tmp_path / "run", **settings)]
-    drawn = run_on_a_terminal([sys.executable, "-m", "pretrainer", "train", *args], columns)
+    drawn = run_on_a_terminal(["train", *args], columns)
     assert "train:" in drawn and "step/s" in drawn or "s/step" in drawn, drawn[-2000:]  # the bar drew
     lines = list(re.finditer(r"step \d+/40 \| loss|step \d+: val loss", drawn))
     assert len(lines) == 7, drawn[-3000:]  # 4 logged steps, val at 0, 20 and 40
@@ -62,9 +62,9 @@ def test_eval_shows_its_progress_on_a_terminal_and_nothing_in_a_pipe(stdlib_data
         for i in range(6)
     ]
     tasks.write_text("".join(json.dumps(item) + "\n" for item in items))
-    argv = [sys.executable, "-m", "pretrainer", "eval", str(run), "--tasks", str(tasks), "--eval.batches=1"]
+    argv = ["eval", str(run), "--tasks", str(tasks), "--eval.batches=1"]
     drawn = run_on_a_terminal(argv, 120)
     assert re.search(r"eval tasks: +\d+%.*\d+/6", drawn), drawn[-2000:]
     assert re.search(r"[\r\n]suite score", drawn), drawn[-2000:]
-    code, out, err = run_cli(*argv[3:])  # in this process, its output captured: not a terminal
+    code, out, err = run_cli(*argv)  # in this process, its output captured: not a terminal
     assert code == 0 and "eval tasks" not in out + err and "suite score" in out + err, out + err
