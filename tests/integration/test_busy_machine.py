@@ -19,7 +19,7 @@ from pretrainer.train.loop import train
 BUSY_LOOP = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 
 
-@pytest.mark.quiet  # it reads how busy the machine is
+@pytest.mark.quiet(alone=True)  # it reads how busy the machine is
 def test_busy_cores_are_named_at_start_with_the_fix(stdlib_data, tmp_path, monkeypatch, capsys):
     cores = sorted(os.sched_getaffinity(0))
     assert usable_cores() == len(cores)

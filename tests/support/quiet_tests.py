@@ -1,17 +1,22 @@
 """A pytest plugin (conftest.py loads it): tests marked `quiet` compare wall-clock times, so under
-`pytest -n N` (pytest-xdist; `make test`) each runs while no other test does.
+`pytest -n N` (pytest-xdist; `make test`) no other test's processes share the machine with them.
+
+    @pytest.mark.quiet               times its own work, one process at a time: needs a core to itself
+    @pytest.mark.quiet(alone=True)   reads the machine itself (its load): nothing else may run
 
 Every test holds a shared lock on one file for its whole protocol (setup with its module fixtures, call,
-teardown); a quiet test takes the lock exclusively. The turnstile, held by a quiet test while it waits,
-keeps other tests from starting meanwhile (shared holders coming and going would otherwise starve it).
+teardown); a test that takes the machine takes it exclusively. The turnstile, held by such a test while
+it waits, keeps other tests from starting meanwhile (shared holders coming and going would starve it).
 
-Each wait costs the machine: the quiet test's worker idles until the other workers' running tests end,
-then they idle until it ends. Under `--dist loadfile` (make test) this plugin's scheduler therefore
-makes the quiet tests one unit of work, run last and back to back on one worker, which keeps the lock
-from one to the next: the others drain once, not once per quiet test. Every other unit is a test file
-(its module fixtures built once), in the order collected: the process-heavy tiers first, the many
-small unit tests last, to even out the end. (The scheduler learns which tests are quiet from a file
-each worker writes as it collects: the controller collects nothing itself.)"""
+Each such wait costs the machine: the waiting worker idles until the others' running tests end, then they
+idle until it ends. Under `--dist loadfile` (make test) this plugin's scheduler therefore runs the quiet
+tests last, each file's quiet tests a unit of work, the `alone` ones first, and writes a file once every
+other test has ended; each quiet test waits for that file, then shares the lock with the other quiet
+tests (the workers are told so: `quiet_pairs`): two at once, a core each. An `alone` test still takes it
+exclusively, and without this scheduler every quiet test does. Every other unit is a test file (its module
+fixtures built once), in the order collected: the process-heavy tiers first, the many small unit tests
+last, to even out the end. (The scheduler learns which tests are quiet from a file each worker writes as
+it collects: the controller collects nothing itself.)"""
 
 from __future__ import annotations
 
@@ -19,15 +24,26 @@ import contextlib
 import fcntl
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+QUIET_UNIT = "quiet::"  # the scheduler's scope of a file's quiet tests
+
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "quiet: compares wall-clock times, so under `pytest -n N` it runs while no other test does"
+        "markers",
+        "quiet(alone=False): compares wall-clock times, so under `pytest -n N` it runs after the other "
+        "tests, on a core of its own (alone=True: while no other test runs)",
     )
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, in the controller: absent under -p no:xdist
+def pytest_configure_node(node):
+    """Tell each worker whether this plugin's scheduler runs the session (then quiet tests may pair)."""
+    node.workerinput["quiet_pairs"] = node.config.getoption("dist") == "loadfile"
 
 
 def session_files(run: str) -> Path:
@@ -35,8 +51,13 @@ def session_files(run: str) -> Path:
     return Path(tempfile.gettempdir()) / f"pytest-quiet-{run}"
 
 
+def others_ended_file(run: str) -> Path:
+    """Made by the scheduler once every test but the quiet ones has ended."""
+    return Path(f"{session_files(run)}.others-ended")
+
+
 @contextlib.contextmanager
-def machine_share(quiet: bool):
+def machine_share(exclusive: bool):
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of one session
     if run is None:
         yield
@@ -44,10 +65,10 @@ def machine_share(quiet: bool):
     files = session_files(run)
     with open(f"{files}.turnstile", "a") as turnstile, open(f"{files}.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if not quiet:
+        if not exclusive:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-        fcntl.flock(lock, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
-        if quiet:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if exclusive:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
             yield
@@ -59,13 +80,28 @@ def is_quiet(item) -> bool:
     return item.get_closest_marker("quiet") is not None
 
 
+def is_alone(item) -> bool:
+    marker = item.get_closest_marker("quiet")
+    return marker is not None and marker.kwargs.get("alone", False)
+
+
+def paired(item) -> bool:
+    """Whether this plugin's scheduler runs the session: then quiet tests run after every other test."""
+    return getattr(item.config, "workerinput", {}).get("quiet_pairs", False)
+
+
+def takes_the_machine(item) -> bool:
+    """An exclusive share: an `alone` test's, and a quiet test's unless the scheduler pairs them."""
+    return is_alone(item) or (is_quiet(item) and not paired(item))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     run, worker = os.environ.get("PYTEST_XDIST_TESTRUNUID"), os.environ.get("PYTEST_XDIST_WORKER")
     if run is None or worker is None:
         return
-    quiet = [item for item in items if is_quiet(item)]
-    items[:] = [item for item in items if not is_quiet(item)] + quiet
+    quiet = sorted((item for item in items if is_quiet(item)), key=lambda item: not is_alone(item))
+    items[:] = [item for item in items if not is_quiet(item)] + quiet  # last, the `alone` ones first
     Path(f"{session_files(run)}-{worker}.ids").write_text("".join(f"{item.nodeid}\n" for item in quiet))
 
 
@@ -76,7 +112,8 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadFileScheduling
 
     class QuietLastScheduling(LoadFileScheduling):
-        """loadfile, the quiet tests one unit of their own, every unit in the order collected."""
+        """loadfile, every unit in the order collected, each file's quiet tests a unit of their own (last);
+        the others-ended file written once every other test has ended."""
 
         quiet: frozenset[str] = frozenset()  # until every worker has collected
 
@@ -90,14 +127,30 @@ def pytest_xdist_make_scheduler(config, log):
                     for nodeid in file.read_text().splitlines()
                 )
             super().schedule()
+            self._tell_if_the_others_ended()
 
         def _split_scope(self, nodeid: str) -> str:
-            return "quiet" if nodeid in self.quiet else super()._split_scope(nodeid)
+            scope = super()._split_scope(nodeid)
+            return QUIET_UNIT + scope if nodeid in self.quiet else scope
+
+        def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
+            super().mark_test_complete(node, item_index, duration)
+            self._tell_if_the_others_ended()
+
+        def _tell_if_the_others_ended(self) -> None:
+            ended = not any(not scope.startswith(QUIET_UNIT) for scope in self.workqueue) and all(
+                all(unit.values())
+                for work in self.assigned_work.values()
+                for scope, unit in work.items()
+                if not scope.startswith(QUIET_UNIT)
+            )
+            if ended:
+                others_ended_file(self.nodes[0].workerinput["testrunuid"]).touch()
 
     return QuietLastScheduling(config, log)
 
 
-_kept: contextlib.ExitStack | None = None  # a quiet test's exclusive share, kept while the next is quiet too
+_kept: contextlib.ExitStack | None = None  # an exclusive share, kept while the next test takes one too
 
 
 @pytest.hookimpl(wrapper=True)
@@ -105,12 +158,16 @@ def pytest_runtest_protocol(item, nextitem):
     global _kept
     share, _kept = _kept, None
     if share is None:
+        if is_quiet(item) and paired(item):  # after every other test: the scheduler's file says when
+            ended = others_ended_file(item.config.workerinput["testrunuid"])
+            while not ended.exists():
+                time.sleep(0.05)
         share = contextlib.ExitStack()
-        share.enter_context(machine_share(is_quiet(item)))
+        share.enter_context(machine_share(takes_the_machine(item)))
     try:
         return (yield)
     finally:
-        if is_quiet(item) and nextitem is not None and is_quiet(nextitem):
+        if takes_the_machine(item) and nextitem is not None and takes_the_machine(nextitem):
             _kept = share
         else:
             share.close()

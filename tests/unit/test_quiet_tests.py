@@ -1,6 +1,7 @@
-"""The suite's `quiet` marker (support/quiet_tests.py): under `make test`'s `pytest -n 2 --dist loadfile` a
-quiet test's run overlaps no other test's, the quiet tests run back to back, and the other tests run side
-by side, each file on one worker."""
+"""The suite's `quiet` marker (support/quiet_tests.py): under `make test`'s `pytest -n 2 --dist loadfile` the
+quiet tests run after every other test has ended, a file's quiet tests on one worker, two at once on the
+two workers; a quiet(alone=True) test overlaps no other test; the other tests run side by side, each file
+on one worker."""
 
 from __future__ import annotations
 
@@ -20,19 +21,23 @@ def timed(name, seconds):
 """
 
 
-def test_quiet_tests_run_alone_and_back_to_back_and_the_others_side_by_side(tmp_path):
+def test_quiet_tests_run_after_the_others_two_at_once_and_alone_ones_alone(tmp_path):
     log = tmp_path / "times.jsonl"
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_a.py").write_text(
         TIMED.format(log=log)
         + "".join(f"def test_a{i}(): timed('a{i}', 0.3)\n" for i in range(4))
-        + "@pytest.mark.quiet\ndef test_quiet_a(): timed('quiet_a', 0.4)\n"
+        + "@pytest.mark.quiet\ndef test_quiet_a(): timed('quiet_a', 1.0)\n"
+        + "@pytest.mark.quiet\ndef test_quiet_a2(): timed('quiet_a2', 1.0)\n"
     )
     (tmp_path / "test_b.py").write_text(
         TIMED.format(log=log)
         + "def test_b0(): timed('b0', 0.3)\n"
-        + "@pytest.mark.quiet\ndef test_quiet_b(): timed('quiet_b', 0.4)\n"
+        + "@pytest.mark.quiet\ndef test_quiet_b(): timed('quiet_b', 1.0)\n"
         + "def test_b1(): timed('b1', 0.3)\n"
+    )
+    (tmp_path / "test_c.py").write_text(
+        TIMED.format(log=log) + "@pytest.mark.quiet(alone=True)\ndef test_alone(): timed('alone', 0.3)\n"
     )
     tests_dir = Path(__file__).resolve().parents[1]
     done = subprocess.run(
@@ -48,19 +53,18 @@ def test_quiet_tests_run_alone_and_back_to_back_and_the_others_side_by_side(tmp_
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     spans = {name: (start, end) for name, start, end, _ in runs}
     worker = {name: worker for name, *_, worker in runs}
-    assert len(spans) == 8
+    assert len(spans) == 10
 
     def overlap(x, y):
         return min(spans[x][1], spans[y][1]) > max(spans[x][0], spans[y][0])
 
-    quiet = ["quiet_a", "quiet_b"]
-    assert not [(name, q) for name in spans for q in quiet if name not in quiet and overlap(name, q)], spans
-    # one after the other on one worker, and nothing started between them: the lock was kept
-    assert worker["quiet_a"] == worker["quiet_b"] and not overlap(*quiet)
-    first, second = sorted(quiet, key=lambda q: spans[q][0])
-    assert not [
-        name for name in spans if spans[first][1] <= spans[name][0] <= spans[second][0] and name not in quiet
-    ], spans
+    quiet = ["alone", "quiet_a", "quiet_a2", "quiet_b"]
+    others = [name for name in spans if name not in quiet]
+    assert min(spans[q][0] for q in quiet) >= max(spans[name][1] for name in others), spans  # after them all
+    assert not [name for name in spans if name != "alone" and overlap(name, "alone")], spans
+    # a file's quiet tests on one worker; two files' at once, on the two workers
+    assert worker["quiet_a"] == worker["quiet_a2"] != worker["quiet_b"], worker
+    assert overlap("quiet_a", "quiet_b") or overlap("quiet_a2", "quiet_b"), spans
     assert (
         len({worker[f"a{i}"] for i in range(4)}) == len({worker["b0"], worker["b1"]}) == 1
     )  # a file: a worker
