@@ -11,9 +11,10 @@ it waits, keeps other tests from starting meanwhile (shared holders coming and g
 Each such wait costs the machine: the waiting worker idles until the others' running tests end, then they
 idle until it ends. Under `--dist loadfile` (make test) this plugin's scheduler therefore runs the quiet
 tests last, each file's quiet tests a unit of work, the `alone` ones first, and writes a file once every
-other test has ended; each quiet test waits for that file, then shares the lock with the other quiet
-tests (the workers are told so: `quiet_pairs`): two at once, a core each. An `alone` test still takes it
-exclusively, and without this scheduler every quiet test does. Every other unit is a test file (its module
+other test has ended, another once the `alone` ones have too. An `alone` test waits for the first and
+takes the lock exclusively; any other quiet test waits for both, then shares the lock with the other
+quiet tests (the workers are told so: `quiet_pairs`): two at once, a core each. Without this scheduler
+every quiet test takes the lock exclusively. Every other unit is a test file (its module
 fixtures built once), in the order collected: the process-heavy tiers first, the many small unit tests
 last, to even out the end. (The scheduler learns which tests are quiet from a file each worker writes as
 it collects: the controller collects nothing itself.)"""
@@ -29,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-QUIET_UNIT = "quiet::"  # the scheduler's scope of a file's quiet tests
+QUIET_UNIT = "quiet::"  # the scheduler's scopes of a file's quiet tests: its `alone` ones, its others
+ALONE_UNIT = QUIET_UNIT + "alone::"
 
 
 def pytest_configure(config):
@@ -51,9 +53,10 @@ def session_files(run: str) -> Path:
     return Path(tempfile.gettempdir()) / f"pytest-quiet-{run}"
 
 
-def others_ended_file(run: str) -> Path:
-    """Made by the scheduler once every test but the quiet ones has ended."""
-    return Path(f"{session_files(run)}.others-ended")
+def ended_file(run: str, which: str) -> Path:
+    """Made by the scheduler once every test but the quiet ones has ended ("others"), and once the
+    `alone` ones have too ("alone"): an `alone` test waits for the first, any other quiet test for both."""
+    return Path(f"{session_files(run)}.{which}-ended")
 
 
 @contextlib.contextmanager
@@ -102,7 +105,9 @@ def pytest_collection_modifyitems(config, items):
         return
     quiet = sorted((item for item in items if is_quiet(item)), key=lambda item: not is_alone(item))
     items[:] = [item for item in items if not is_quiet(item)] + quiet  # last, the `alone` ones first
-    Path(f"{session_files(run)}-{worker}.ids").write_text("".join(f"{item.nodeid}\n" for item in quiet))
+    Path(f"{session_files(run)}-{worker}.ids").write_text(
+        "".join(f"{'alone ' if is_alone(item) else ''}{item.nodeid}\n" for item in quiet)
+    )
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
@@ -116,21 +121,28 @@ def pytest_xdist_make_scheduler(config, log):
         the others-ended file written once every other test has ended."""
 
         quiet: frozenset[str] = frozenset()  # until every worker has collected
+        alone: frozenset[str] = frozenset()
 
         def schedule(self) -> None:
             if self.collection is None:  # the first call: every worker has collected
                 self.config.option.loadscopereorder = False
                 stem = session_files(self.nodes[0].workerinput["testrunuid"])
-                self.quiet = frozenset(
-                    nodeid
+                lines = {
+                    line
                     for file in stem.parent.glob(f"{stem.name}-*.ids")
-                    for nodeid in file.read_text().splitlines()
+                    for line in file.read_text().splitlines()
+                }
+                self.quiet = frozenset(line.removeprefix("alone ") for line in lines)
+                self.alone = frozenset(
+                    line.removeprefix("alone ") for line in lines if line.startswith("alone ")
                 )
             super().schedule()
             self._tell_if_the_others_ended()
 
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
+            if nodeid in self.alone:
+                return ALONE_UNIT + scope
             return QUIET_UNIT + scope if nodeid in self.quiet else scope
 
         def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
@@ -138,14 +150,19 @@ def pytest_xdist_make_scheduler(config, log):
             self._tell_if_the_others_ended()
 
         def _tell_if_the_others_ended(self) -> None:
-            ended = not any(not scope.startswith(QUIET_UNIT) for scope in self.workqueue) and all(
-                all(unit.values())
-                for work in self.assigned_work.values()
-                for scope, unit in work.items()
-                if not scope.startswith(QUIET_UNIT)
-            )
-            if ended:
-                others_ended_file(self.nodes[0].workerinput["testrunuid"]).touch()
+            run = self.nodes[0].workerinput["testrunuid"]
+            for which, still_to_end in (
+                ("others", lambda scope: not scope.startswith(QUIET_UNIT)),
+                ("alone", lambda scope: not scope.startswith(QUIET_UNIT) or scope.startswith(ALONE_UNIT)),
+            ):
+                ended = not any(still_to_end(scope) for scope in self.workqueue) and all(
+                    all(unit.values())
+                    for work in self.assigned_work.values()
+                    for scope, unit in work.items()
+                    if still_to_end(scope)
+                )
+                if ended:
+                    ended_file(run, which).touch()
 
     return QuietLastScheduling(config, log)
 
@@ -158,10 +175,10 @@ def pytest_runtest_protocol(item, nextitem):
     global _kept
     share, _kept = _kept, None
     if share is None:
-        if is_quiet(item) and paired(item):  # after every other test: the scheduler's file says when
-            ended = others_ended_file(item.config.workerinput["testrunuid"])
-            while not ended.exists():
-                time.sleep(0.05)
+        if is_quiet(item) and paired(item):  # after every other test: the scheduler's files say when
+            for which in ("others",) if is_alone(item) else ("others", "alone"):
+                while not ended_file(item.config.workerinput["testrunuid"], which).exists():
+                    time.sleep(0.05)
         share = contextlib.ExitStack()
         share.enter_context(machine_share(takes_the_machine(item)))
     try:

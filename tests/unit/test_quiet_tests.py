@@ -1,7 +1,7 @@
 """The suite's `quiet` marker (support/quiet_tests.py): under `make test`'s `pytest -n 2 --dist loadfile` the
 quiet tests run after every other test has ended, a file's quiet tests on one worker, two at once on the
-two workers; a quiet(alone=True) test overlaps no other test; the other tests run side by side, each file
-on one worker."""
+two workers; a quiet(alone=True) test runs first among them and overlaps no other test; the other tests
+run side by side, each file on one worker."""
 
 from __future__ import annotations
 
@@ -62,6 +62,7 @@ def test_quiet_tests_run_after_the_others_two_at_once_and_alone_ones_alone(tmp_p
     others = [name for name in spans if name not in quiet]
     assert min(spans[q][0] for q in quiet) >= max(spans[name][1] for name in others), spans  # after them all
     assert not [name for name in spans if name != "alone" and overlap(name, "alone")], spans
+    assert spans["alone"][1] <= min(spans[q][0] for q in quiet if q != "alone"), spans  # the alone ones first
     # a file's quiet tests on one worker; two files' at once, on the two workers
     assert worker["quiet_a"] == worker["quiet_a2"] != worker["quiet_b"], worker
     assert overlap("quiet_a", "quiet_b") or overlap("quiet_a2", "quiet_b"), spans
