@@ -145,6 +145,14 @@ def pytest_xdist_make_scheduler(config, log):
                 return ALONE_UNIT + scope
             return QUIET_UNIT + scope if nodeid in self.quiet else scope
 
+        def _assign_work_unit(self, node) -> None:
+            """A quiet unit only to a worker with at most one test queued, the one it holds back until it
+            knows the next (a worker runs a test only then): one unit ahead, not two or three behind a
+            long one while the other worker runs out."""
+            quiet_next = next(iter(self.workqueue)).startswith(QUIET_UNIT)
+            if not quiet_next or self._pending_of(self.assigned_work.get(node, {})) <= 1:
+                super()._assign_work_unit(node)
+
         def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
             super().mark_test_complete(node, item_index, duration)
             self._tell_if_the_others_ended()
