@@ -13,11 +13,12 @@ idle until it ends. Under `--dist loadfile` (make test) this plugin's scheduler 
 tests last, each file's quiet tests a unit of work, the `alone` ones first, and writes a file once every
 other test has ended, another once the `alone` ones have too. An `alone` test waits for the first and
 takes the lock exclusively; any other quiet test waits for both, then shares the lock with the other
-quiet tests (the workers are told so: `quiet_pairs`): two at once, a core each. Without this scheduler
-every quiet test takes the lock exclusively. Every other unit is a test file (its module
-fixtures built once), in the order collected: the process-heavy tiers first, the many small unit tests
-last, to even out the end. (The scheduler learns which tests are quiet from a file each worker writes as
-it collects: the controller collects nothing itself.)"""
+quiet tests (the workers are told so: `quiet_pairs`): two at once, a core each, each worker taking the
+next quiet unit as it needs one. Without this scheduler every quiet test takes the lock exclusively.
+Every other unit is a test file (its module fixtures built once), in the order collected: the
+process-heavy tiers first, the many small unit tests last, to even out the end. (The scheduler learns
+which tests are quiet from a file each worker writes as it collects: the controller collects nothing
+itself.)"""
 
 from __future__ import annotations
 
