@@ -96,7 +96,7 @@ lint: $(VENV)/.dev-stamp
 # A pytest worker per core (pytest-xdist; at most 4): one process alone keeps 1.3 of 2 cores busy
 # (process start-up, waits on signals and SLURM). Each test file stays on one worker, so its module
 # fixtures are built once; tests/conftest.py gives each worker its share of the threads. The tests that
-# time themselves (`quiet`) run last, back to back, alone (tests/support/quiet_tests.py's scheduler).
+# time themselves (`quiet`) run last, two at once on a core each (tests/support/quiet_tests.py's scheduler).
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: test-deps setup lint
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile

@@ -119,10 +119,11 @@ def pytest_xdist_make_scheduler(config, log):
 
     class QuietLastScheduling(LoadFileScheduling):
         """loadfile, every unit in the order collected, each file's quiet tests a unit of their own (last);
-        the others-ended file written once every other test has ended."""
+        the ended files written once every other test, then every `alone` one, has ended."""
 
         quiet: frozenset[str] = frozenset()  # until every worker has collected
         alone: frozenset[str] = frozenset()
+        told: frozenset[str] = frozenset()  # the ended files written so far
 
         def schedule(self) -> None:
             if self.collection is None:  # the first call: every worker has collected
@@ -164,6 +165,8 @@ def pytest_xdist_make_scheduler(config, log):
                 ("others", lambda scope: not scope.startswith(QUIET_UNIT)),
                 ("alone", lambda scope: not scope.startswith(QUIET_UNIT) or scope.startswith(ALONE_UNIT)),
             ):
+                if which in self.told:  # once: this runs at every test's end
+                    continue
                 ended = not any(still_to_end(scope) for scope in self.workqueue) and all(
                     all(unit.values())
                     for work in self.assigned_work.values()
@@ -172,6 +175,7 @@ def pytest_xdist_make_scheduler(config, log):
                 )
                 if ended:
                     ended_file(run, which).touch()
+                    self.told |= {which}
 
     return QuietLastScheduling(config, log)
 
