@@ -50,12 +50,15 @@ class RunDirLock:
         return self.fd is not None
 
     def _holder(self, wait_s: float = 0.0) -> str:
-        """Who .lock says holds the run dir. A holder writes its name right after it takes the locks: a
-        trainer that arrives in between finds .lock empty, and waits up to wait_s for the name."""
+        """Who .lock says holds the run dir. A holder makes .lock and writes its name right after it takes
+        the directory's lock: a trainer that arrives in between finds .lock absent or empty, and waits up to
+        wait_s for the name."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
                 said = (self.run_dir / LOCK_FILE).read_text(errors="replace")[:256].strip()
+            except FileNotFoundError:
+                said = ""
             except OSError:
                 return "another process"
             if said or time.monotonic() >= deadline:

@@ -27,16 +27,19 @@ def test_the_run_dir_lock_outlives_its_file_and_notices_a_moved_run_dir(tmp_path
     assert not first.held
 
 
-def test_a_trainer_arriving_before_the_holder_named_itself_still_names_it(tmp_path):
-    """Two trainers started together: the second can find the locks taken and .lock still empty (the
-    holder writes its name right after locking). It waits for the name rather than saying "another
-    process"."""
+@pytest.mark.parametrize("lock_file", ["empty", "absent"])
+def test_a_trainer_arriving_before_the_holder_named_itself_still_names_it(lock_file, tmp_path):
+    """Two trainers started together: the second can find the directory locked and .lock not made yet,
+    or made and still empty (the holder makes it and writes its name right after locking the directory).
+    It waits for the name rather than saying "another process"."""
     import threading
 
     run = tmp_path / "run"
     first = RunDirLock(run)
     first.acquire()
-    (run / LOCK_FILE).write_text("")  # the moment between the holder's lock and its name
+    (run / LOCK_FILE).unlink()  # the moments between the holder's directory lock and its name
+    if lock_file == "empty":
+        (run / LOCK_FILE).write_text("")
     later = threading.Timer(0.2, lambda: (run / LOCK_FILE).write_text("pid 4242 on elsewhere\n"))
     later.start()
     with pytest.raises(UserError, match="in use by pid 4242 on elsewhere, which is training this run"):
