@@ -241,7 +241,7 @@ def test_each_exit_reason_is_the_exit_code_of_nproc(case, exit_cases):
     ]
 
 
-# --- kill -9 at random moments: at most ckpt.every steps lost, metrics.jsonl exact, the rest identical ---
+# --- kill -9 at random moments: at most 2 x ckpt.every steps lost, metrics.jsonl exact, rest identical ---
 
 
 def test_kill_9_at_many_random_points_continues_identically(stdlib_data, tmp_path):
@@ -269,7 +269,9 @@ def test_kill_9_at_many_random_points_continues_identically(stdlib_data, tmp_pat
         os.kill(child.pid, signal.SIGKILL)
         child.join()
         resumed = max((int(c.name.split("-")[1]) for c in list_checkpoints(killed)), default=0)
-        assert logged - resumed <= settings["ckpt.every"], (logged, resumed)  # lost at most ckpt.every steps
+        # lost: at most ckpt.every steps, plus those trained while the newest periodic checkpoint was still
+        # being written in the background (finished before the next one starts): 2 x ckpt.every at most
+        assert logged - resumed <= 2 * settings["ckpt.every"], (logged, resumed)
     last = fork_train(*args(killed), log=log)  # the same command, once more, to the end
     last.join(240)
     assert last.exitcode == 0, log.read_text()[-2000:]
