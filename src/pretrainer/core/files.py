@@ -209,7 +209,9 @@ def atomic_directory(out: Path, kind: str | None = None, replace: bool = True) -
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    for old in out.parent.glob(f".{out.name}.old-*"):  # a process killed between its two renames
+    # a process killed between its two renames (then the old copy is whole), or while it removed the old
+    # copy after them
+    for old in out.parent.glob(f".{out.name}.old-*"):
         if not pid_alive(old.name.rsplit("-", 1)[-1]):
             if not out.exists():
                 os.replace(old, out)  # the only complete copy: put it back
@@ -223,6 +225,7 @@ def atomic_directory(out: Path, kind: str | None = None, replace: bool = True) -
                 f"{out}: another process (pid {stale.name.rsplit('-', 1)[-1]}) is writing it now; wait for "
                 f"it to end, or choose another --out"
             )
+    old = None  # the replaced `out`, set aside until the new one is in its place
     try:  # the mkdir inside: a signal's exception right after it (a stop mid-prepare) still removes tmp
         tmp.mkdir()
         yield tmp
@@ -238,12 +241,19 @@ def atomic_directory(out: Path, kind: str | None = None, replace: bool = True) -
                 check_replaceable(out, kind)
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
-            shutil.rmtree(old)
         os.replace(tmp, out)
         fsync_dir(out.parent)
     except BaseException:
+        if old is not None and not (out.exists() or out.is_symlink()):
+            os.replace(old, out)  # stopped between the two renames: the old copy goes back, whole
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:  # removed only once the new copy is in place: a stop or kill -9 mid-removal loses nothing
+        if old is not None and (old.exists() or old.is_symlink()) and (out.exists() or out.is_symlink()):
+            if old.is_symlink() or not old.is_dir():
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def save_figure(fig, path: Path) -> None:

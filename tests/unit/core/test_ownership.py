@@ -130,3 +130,65 @@ def test_a_directory_output_is_marked_and_an_unforced_writer_never_replaces_a_ra
     with atomic_directory(tmp_path / "report", kind="report") as tmp:
         (tmp / "index.html").write_text("")
     assert owned(tmp_path / "report", "report") and not owned(tmp_path / "report", "data")
+
+
+def _old_copy_removal_interrupted(monkeypatch, interrupt) -> None:
+    """shutil.rmtree on the replaced copy removes one file, then `interrupt()` (a signal's exception, or
+    the process killed): the moment a stop lands while an old output is being deleted."""
+    import shutil
+
+    remove = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        if ".old-" in str(path):
+            next(p for p in sorted(path.iterdir()) if p.is_file()).unlink()
+            interrupt()
+        return remove(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+
+
+def _output(out, text: str) -> None:
+    with atomic_directory(out, kind="data") as tmp:
+        for name in "abcde":
+            (tmp / name).write_text(text)
+
+
+@pytest.mark.parametrize("interrupt", ["stop", "kill -9"])
+def test_a_stop_or_kill_while_the_old_output_is_removed_leaves_one_whole_copy(
+    interrupt, tmp_path, monkeypatch
+):
+    """Replacing an output: the old copy was deleted before the new one took its place, so a SIGTERM then
+    (prepare's stop, an exception) removed the new one too and left nothing, and a kill -9 left the half-
+    deleted old copy for the next writer to put back as the output. Now `out` is whole at every moment."""
+    import os
+    import signal
+
+    out = tmp_path / "data"
+    _output(out, "old")
+    if interrupt == "stop":
+
+        def stop():
+            raise KeyboardInterrupt  # what a signal handler raises between two bytecodes
+
+        _old_copy_removal_interrupted(monkeypatch, stop)
+        with pytest.raises(KeyboardInterrupt):
+            _output(out, "new")
+    else:
+        pid = os.fork()
+        if pid == 0:  # the writer, killed mid-removal
+            _old_copy_removal_interrupted(monkeypatch, lambda: os.kill(os.getpid(), signal.SIGKILL))
+            try:
+                _output(out, "new")
+            finally:
+                os._exit(1)
+        assert os.waitpid(pid, 0)[1] == signal.SIGKILL
+        with pytest.raises(UserError, match="wrote it while"):  # the next writer's recovery, then a refusal
+            with atomic_directory(out, kind="data", replace=False):
+                pass
+    assert {p.name: p.read_text() for p in out.iterdir() if not p.name.startswith(".")} == dict.fromkeys(
+        "abcde", "new"
+    )
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name != "data")
+    # no temp dir; after the stop, the rest of the old copy, which the next process's writer removes
+    assert left == ([f".data.old-{os.getpid()}"] if interrupt == "stop" else [])
