@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import tiny_config
 
-from pretrainer.core.hardware import usable_cores
+from pretrainer.core.hardware import cores_busy_elsewhere, usable_cores
 from pretrainer.train.describe import crowded_cores_warning
 from pretrainer.train.loop import train
 
@@ -38,6 +38,26 @@ def test_busy_cores_are_named_at_start_with_the_fix(stdlib_data, tmp_path, monke
             loop.kill()
             loop.wait()
     said = capsys.readouterr()
-    warnings = [line for line in (said.out + said.err).splitlines() if "cores busy" in line]
+    warnings = [line for line in (said.out + said.err).splitlines() if "other processes keep" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: other processes keep "), said.out
     assert "--train.threads=1 (or set OMP_NUM_THREADS=1)" in warnings[0]
+
+
+@pytest.mark.quiet(alone=True)  # it reads how busy the machine is
+def test_load_outside_this_process_s_cores_is_not_named(tmp_path):
+    """An allocation of some of a node's cores (SLURM, taskset) beside another job busy on the rest:
+    only the cores this process may run on count, so a thread per allocated core draws no warning."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores: one busy outside the allocation, one in it")
+    loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(cores[-1])])
+    try:
+        os.sched_setaffinity(0, cores[:-1])
+        assert usable_cores() == len(cores) - 1
+        assert cores_busy_elsewhere() < 0.5 and crowded_cores_warning(len(cores) - 1) == ""
+        os.sched_setaffinity(0, cores)  # the busy core in the allocation again: it counts
+        assert cores_busy_elsewhere() > 0.5
+    finally:
+        os.sched_setaffinity(0, cores)
+        loop.kill()
+        loop.wait()

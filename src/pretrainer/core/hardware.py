@@ -117,24 +117,38 @@ INSTANCES = [
 # --- CPUs: the cores other processes keep busy ---
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: a SLURM or taskset allocation)."""
+def allowed_cpus() -> set[int] | None:
+    """The CPUs this process may run on (its affinity: a SLURM or taskset allocation); None where the
+    platform cannot say."""
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return None
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on."""
+    cpus = allowed_cpus()
+    return len(cpus) if cpus else os.cpu_count() or 1
 
 
 def cores_busy_elsewhere(seconds: float = 0.3) -> float | None:
-    """How many cores other processes kept busy over `seconds`, from Linux's /proc (this process's own
-    time left out); None where there is no /proc."""
+    """How many of this process's usable cores other processes kept busy over `seconds`, from Linux's
+    /proc (this process's own time left out; load on cores outside its allocation, another job's on a
+    shared node, does not count); None where there is no /proc."""
+    cpus = allowed_cpus()
 
-    def reading() -> tuple[int, int, int]:
+    def reading() -> tuple[int, int, int, int]:
         with open("/proc/stat") as f:
-            jiffies = [int(v) for v in f.readline().split()[1:9]]
+            rows = [line.split() for line in f if line.startswith("cpu")]
+        mine = [row for row in rows[1:] if cpus is None or int(row[0][3:]) in cpus]
+        # (no per-CPU lines for these CPUs: the first line, every CPU's sum)
+        jiffies = [[int(v) for v in row[1:9]] for row in mine or rows[:1]]
+        counted = len(mine) or os.cpu_count() or 1
         with open("/proc/self/stat") as f:
             own = sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:15])  # utime .. cstime
-        return sum(jiffies), jiffies[3] + jiffies[4], own  # all, idle + iowait, this process's
+        # all, idle + iowait, this process's, cores counted
+        return sum(map(sum, jiffies)), sum(j[3] + j[4] for j in jiffies), own, counted
 
     try:
         before = reading()
@@ -142,7 +156,7 @@ def cores_busy_elsewhere(seconds: float = 0.3) -> float | None:
         after = reading()
     except (OSError, ValueError, IndexError):
         return None
-    total, idle, own = (b - a for a, b in zip(before, after))
+    total, idle, own = (b - a for a, b in zip(before[:3], after[:3]))
     if total <= 0:
         return None
-    return max(0.0, (total - idle - own) / total * (os.cpu_count() or 1))
+    return max(0.0, (total - idle - own) / total * after[3])
