@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from pretrainer.core.errors import UserError
+from pretrainer.core.files import pid_alive
 
 LOCK_FILE = ".lock"
 HOLDER_NAMED_WITHIN_S = 1.0  # the holder names itself in .lock microseconds after locking it
@@ -28,6 +29,14 @@ NO_FLOCK_FIX = (
     "this file system does not support file locks (NFS without its lock service, some FUSE mounts); "
     "choose a run.dir on a local or parallel file system that does"
 )
+
+
+def _ended_here(said: str) -> bool:
+    """Whether .lock's "pid N on HOST" names a process of this host that has ended."""
+    words = said.split()
+    if len(words) != 4 or words[0] != "pid" or words[2] != "on" or words[3] != socket.gethostname():
+        return False
+    return not pid_alive(words[1])
 
 
 def _same_file(path: Path, fd: int) -> bool:
@@ -51,8 +60,9 @@ class RunDirLock:
 
     def _holder(self, wait_s: float = 0.0) -> str:
         """Who .lock says holds the run dir. A holder makes .lock and writes its name right after it takes
-        the directory's lock: a trainer that arrives in between finds .lock absent or empty, and waits up to
-        wait_s for the name."""
+        the directory's lock: a trainer that arrives in between finds .lock absent, empty or still naming
+        the run's previous trainer (a process of this host that has ended), and waits up to wait_s for the
+        name."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -61,7 +71,7 @@ class RunDirLock:
                 said = ""
             except OSError:
                 return "another process"
-            if said or time.monotonic() >= deadline:
+            if (said and not _ended_here(said)) or time.monotonic() >= deadline:
                 return said or "another process"
             time.sleep(0.01)
 

@@ -27,11 +27,14 @@ def test_the_run_dir_lock_outlives_its_file_and_notices_a_moved_run_dir(tmp_path
     assert not first.held
 
 
-@pytest.mark.parametrize("lock_file", ["empty", "absent"])
+@pytest.mark.parametrize("lock_file", ["empty", "absent", "the previous trainer's"])
 def test_a_trainer_arriving_before_the_holder_named_itself_still_names_it(lock_file, tmp_path):
     """Two trainers started together: the second can find the directory locked and .lock not made yet,
-    or made and still empty (the holder makes it and writes its name right after locking the directory).
-    It waits for the name rather than saying "another process"."""
+    or made and still empty, or (a resumed run) still naming the run's previous trainer, which has ended
+    (the holder makes it and writes its name right after locking the directory). It waits for the name
+    rather than saying "another process" or naming a process that is gone."""
+    import socket
+    import subprocess
     import threading
 
     run = tmp_path / "run"
@@ -40,6 +43,10 @@ def test_a_trainer_arriving_before_the_holder_named_itself_still_names_it(lock_f
     (run / LOCK_FILE).unlink()  # the moments between the holder's directory lock and its name
     if lock_file == "empty":
         (run / LOCK_FILE).write_text("")
+    elif lock_file == "the previous trainer's":
+        ended = subprocess.Popen(["true"])
+        ended.wait()
+        (run / LOCK_FILE).write_text(f"pid {ended.pid} on {socket.gethostname()}\n")
     later = threading.Timer(0.2, lambda: (run / LOCK_FILE).write_text("pid 4242 on elsewhere\n"))
     later.start()
     with pytest.raises(UserError, match="in use by pid 4242 on elsewhere, which is training this run"):
