@@ -134,19 +134,39 @@ def speed_monitor(*overrides, said=None, logged=None):
     )
 
 
-def test_speed_monitor_measures_the_interval_s_tokens_per_second_and_mfu():
+class FakeClock:
+    """time.time and time.perf_counter of the module under test, moved only by sleep(): the figures are
+    exact, whatever the machine's load does to real sleeps."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+    perf_counter = time
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_speed_monitor_measures_the_interval_s_tokens_per_second_and_mfu(monkeypatch):
+    import pretrainer.train.perf as perf
+
+    clock = FakeClock()
+    monkeypatch.setattr(perf, "time", clock)
     speed = speed_monitor()
-    loader = SimpleNamespace(next_step=lambda: time.sleep(0.01) or [])
+    loader = SimpleNamespace(next_step=lambda: clock.sleep(0.01) or [])
     for number in (1, 2):
         step = Step(number, logging=number == 2, last=False, tokens=1000 * number)
         speed.before_step(step)
-        speed.read_batch(loader)
-        time.sleep(0.01)
+        speed.read_batch(loader)  # 10 ms reading
+        clock.sleep(0.03)  # 30 ms computing
         speed.after_step(step)
     figures = speed.metrics(step)
-    assert 2000 / 10.0 < figures["tokens_per_s"] <= 2000 / 0.04  # 2,000 tokens in 40 ms or more
-    assert figures["mfu"] == pytest.approx(6e6 * figures["tokens_per_s"] / 1e12)
-    assert 0.2 < figures["data_wait_fraction"] < 0.8  # half the time was spent reading
+    assert figures["tokens_per_s"] == pytest.approx(2000 / 0.08)  # 2,000 tokens in 80 ms
+    assert figures["mfu"] == pytest.approx(6e6 * 2000 / 0.08 / 1e12)
+    assert figures["data_wait_fraction"] == pytest.approx(0.25)  # a quarter of the time spent reading
 
 
 def test_speed_monitor_s_watchdog_votes_slow_and_asks_for_a_throughput_stop():
