@@ -52,11 +52,10 @@ def test_load_outside_this_process_s_cores_is_not_named(tmp_path):
         pytest.skip("needs two cores: one busy outside the allocation, one in it")
     loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(cores[-1])])
     try:
-        os.sched_setaffinity(0, cores[:-1])
+        assert cores_busy_elsewhere() > 0.5  # the loop runs, on a core of this process's: it counts
+        os.sched_setaffinity(0, cores[:-1])  # an allocation without that core: it does not
         assert usable_cores() == len(cores) - 1
         assert cores_busy_elsewhere() < 0.5 and crowded_cores_warning(len(cores) - 1) == ""
-        os.sched_setaffinity(0, cores)  # the busy core in the allocation again: it counts
-        assert cores_busy_elsewhere() > 0.5
     finally:
         os.sched_setaffinity(0, cores)
         loop.kill()

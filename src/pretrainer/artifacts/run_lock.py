@@ -71,8 +71,9 @@ class RunDirLock:
                 said = ""
             except OSError:
                 return "another process"
-            if (said and not _ended_here(said)) or time.monotonic() >= deadline:
-                return said or "another process"
+            named = said if said and not _ended_here(said) else ""
+            if named or time.monotonic() >= deadline:
+                return named or "another process"
             time.sleep(0.01)
 
     def _in_use(self) -> UserError:

@@ -197,10 +197,24 @@ def pid_alive(pid: str) -> bool:
     return True
 
 
+def _present(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _remove_path(path: Path) -> None:
+    """A directory tree, a file or a link, gone (what is already gone, or cannot go, left as it is)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 @contextlib.contextmanager
 def atomic_directory(out: Path, kind: str | None = None, replace: bool = True) -> Iterator[Path]:
     """Yield a temp directory beside `out`; when the block succeeds it replaces `out` (which only now
-    disappears, if it existed), when it fails it is removed and `out` is untouched.
+    disappears, if it existed), when it fails it is removed and `out` is untouched. (A fault after the new
+    `out` is in place, while the old copy is removed, is still raised: the new `out` stays.)
 
     kind: `out` is an output of that kind (core/ownership.py): marked as one, written while no other
     process writes it (else one line), and an existing `out` replaced only if the ownership rule allows it
@@ -209,14 +223,16 @@ def atomic_directory(out: Path, kind: str | None = None, replace: bool = True) -
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    # a process killed between its two renames (then the old copy is whole), or while it removed the old
-    # copy after them
-    for old in out.parent.glob(f".{out.name}.old-*"):
-        if not pid_alive(old.name.rsplit("-", 1)[-1]):
-            if not out.exists():
-                os.replace(old, out)  # the only complete copy: put it back
+    old = out.parent / f".{out.name}.old-{os.getpid()}"  # the replaced `out`, until the new one is in place
+    # left by a process killed between its two renames (the old copy is whole then), or while it removed
+    # the old copy after them, or by this process stopped then
+    for left in out.parent.glob(f".{out.name}.old-*"):
+        if left == old or not pid_alive(left.name.rsplit("-", 1)[-1]):
+            if not _present(out):
+                with contextlib.suppress(FileNotFoundError):  # another process put it back first
+                    os.replace(left, out)  # the only complete copy: put it back
             else:
-                shutil.rmtree(old, ignore_errors=True)
+                _remove_path(left)
     for stale in [tmp, *out.parent.glob(f".{out.name}.tmp-*")]:
         if stale == tmp or not pid_alive(stale.name.rsplit("-", 1)[-1]):  # left by a killed process
             shutil.rmtree(stale, ignore_errors=True)
@@ -225,13 +241,13 @@ def atomic_directory(out: Path, kind: str | None = None, replace: bool = True) -
                 f"{out}: another process (pid {stale.name.rsplit('-', 1)[-1]}) is writing it now; wait for "
                 f"it to end, or choose another --out"
             )
-    old = None  # the replaced `out`, set aside until the new one is in its place
+    set_aside = False
     try:  # the mkdir inside: a signal's exception right after it (a stop mid-prepare) still removes tmp
         tmp.mkdir()
         yield tmp
         if kind is not None:
             mark_output(tmp, kind)
-        if out.exists() or out.is_symlink():
+        if _present(out):
             if kind is not None and not replace:
                 raise UserError(
                     f"{out}: another process wrote it while this one worked; it is kept and this output "
@@ -239,21 +255,19 @@ def atomic_directory(out: Path, kind: str | None = None, replace: bool = True) -
                 )
             if kind is not None:
                 check_replaceable(out, kind)
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
+            set_aside = True
         os.replace(tmp, out)
         fsync_dir(out.parent)
     except BaseException:
-        if old is not None and not (out.exists() or out.is_symlink()):
-            os.replace(old, out)  # stopped between the two renames: the old copy goes back, whole
         shutil.rmtree(tmp, ignore_errors=True)
+        if set_aside and not _present(out):  # stopped between the two renames: the old copy goes back whole
+            with contextlib.suppress(OSError):  # (else the next writer puts it back)
+                os.replace(old, out)
         raise
     finally:  # removed only once the new copy is in place: a stop or kill -9 mid-removal loses nothing
-        if old is not None and (old.exists() or old.is_symlink()) and (out.exists() or out.is_symlink()):
-            if old.is_symlink() or not old.is_dir():
-                old.unlink()
-            else:
-                shutil.rmtree(old, ignore_errors=True)
+        if set_aside and _present(out):
+            _remove_path(old)
 
 
 def save_figure(fig, path: Path) -> None:

@@ -142,9 +142,9 @@ def cores_busy_elsewhere(seconds: float = 0.3) -> float | None:
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu")]
         mine = [row for row in rows[1:] if cpus is None or int(row[0][3:]) in cpus]
-        # (no per-CPU lines for these CPUs: the first line, every CPU's sum)
+        # (no per-CPU lines for these CPUs, as where /proc is renumbered: the first line, every CPU's sum)
         jiffies = [[int(v) for v in row[1:9]] for row in mine or rows[:1]]
-        counted = len(mine) or os.cpu_count() or 1
+        counted = len(mine) or len(cpus or ()) or os.cpu_count() or 1  # (the sum's busy share of ours)
         with open("/proc/self/stat") as f:
             own = sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:15])  # utime .. cstime
         # all, idle + iowait, this process's, cores counted

@@ -109,7 +109,7 @@ def crowded_cores_warning(threads: int) -> str:
     if cores - busy >= threads - 0.5:
         return ""
     return (
-        f"warning: other processes keep {busy:.1f} of the {cores} cores this run may use busy and torch runs "
+        f"warning: other processes keep {busy:.1f} of this run's {cores} usable cores busy and torch runs "
         f"{threads} threads: each step waits for a busy core, often many times slower; while they run, "
         f"pass --train.threads={free} (or set OMP_NUM_THREADS={free})"
     )

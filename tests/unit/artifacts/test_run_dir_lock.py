@@ -54,6 +54,25 @@ def test_a_trainer_arriving_before_the_holder_named_itself_still_names_it(lock_f
     later.join()
 
 
+def test_a_lock_file_naming_an_ended_process_is_never_quoted(tmp_path, monkeypatch):
+    """.lock still names the run's previous trainer, gone, when the wait for the holder's name runs out:
+    the line says "another process", not a PID that is not running."""
+    import socket
+    import subprocess
+
+    from pretrainer.artifacts import run_lock
+
+    monkeypatch.setattr(run_lock, "HOLDER_NAMED_WITHIN_S", 0.05)
+    run = tmp_path / "run"
+    first = RunDirLock(run)
+    first.acquire()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (run / LOCK_FILE).write_text(f"pid {ended.pid} on {socket.gethostname()}\n")
+    with pytest.raises(UserError, match="in use by another process, which is training this run"):
+        RunDirLock(run).acquire()
+
+
 def test_where_directories_cannot_be_locked_a_taken_lock_file_is_noticed(tmp_path):
     """On a file system without directory locks (the lock then is .lock's alone), a .lock removed and
     taken by a second trainer: the first finds it before its next step."""

@@ -190,5 +190,9 @@ def test_a_stop_or_kill_while_the_old_output_is_removed_leaves_one_whole_copy(
         "abcde", "new"
     )
     left = sorted(p.name for p in tmp_path.iterdir() if p.name != "data")
-    # no temp dir; after the stop, the rest of the old copy, which the next process's writer removes
+    # no temp dir; after the stop, the rest of the old copy, which the next writer removes
     assert left == ([f".data.old-{os.getpid()}"] if interrupt == "stop" else [])
+    monkeypatch.undo()
+    _output(out, "newer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert (out / "a").read_text() == "newer"

@@ -16,6 +16,7 @@ ALLOWED = {
         "atomic_file",
     ): "the primitive: with a kind it runs check_replaceable before the rename",
     ("core/files.py", "atomic_directory"): "the primitive: with a kind it runs check_replaceable first",
+    ("core/files.py", "_remove_path"): "atomic_directory's: the old copy it set aside, once replaced",
     ("core/ownership.py", "remove_output"): "the check itself, then the removal",
     ("artifacts/checkpoint.py", "save_checkpoint"): "its own temp dirs left by a crash, under the run lock",
     ("artifacts/checkpoint.py", "remove_unless_pinned"): "checkpoint rotation: the run's own, under its lock",

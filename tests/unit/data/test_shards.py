@@ -196,8 +196,8 @@ def test_a_prepare_killed_anywhere_continues_to_the_same_bytes(
             if len(list(units_dir.glob("*.json"))) >= kill_after and (kill_after or units_dir.exists()):
                 break
             time.sleep(0.002)
-        # frozen at once where it is (scanning /proc for its workers takes a while, in which it could
-        # finish a unit more), then killed
+        # frozen at once where it is (scanning /proc for its workers takes a while, in which it could join
+        # the units into OUT; its workers go on until it is killed), then killed
         with contextlib.suppress(ProcessLookupError):  # it ended first (kill_after == units)
             os.kill(child.pid, signal.SIGSTOP)
         workers_of_child = children(child.pid)
