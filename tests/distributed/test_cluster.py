@@ -212,13 +212,14 @@ EXIT_CASES = {"budget_stop": (4, "budget_stop"), "hang": (3, "collective_timeout
 @pytest.fixture(scope="module")
 def exit_cases(stdlib_data, tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
     """A budget stop and a hung collective under `--nproc 2`, launched at once (the hang waits out
-    its 3 s timeout meanwhile). (budget_halt, exit 5, takes the same path to the launcher:
-    test_budget_runs.py.) -> case: (run dir, exit code, output)."""
+    its 6 s timeout meanwhile: the timeout bounds the ranks' first rendezvous too, and on a loaded
+    machine one rank's start-up ran 3 s behind the other's). (budget_halt, exit 5, takes the same path
+    to the launcher: test_budget_runs.py.) -> case: (run dir, exit code, output)."""
     root = tmp_path_factory.mktemp("exits")
     budget = {"budget.cap_usd": 10, "budget.usd_per_gpu_hour": 1.0, "budget.check_every_s": 0.01}
     extra = {
         "budget_stop": {**budget, "budget.file": budget_file(root / "b.json", spent=1, projected=20)},
-        "hang": {"parallel.hang_drill_step": 3, "parallel.timeout_s": 3},
+        "hang": {"parallel.hang_drill_step": 3, "parallel.timeout_s": 6},
     }
     hook = lambda case: {"run.on_exit": exit_hook(root / f"{case}.hook")}  # noqa: E731 (the launcher runs it)
     procs = {
