@@ -50,6 +50,11 @@ def atomic_write_bytes(path: Path, data: bytes, kind: str | None = None) -> None
         tmp.write_bytes(data)
 
 
+def _present(path: Path) -> bool:
+    """Whether anything is at `path`: a broken link too."""
+    return path.exists() or path.is_symlink()
+
+
 @contextlib.contextmanager
 def atomic_file(path: Path, kind: str | None = None) -> Iterator[Path]:
     """Yield a temp path beside `path` for a writer that wants a file name (gguf's writer); when the
@@ -62,7 +67,7 @@ def atomic_file(path: Path, kind: str | None = None) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        if kind is not None and (path.exists() or path.is_symlink()):
+        if kind is not None and _present(path):
             check_replaceable(path, kind)
         os.replace(tmp, path)
     except BaseException as e:
@@ -195,10 +200,6 @@ def pid_alive(pid: str) -> bool:
     except PermissionError:  # someone else's
         return True
     return True
-
-
-def _present(path: Path) -> bool:
-    return path.exists() or path.is_symlink()
 
 
 def _remove_path(path: Path) -> None:

@@ -45,13 +45,13 @@ Workers are spawned processes: a script that calls prepare() with workers > 1 ne
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from pretrainer.core.errors import UserError
 from pretrainer.core.files import atomic_directory
+from pretrainer.core.hardware import usable_cores
 from pretrainer.core.ownership import check_replaceable
 from pretrainer.data.encoding import first_chars
 from pretrainer.data.join import join_units
@@ -127,13 +127,6 @@ def parse_part(part: str) -> tuple[int, int]:
     return index, count
 
 
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def prepare(
     corpus: Corpus,
     tokenizer_spec: str,
@@ -186,7 +179,7 @@ def prepare(
         )
     inputs = [f.path for f in corpus.files] + ([tokenizer_from] if tokenizer_from else [])
     check_replaceable(out, "data", keep=inputs)
-    workers = workers or available_cores()
+    workers = workers or usable_cores()
     if eot_token and (tokenizer_from or not tokenizer_spec.startswith("hf:")):
         raise UserError(
             f"--eot-token {eot_token}: only with --tokenizer hf:DIR_OR_REPO (gpt2, bpe:N and "
