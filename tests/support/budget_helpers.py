@@ -27,9 +27,17 @@ def budget_file(path: Path, spent: float, projected: float, updated: float = T0)
 
 
 class FakeClock:
+    """A clock that moves `tick` seconds each time it is read, and by sleep(): a `clock` argument, or,
+    with tick=0, the `time` module of the code under test (time(), perf_counter())."""
+
     def __init__(self, start: float = T0, tick: float = 1.0):
         self.now, self.tick = start, tick
 
     def __call__(self) -> float:
         self.now += self.tick
         return self.now
+
+    time = perf_counter = __call__
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from support.budget_helpers import FakeClock
 
 from pretrainer.artifacts.checkpoint import list_checkpoints, load_checkpoint
 from pretrainer.config.load import load_config
@@ -134,26 +135,10 @@ def speed_monitor(*overrides, said=None, logged=None):
     )
 
 
-class FakeClock:
-    """time.time and time.perf_counter of the module under test, moved only by sleep(): the figures are
-    exact, whatever the machine's load does to real sleeps."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def time(self) -> float:
-        return self.now
-
-    perf_counter = time
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_speed_monitor_measures_the_interval_s_tokens_per_second_and_mfu(monkeypatch):
     import pretrainer.train.perf as perf
 
-    clock = FakeClock()
+    clock = FakeClock(tick=0)  # moved by its sleeps only: exact figures, whatever the machine's load
     monkeypatch.setattr(perf, "time", clock)
     speed = speed_monitor()
     loader = SimpleNamespace(next_step=lambda: clock.sleep(0.01) or [])
